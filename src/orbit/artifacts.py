@@ -1,0 +1,44 @@
+"""Checking collected artifacts against the manifest the wrapper wrote."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    dest: Path
+    files: int = 0
+    bytes: int = 0
+    verified: bool = False
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def verify_manifest(artifacts_dir: Path) -> tuple[bool, list[str]]:
+    """(manifest found, problems): every file listed must exist with its size and sha256."""
+    manifest_path = artifacts_dir / "manifest.json"
+    if not manifest_path.is_file():
+        return False, []
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        entries = manifest["files"]
+    except (ValueError, KeyError, TypeError):
+        return True, ["manifest.json is not a valid manifest"]
+    problems = []
+    for entry in entries:
+        path = artifacts_dir / entry["path"]
+        if not path.is_file():
+            problems.append(f"{entry['path']}: missing")
+        elif path.stat().st_size != entry["size"]:
+            problems.append(f"{entry['path']}: size {path.stat().st_size}, expected {entry['size']}")
+        elif sha256_file(path) != entry["sha256"]:
+            problems.append(f"{entry['path']}: sha256 differs from the manifest")
+    return True, problems

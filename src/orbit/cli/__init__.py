@@ -1,0 +1,1 @@
+"""The `orbit` command line: a thin layer over CoreControlService."""

@@ -1,0 +1,335 @@
+"""`orbit`: submit ML jobs as frozen, reproducible runs; watch, cancel, retry and collect them.
+
+State lives in $ORBIT_HOME (default ~/.orbit), or the database named by ORBIT_DATABASE_URL.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from functools import cache
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from orbit import __version__
+from orbit.backends.base import LogLayer
+from orbit.cli import render
+from orbit.config import Settings
+from orbit.errors import OrbitError
+from orbit.models import RunState
+from orbit.overrides import parse_overrides
+from orbit.service import CoreControlService
+from orbit.spec import load_spec, parse_sets, to_submission
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+app = typer.Typer(
+    help=__doc__,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode="rich",
+)
+templates_app = typer.Typer(help="Execution templates: where and how runs execute.", no_args_is_help=True)
+experiments_app = typer.Typer(help="Experiments: named groups of runs.", no_args_is_help=True)
+runs_app = typer.Typer(help="Runs: list them and look at one closely.", no_args_is_help=True)
+app.add_typer(templates_app, name="templates")
+app.add_typer(experiments_app, name="experiments")
+app.add_typer(runs_app, name="runs")
+
+JSON = typer.Option(False, "--json", help="Print machine-readable JSON only.")
+SETS = typer.Option(
+    [], "--set", metavar="KEY=VALUE",
+    help="Override a template field, e.g. --set resources.gpu_count=2 (repeatable).",
+)
+
+
+@cache
+def settings() -> Settings:
+    return Settings.from_env()
+
+
+@cache
+def service() -> CoreControlService:
+    return CoreControlService.from_settings(settings())
+
+
+def bundles_dir() -> str:
+    return str(settings().bundles_dir)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        print(f"orbit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=version_callback, is_eager=True, help="Show the version."
+    ),
+) -> None:
+    """Submit ML jobs as frozen, reproducible runs; watch, cancel, retry and collect them."""
+
+
+# --- templates --------------------------------------------------------------------------------
+
+
+@templates_app.command("list")
+def templates_list(as_json: bool = JSON) -> None:
+    """List the execution templates ORBIT can find (built-in, ./execution_templates/, $ORBIT_HOME/templates/)."""
+    sources = service().templates.all()
+    if as_json:
+        render.print_json([{**s.template.model_dump(mode="json"), "path": s.path} for s in sources])
+    else:
+        console.print(render.templates_table(sources))
+
+
+@templates_app.command("show")
+def templates_show(template_id: str = typer.Argument(..., metavar="ID"), as_json: bool = JSON) -> None:
+    """Show one template and the file it was read from."""
+    src = service().templates.source(template_id)
+    if as_json:
+        render.print_json({**src.template.model_dump(mode="json"), "path": src.path})
+        return
+    console.print(f"# from {src.path}", style="dim")
+    console.print(Path(src.path).read_text(encoding="utf-8"), markup=False)
+
+
+# --- experiments ------------------------------------------------------------------------------
+
+
+@experiments_app.command("create")
+def experiments_create(name: str, as_json: bool = JSON) -> None:
+    """Create an experiment (submitting to an unknown one creates it too)."""
+    experiment = service().create_experiment(name)
+    if as_json:
+        render.print_json(experiment.model_dump(mode="json"))
+    else:
+        console.print(f"created experiment {experiment.name} ({experiment.id})")
+
+
+@experiments_app.command("list")
+def experiments_list(as_json: bool = JSON) -> None:
+    """List experiments with their run counts."""
+    experiments = service().list_experiments()
+    if as_json:
+        render.print_json([e.model_dump(mode="json") for e in experiments])
+    else:
+        console.print(render.experiments_table(experiments))
+
+
+# --- submit and runs --------------------------------------------------------------------------
+
+
+def finish(run_id: str, wait: bool, as_json: bool) -> None:
+    svc = service()
+    run = svc.get_run(run_id)
+    if wait:
+        if not as_json:
+            err.print(f"waiting for {run.id} (Ctrl-C stops waiting, not the run)...")
+        run = svc.wait_for(run.id)
+    if as_json:
+        render.print_json(render.run_json(run, bundles_dir()))
+    else:
+        render.show_run(console, run, bundles_dir())
+    if wait and run.state is not RunState.SUCCEEDED:
+        raise typer.Exit(1)
+
+
+@app.command()
+def submit(
+    spec_file: Path = typer.Argument(..., metavar="SPEC.yaml", help="experiment, task_type, template, task, overrides, retry."),
+    sets: list[str] = SETS,
+    wait: bool = typer.Option(False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded."),
+    as_json: bool = JSON,
+) -> None:
+    """Validate a run spec, freeze it into a bundle and start it.
+
+    \b
+    experiment: mnist            # created if unknown
+    task_type: python            # or command
+    template: local              # see 'orbit templates list'
+    task: {script: train.py, args: ["--epochs", "3"]}
+    overrides: {resources: {cpu_count: 2}}
+    retry: {max_retries: 2, on_exit_codes: [75]}
+    """
+    spec = load_spec(spec_file, sets)
+    submission = to_submission(spec, str(spec_file))
+    run = service().submit_task(submission, base_dir=spec_file.resolve().parent, source=str(spec_file))
+    if not as_json and not wait:
+        console.print(f"submitted [bold]{run.id}[/bold] ({run.state}); bundle {run.bundle_digest[:12]}")
+        console.print(f"  follow it: orbit logs {run.id} --follow", style="dim")
+        return
+    finish(run.id, wait, as_json)
+
+
+def parse_states(values: list[str]) -> set[RunState]:
+    states = set()
+    for value in values:
+        try:
+            states.add(RunState(value))
+        except ValueError:
+            known = ", ".join(s.value for s in RunState)
+            raise OrbitError(f"--state: unknown state '{value}' (expected one of: {known})") from None
+    return states
+
+
+@runs_app.command("list")
+def runs_list(
+    experiment: str | None = typer.Option(None, "--experiment", "-e", help="Only this experiment (name or id)."),
+    state: list[str] = typer.Option([], "--state", "-s", help="Only runs in this state (repeatable)."),
+    limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many, newest first."),
+    as_json: bool = JSON,
+) -> None:
+    """List runs, newest first. Runs still active are refreshed from the execution plane."""
+    runs = service().list_runs(experiment=experiment, states=parse_states(state), limit=limit)
+    if as_json:
+        render.print_json([render.run_json(r, bundles_dir()) for r in runs])
+    else:
+        console.print(render.runs_table(runs))
+
+
+@runs_app.command("show")
+def runs_show(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) -> None:
+    """Everything about one run: its bundle, request and every attempt."""
+    record = service().refresh_run_status(run)
+    if as_json:
+        render.print_json(render.run_json(record, bundles_dir()))
+    else:
+        render.show_run(console, record, bundles_dir())
+
+
+@app.command()
+def status(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) -> None:
+    """Refresh a run's state from where it executes, and show it."""
+    record = service().refresh_run_status(run)
+    if as_json:
+        render.print_json(render.run_json(record, bundles_dir()))
+        return
+    a = record.current
+    line = f"{record.id}  {render.styled(record.state)}  attempt {a.number}"
+    if render.outcome(a):
+        line += f"  {render.outcome(a)}"
+    console.print(line)
+    if a.message:
+        console.print(f"  {a.message}", markup=False)
+
+
+@app.command()
+def logs(
+    run: str = typer.Argument(..., metavar="RUN"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the run ends."),
+    layer: LogLayer = typer.Option(LogLayer.TRAINING, "--layer", "-l", help="training: the task's output; runtime: the wrapper's own steps."),
+    attempt: int | None = typer.Option(None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."),
+) -> None:
+    """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
+    svc = service()
+    offset = 0
+    current: str | None = None
+    out = sys.stdout.buffer
+    while True:
+        chunk = svc.read_log(run, layer, offset, attempt)
+        if current is not None and chunk.attempt.id != current:
+            out.write(f"--- attempt {chunk.attempt.number} ---\n".encode())
+            offset = 0
+            chunk = svc.read_log(run, layer, 0, attempt)
+        current = chunk.attempt.id
+        out.write(chunk.data)
+        out.flush()
+        offset = chunk.offset
+        if chunk.data or not follow:
+            if not follow:
+                if not chunk.data or len(chunk.data) < (1 << 20):
+                    return
+            continue
+        record = svc.refresh_run_status(run)
+        if record.state.terminal and record.current.id == current:
+            tail = svc.read_log(run, layer, offset, attempt)
+            out.write(tail.data)
+            out.flush()
+            if not tail.data:
+                return
+            offset = tail.offset
+            continue
+        time.sleep(0.5)
+
+
+@app.command()
+def cancel(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) -> None:
+    """Stop a run gracefully (SIGTERM, then SIGKILL after the template's stop_grace_s)."""
+    before = service().get_run(run)
+    record = service().cancel_run(run)
+    if as_json:
+        render.print_json(render.run_json(record, bundles_dir()))
+    elif before.state.terminal:
+        console.print(f"{record.id} already {record.state}: nothing to cancel")
+    else:
+        console.print(f"{record.id}: {render.styled(record.state)} {render.outcome(record.current)}")
+
+
+@app.command()
+def retry(
+    run: str = typer.Argument(..., metavar="RUN"),
+    sets: list[str] = SETS,
+    wait: bool = typer.Option(False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded."),
+    as_json: bool = JSON,
+) -> None:
+    """Run the same bundle again as a new attempt, e.g. on another box: --set target=h100-b."""
+    overrides = parse_overrides(parse_sets(sets), "--set")
+    record = service().retry_run(run, overrides)
+    if not as_json and not wait:
+        console.print(f"{record.id}: attempt {record.current.number} {render.styled(record.state)}")
+        return
+    finish(record.id, wait, as_json)
+
+
+@app.command()
+def collect(
+    run: str = typer.Argument(..., metavar="RUN"),
+    dest: Path | None = typer.Option(None, "--dest", "-d", help="Where to put them (default ./orbit-artifacts/RUN)."),
+    attempt: int | None = typer.Option(None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."),
+    as_json: bool = JSON,
+) -> None:
+    """Copy a run's artifacts here and verify each file against its manifest."""
+    record = service().get_run(run)
+    target = dest or Path("orbit-artifacts") / record.id
+    result = service().collect_run_artifacts(record.id, target, attempt)
+    if as_json:
+        render.print_json({"dest": str(result.dest), "files": result.files, "bytes": result.bytes,
+                           "verified": result.verified, "problems": list(result.problems)})
+    else:
+        note = "verified against manifest.json" if result.verified else "NOT verified"
+        console.print(f"{result.files} files, {result.bytes} bytes -> {result.dest} ({note})")
+        for problem in result.problems:
+            err.print(f"  {problem}", markup=False)
+    if result.problems:
+        raise typer.Exit(1)
+
+
+@app.command()
+def audit(
+    run: str | None = typer.Option(None, "--run", "-r", help="Only events of this run."),
+    limit: int | None = typer.Option(None, "--limit", "-n", min=1, help="Only the newest N."),
+    as_json: bool = JSON,
+) -> None:
+    """The audit trail: who did what to which run, and when."""
+    events = service().audit(run, limit)
+    if as_json:
+        render.print_json([e.model_dump(mode="json") for e in events])
+    else:
+        console.print(render.audit_table(events))
+
+
+def main() -> None:
+    try:
+        app()
+    except OrbitError as exc:
+        err.print(f"orbit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

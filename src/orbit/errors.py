@@ -1,0 +1,50 @@
+"""Errors a user can cause and fix. The CLI prints them as one line and exits 2."""
+
+from __future__ import annotations
+
+
+class OrbitError(Exception):
+    """A mistake in the user's input or a refusal: shown as one line, never as a traceback."""
+
+    exit_code = 2
+
+
+class InvalidInput(OrbitError):
+    """A file, field or value is not what was expected."""
+
+
+class NotFound(OrbitError):
+    """An id or name that the store, a registry or the disk does not know."""
+
+
+class Refused(OrbitError):
+    """A valid request that ORBIT will not carry out (an override outside the whitelist...)."""
+
+
+class NoBackend(OrbitError):
+    """No execution backend is registered for a placement and launch mode."""
+
+
+class IllegalTransition(Exception):
+    """A state move outside the table: a bug or a race, never a user's mistake."""
+
+
+def pydantic_location(loc: tuple[int | str, ...]) -> str:
+    """`("task", "args", 0)` -> `task.args.0`: the form every ORBIT error uses for a field."""
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def describe_validation_error(source: str, exc: object) -> str:
+    """One line for the first problem in a pydantic ValidationError, naming file and field."""
+    from pydantic import ValidationError
+
+    assert isinstance(exc, ValidationError)
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    where = pydantic_location(tuple(first["loc"]))
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    else:
+        message = str(first["msg"])
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{source}: {where}: {message}{more}"

@@ -1,0 +1,207 @@
+"""The records ORBIT passes between its parts: pydantic v2, frozen where they are records."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class Record(BaseModel):
+    """A value that is never changed once made."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Strict(BaseModel):
+    """Input from a user: unknown keys are refused by name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunState(StrEnum):
+    PREPARED = "prepared"
+    SUBMITTED = "submitted"
+    PROVISIONING = "provisioning"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TERMINATED = "terminated"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.TERMINATED})
+
+
+class FailureKind(StrEnum):
+    INFRASTRUCTURE = "infrastructure"  # the box, the transport, ORBIT's own runtime
+    TASK = "task"  # the task's own doing
+    USER = "user"  # a person asked for it
+
+
+class FailureReason(StrEnum):
+    """The closed set of reasons an attempt ends other than in success."""
+
+    NODE_LOST = "node_lost"
+    STAGING_FAILED = "staging_failed"
+    LAUNCH_FAILED = "launch_failed"
+    RUNTIME_LOST = "runtime_lost"
+    PREEMPTED = "preempted"
+    TASK_EXIT_NONZERO = "task_exit_nonzero"
+    TASK_KILLED = "task_killed"
+    CANCELLED = "cancelled"
+
+    @property
+    def kind(self) -> FailureKind:
+        return _REASON_KINDS[self]
+
+
+_REASON_KINDS = {
+    FailureReason.NODE_LOST: FailureKind.INFRASTRUCTURE,
+    FailureReason.STAGING_FAILED: FailureKind.INFRASTRUCTURE,
+    FailureReason.LAUNCH_FAILED: FailureKind.INFRASTRUCTURE,
+    FailureReason.RUNTIME_LOST: FailureKind.INFRASTRUCTURE,
+    FailureReason.PREEMPTED: FailureKind.INFRASTRUCTURE,
+    FailureReason.TASK_EXIT_NONZERO: FailureKind.TASK,
+    FailureReason.TASK_KILLED: FailureKind.TASK,
+    FailureReason.CANCELLED: FailureKind.USER,
+}
+
+
+class Resources(Strict):
+    gpu_type: str | None = None
+    gpu_count: int = Field(default=0, ge=0)
+    cpu_count: int = Field(default=1, ge=1)
+    memory_gb: float = Field(default=1.0, ge=0)
+
+
+class Placement(BaseModel):
+    """Where a run executes. Settings beyond `kind` belong to the placement's backend."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    kind: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+
+
+class LaunchMode(BaseModel):
+    """How a run is started there, orthogonal to where."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    kind: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+
+
+class ExecutionDefaults(Strict):
+    target: str | None = None
+    detach: bool = True
+    resources: Resources = Resources()
+    runtime_env: dict[str, str] = {}
+    stop_grace_s: float = Field(default=10.0, ge=0, le=3600)
+
+
+class ExecutionTemplate(Record):
+    id: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    placement: Placement
+    launch_mode: LaunchMode
+    defaults: ExecutionDefaults = ExecutionDefaults()
+    allow_overrides: tuple[str, ...] = ()
+
+
+class ResourcesOverride(Strict):
+    gpu_type: str | None = None
+    gpu_count: int | None = Field(default=None, ge=0)
+    cpu_count: int | None = Field(default=None, ge=1)
+    memory_gb: float | None = Field(default=None, ge=0)
+
+
+class ExecutionOverrides(Strict):
+    """What a submission asks to change in its template's defaults. Only set fields count."""
+
+    target: str | None = None
+    detach: bool | None = None
+    resources: ResourcesOverride | None = None
+    runtime_env: dict[str, str] | None = None
+    stop_grace_s: float | None = Field(default=None, ge=0, le=3600)
+
+
+# Fields of an override that belong to one attempt and never reach the bundle: a retry may
+# change them and still push the same bundle.
+ATTEMPT_FIELDS = frozenset({"target", "detach"})
+
+
+class ExecutionRequest(Record):
+    """A template with the submission's overrides applied: everything a backend needs."""
+
+    template_id: str
+    placement: Placement
+    launch_mode: LaunchMode
+    target: str | None
+    detach: bool
+    resources: Resources
+    runtime_env: dict[str, str]
+    stop_grace_s: float
+
+    @property
+    def backend_key(self) -> str:
+        return f"{self.placement.kind}_{self.launch_mode.kind}"
+
+
+class RetryPolicy(Record):
+    """Automatic retries: infrastructure failures always qualify, a task's exit only if listed."""
+
+    max_retries: int = Field(default=2, ge=0, le=100)
+    on_exit_codes: tuple[int, ...] = ()
+
+
+class TaskSubmission(Record):
+    experiment_id: str
+    task_type: str
+    task_request: dict[str, Any]
+    template_id: str
+    overrides: ExecutionOverrides = ExecutionOverrides()
+    retry: RetryPolicy = RetryPolicy()
+
+
+class JobSpec(Record):
+    """job.json: what runs, frozen into the bundle. No run, attempt or placement details."""
+
+    schema_version: int = 1
+    task_type: str
+    template_id: str
+    launch_mode: LaunchMode
+    entrypoint: tuple[str, ...] = Field(min_length=1)
+    workdir: str = "workdir"
+    env: dict[str, str] = {}
+    resources: Resources = Resources()
+    stop_grace_s: float = 10.0
+    task_request: dict[str, Any] = {}
+
+
+class RunHandle(Record):
+    """What a backend needs to find an attempt again; never a live connection."""
+
+    backend_key: str
+    target: str
+    attempt_id: str
+    location: str
+    data: dict[str, Any] = {}
+
+
+class RunStatus(Record):
+    """An attempt's state as the execution plane reports it (rebuilt from runtime/ files)."""
+
+    state: RunState
+    reason: FailureReason | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    host: str | None = None
+    message: str | None = None

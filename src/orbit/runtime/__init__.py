@@ -1,0 +1,1 @@
+"""The runtime wrapper that travels inside every bundle (scripts/). Standard library only."""

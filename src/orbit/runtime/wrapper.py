@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""ORBIT runtime wrapper: runs one attempt of a bundle and writes what a post-mortem needs.
+
+It travels inside the bundle (scripts/orbit_wrapper.py) and needs nothing but python3's
+standard library. Files it writes:
+
+  runtime/pid           its own pid (liveness is proven by the lock, not the pid)
+  runtime/lock          held with flock for as long as it lives: a free lock means it is gone
+  runtime/status.json   the attempt's state at every transition
+  runtime/result.json   exit code or signal, start and finish times, host
+  runtime/runtime.log   its own steps
+  artifacts/training.log   the task's stdout and stderr
+  artifacts/manifest.json  path, size and sha256 of every artifact
+
+SIGTERM (or SIGINT, SIGHUP) asks for a graceful stop: the task's process group gets SIGTERM,
+then SIGKILL after the job's stop_grace_s. runtime/stop_request.json, if present, says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Wrapper:
+    def __init__(self, bundle: str) -> None:
+        self.bundle = os.path.abspath(bundle)
+        self.runtime = os.path.join(self.bundle, "runtime")
+        self.artifacts = os.path.join(self.bundle, "artifacts")
+        self.inputs = os.path.join(self.bundle, "inputs")
+        self.host = socket.gethostname()
+        self.child: subprocess.Popen[bytes] | None = None
+        self.stop_at: float | None = None
+        self.killed = False
+        self.started_at: str | None = None
+        self.grace = 10.0
+        os.makedirs(self.runtime, exist_ok=True)
+        os.makedirs(self.artifacts, exist_ok=True)
+
+    def log(self, message: str) -> None:
+        with open(os.path.join(self.runtime, "runtime.log"), "a", encoding="utf-8") as f:
+            f.write(f"{now()} {message}\n")
+
+    def status(self, state: str, **extra: Any) -> None:
+        data = {"state": state, "updated_at": now(), "host": self.host, "wrapper_pid": os.getpid()}
+        data.update(extra)
+        write_json(os.path.join(self.runtime, "status.json"), data)
+        self.log(f"state -> {state}" + (f" ({extra['reason']})" if "reason" in extra else ""))
+
+    def take_lock(self) -> Any:
+        lock = open(os.path.join(self.runtime, "lock"), "a+")  # noqa: SIM115 - held until exit
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.exit(f"orbit wrapper: {self.bundle} is already running (runtime/lock is held)")
+        with open(os.path.join(self.runtime, "pid"), "w", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
+        return lock
+
+    def on_stop_signal(self, signum: int, _frame: Any) -> None:
+        if self.stop_at is not None:
+            return
+        self.stop_at = time.monotonic() + self.grace
+        self.log(f"received {signal.Signals(signum).name}: stopping the task (grace {self.grace}s)")
+        self.signal_task(signal.SIGTERM)
+
+    def signal_task(self, sig: int) -> None:
+        if self.child is None:
+            return
+        try:
+            os.killpg(self.child.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.on_stop_signal)
+        lock = self.take_lock()
+        try:
+            return self._run()
+        except Exception as exc:  # the wrapper's own failure: an infrastructure reason
+            self.log(f"wrapper error: {type(exc).__name__}: {exc}")
+            self.signal_task(signal.SIGKILL)
+            self.finish("failed", reason="runtime_lost", message=f"wrapper error: {exc}")
+            return 1
+        finally:
+            lock.close()
+
+    def _run(self) -> int:
+        self.log(f"wrapper started on {self.host}: python {sys.version.split()[0]}, bundle {self.bundle}")
+        with open(os.path.join(self.bundle, "job.json"), encoding="utf-8") as f:
+            job = json.load(f)
+        self.grace = float(job.get("stop_grace_s", 10.0))
+        self.status("starting")
+        workdir = os.path.join(self.inputs, job.get("workdir", "workdir"))
+        env = dict(os.environ)
+        env.update(job.get("env", {}))
+        env.update(
+            ORBIT_RUN_ID=os.environ.get("ORBIT_RUN_ID", "manual"),
+            ORBIT_ATTEMPT_ID=os.environ.get("ORBIT_ATTEMPT_ID", "manual"),
+            ORBIT_BUNDLE_DIR=self.bundle,
+            ORBIT_INPUTS_DIR=self.inputs,
+            ORBIT_ARTIFACTS_DIR=self.artifacts,
+        )
+        argv = [str(a) for a in job["entrypoint"]]
+        self.started_at = now()
+        if self.stop_at is not None:
+            return self.finish("terminated", reason=self.stop_reason())
+        self.log(f"starting task in {workdir}: {argv!r}")
+        with open(os.path.join(self.artifacts, "training.log"), "ab") as out:
+            try:
+                self.child = subprocess.Popen(
+                    argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            except OSError as exc:
+                out.write(f"orbit: cannot start {argv[0]!r}: {exc}\n".encode())
+                self.log(f"cannot start the task: {exc}")
+                return self.finish("failed", reason="task_exit_nonzero", exit_code=127,
+                                   message=f"cannot start {argv[0]!r}: {exc.strerror}")
+        if self.stop_at is not None:  # a stop that came while the task was being started
+            self.signal_task(signal.SIGTERM)
+        self.status("running", task_pid=self.child.pid, started_at=self.started_at)
+        code = self.wait()
+        self.signal_task(signal.SIGKILL)  # nothing of the task outlives it
+        self.log(f"task exited with {code}")
+        if self.stop_at is not None:
+            return self.finish("terminated", reason=self.stop_reason(), **self.exit_fields(code))
+        if code == 0:
+            return self.finish("succeeded", exit_code=0)
+        reason = "task_exit_nonzero" if code > 0 else "task_killed"
+        return self.finish("failed", reason=reason, **self.exit_fields(code))
+
+    def wait(self) -> int:
+        assert self.child is not None
+        while True:
+            try:
+                return self.child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                if self.stop_at is not None and not self.killed and time.monotonic() >= self.stop_at:
+                    self.log("grace period over: killing the task")
+                    self.signal_task(signal.SIGKILL)
+                    self.killed = True
+
+    @staticmethod
+    def exit_fields(code: int) -> dict[str, Any]:
+        return {"exit_code": code} if code >= 0 else {"signal": -code}
+
+    def stop_reason(self) -> str:
+        request = read_json(os.path.join(self.runtime, "stop_request.json")) or {}
+        return str(request.get("reason", "cancelled"))
+
+    def finish(self, state: str, **fields: Any) -> int:
+        try:
+            self.write_manifest()
+        except OSError as exc:
+            self.log(f"cannot write the artifact manifest: {exc}")
+        result = {"state": state, "host": self.host, "started_at": self.started_at,
+                  "finished_at": now(), **fields}
+        write_json(os.path.join(self.runtime, "result.json"), result)
+        self.status(state, **{k: v for k, v in fields.items() if k != "state"})
+        return 0 if state == "succeeded" else 1
+
+    def write_manifest(self) -> None:
+        files = []
+        for root, dirs, names in os.walk(self.artifacts):
+            dirs.sort()
+            for name in sorted(names):
+                path = os.path.join(root, name)
+                rel = os.path.relpath(path, self.artifacts).replace(os.sep, "/")
+                if rel == "manifest.json" or os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                digest = hashlib.sha256()
+                with open(path, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        digest.update(chunk)
+                files.append({"path": rel, "size": os.path.getsize(path), "sha256": digest.hexdigest()})
+        write_json(os.path.join(self.artifacts, "manifest.json"), {"schema_version": 1, "files": files})
+
+
+def detach(bundle: str) -> None:
+    """Double fork into a new session, so the attempt outlives the shell, the SSH connection or
+    the CLI that started it. The first process returns once the wrapper has written its pid."""
+    runtime = os.path.join(os.path.abspath(bundle), "runtime")
+    pid_file = os.path.join(runtime, "pid")
+    os.makedirs(runtime, exist_ok=True)
+    if os.path.exists(pid_file):
+        os.unlink(pid_file)
+    first = os.fork()
+    if first > 0:
+        os.waitpid(first, 0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with open(pid_file, encoding="utf-8") as f:
+                    pid = f.read().strip()
+                if pid:
+                    print(pid)
+                    sys.exit(0)
+            except FileNotFoundError:
+                pass
+            time.sleep(0.01)
+        sys.exit("orbit wrapper: the detached wrapper did not start (see runtime/wrapper.err)")
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    err = os.open(os.path.join(runtime, "wrapper.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(devnull, 0)
+    os.dup2(err, 1)
+    os.dup2(err, 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one attempt of an ORBIT bundle.")
+    parser.add_argument("--bundle", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    parser.add_argument("--detach", action="store_true", help="go on in the background")
+    args = parser.parse_args(argv)
+    if args.detach:
+        detach(args.bundle)
+    return Wrapper(args.bundle).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

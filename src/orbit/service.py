@@ -1,0 +1,315 @@
+"""CoreControlService: the one API the CLI, the HTTP server and the web page all call."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orbit.artifacts import CollectResult
+from orbit.backends.base import AttemptContext, LaunchError, LogLayer
+from orbit.bundle import FrozenBundle, freeze_bundle
+from orbit.config import Settings
+from orbit.errors import InvalidInput, NotFound, Refused
+from orbit.execution import ExecutionService
+from orbit.models import (
+    ATTEMPT_FIELDS,
+    ExecutionOverrides,
+    ExecutionRequest,
+    FailureReason,
+    JobSpec,
+    RetryPolicy,
+    RunState,
+    RunStatus,
+    TaskSubmission,
+)
+from orbit.overrides import check_whitelist, combine, resolve, set_paths
+from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
+from orbit.retry import should_retry
+from orbit.states import ALLOWED
+from orbit.store import Store
+from orbit.tasks import TaskRegistry
+from orbit.templates import TemplateRegistry, default_search_path
+
+
+def current_actor() -> str:
+    try:
+        return os.environ.get("ORBIT_ACTOR") or getpass.getuser()
+    except Exception:  # no passwd entry for this uid (containers)
+        return f"uid:{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    data: bytes
+    offset: int
+    attempt: AttemptRecord
+
+
+class CoreControlService:
+    def __init__(
+        self,
+        store: Store,
+        execution: ExecutionService,
+        templates: TemplateRegistry,
+        tasks: TaskRegistry,
+        bundles_dir: Path,
+        actor: str | None = None,
+    ) -> None:
+        self.store = store
+        self.execution = execution
+        self.templates = templates
+        self.tasks = tasks
+        self.bundles_dir = bundles_dir
+        self.actor = actor or current_actor()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, cwd: Path | None = None) -> CoreControlService:
+        return cls(
+            store=Store(settings.database_url),
+            execution=ExecutionService.default(settings),
+            templates=TemplateRegistry(default_search_path(settings.templates_dir, cwd or Path.cwd())),
+            tasks=TaskRegistry(),
+            bundles_dir=settings.bundles_dir,
+        )
+
+    # --- submit ---------------------------------------------------------------------------
+
+    def submit_task(
+        self, submission: TaskSubmission, *, base_dir: Path, source: str = "submission"
+    ) -> RunRecord:
+        """Validate and shape, resolve the template, freeze the bundle, route it to its
+        backend, record the handle, audit. Everything that can be refused is refused before
+        the store is written. `experiment_id` may be a name: an unknown one is created."""
+        shaped = self.tasks.shape(submission.task_type, submission.task_request, base_dir, source)
+        template = self.templates.get(submission.template_id)
+        request = resolve(template, submission.overrides)
+        backend = self.execution.backend(request.backend_key)
+        backend.validate(request)
+        job = JobSpec(
+            task_type=submission.task_type,
+            template_id=template.id,
+            launch_mode=request.launch_mode,
+            entrypoint=shaped.entrypoint,
+            workdir=shaped.workdir,
+            env={**request.runtime_env, **shaped.env},
+            resources=request.resources,
+            stop_grace_s=request.stop_grace_s,
+            task_request=shaped.request,
+        )
+        bundle = freeze_bundle(job, shaped.staged, self.bundles_dir)
+        experiment = self.store.find_experiment(submission.experiment_id)
+        if experiment is None:
+            experiment = self.store.create_experiment(submission.experiment_id, self.actor)
+        frozen = submission.model_copy(update={"experiment_id": experiment.id})
+        run = self.store.create_run(
+            experiment_id=experiment.id,
+            task_type=submission.task_type,
+            template_id=template.id,
+            bundle_digest=bundle.digest,
+            submission=frozen.model_dump(mode="json", exclude_unset=False),
+            request=request.model_dump(mode="json"),
+            target=request.target,
+            backend_key=request.backend_key,
+            actor=self.actor,
+        )
+        self._launch(run, run.current, request)
+        return self.store.get_run(run.id)
+
+    def _bundle(self, digest: str) -> FrozenBundle:
+        path = self.bundles_dir / digest
+        if not (path / "job.json").is_file():
+            raise NotFound(f"bundle {digest[:12]} is no longer in the cache at {path}")
+        return FrozenBundle(digest=digest, path=path)
+
+    def _launch(self, run: RunRecord, attempt: AttemptRecord, request: ExecutionRequest) -> None:
+        backend = self.execution.backend(request.backend_key)
+        context = AttemptContext(run_id=run.id, attempt_id=attempt.id)
+        try:
+            handle = backend.launch(self._bundle(run.bundle_digest), request, context)
+        except LaunchError as exc:
+            self.store.move_attempt(
+                attempt.id, RunState.FAILED, actor=self.actor, reason=exc.reason, message=str(exc)
+            )
+            failed = RunStatus(state=RunState.FAILED, reason=exc.reason, message=str(exc))
+            self._after_end(self.store.get_run(run.id), failed)
+            return
+        self.store.set_handle(attempt.id, handle)
+        self.store.move_attempt(attempt.id, RunState.SUBMITTED, actor=self.actor)
+        self.store.record_event(
+            self.actor, "run.submitted", run_id=run.id, attempt_id=attempt.id,
+            backend=handle.backend_key, target=handle.target, location=handle.location,
+        )
+
+    # --- status ---------------------------------------------------------------------------
+
+    def get_run(self, ref: str) -> RunRecord:
+        return self.store.get_run(ref)
+
+    def refresh_run_status(self, ref: str) -> RunRecord:
+        """Ask the execution plane where the current attempt stands, move its state, and apply
+        the retry policy if it ended."""
+        run = self.store.get_run(ref)
+        attempt = run.current
+        if attempt.state.terminal or attempt.handle is None:
+            return run
+        status = self.execution.backend(attempt.backend_key).status(attempt.handle)
+        if status.state in ALLOWED[attempt.state]:
+            moved = self.store.move_attempt(
+                attempt.id, status.state, actor="orbit", reason=status.reason,
+                expect=attempt.state, exit_code=status.exit_code,
+                message=status.message, started_at=status.started_at,
+                finished_at=status.finished_at,
+            )
+            if moved and status.state.terminal:
+                self._after_end(self.store.get_run(run.id), status)
+        return self.store.get_run(run.id)
+
+    def _after_end(self, run: RunRecord, status: RunStatus) -> None:
+        attempt = run.current
+        policy = RetryPolicy.model_validate(run.submission.get("retry", {}))
+        retries = 0
+        for earlier in reversed(run.attempts):
+            if earlier.trigger != "auto_retry":
+                break
+            retries += 1
+        if not should_retry(policy, status, retries, attempt.cancel_requested):
+            return
+        self.store.record_event(
+            "orbit", "run.auto_retry", run_id=run.id, attempt_id=attempt.id,
+            reason=status.reason.value if status.reason else None, retry=retries + 1,
+            max_retries=policy.max_retries,
+        )
+        request = ExecutionRequest.model_validate(run.request)
+        if attempt.target is not None:
+            request = request.model_copy(update={"target": attempt.target})
+        new = self.store.add_attempt(
+            run.id, target=attempt.target, backend_key=attempt.backend_key,
+            trigger="auto_retry", actor="orbit",
+        )
+        self._launch(self.store.get_run(run.id), new, request)
+
+    def refresh_active(self, runs: list[RunRecord]) -> list[RunRecord]:
+        return [self.refresh_run_status(r.id) if not r.state.terminal else r for r in runs]
+
+    def wait_for(self, ref: str, timeout_s: float | None = None, poll_s: float = 0.5) -> RunRecord:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            run = self.refresh_run_status(ref)
+            if run.state.terminal or (deadline is not None and time.monotonic() >= deadline):
+                return run
+            time.sleep(poll_s)
+
+    def list_runs(
+        self, *, experiment: str | None = None, states: set[RunState] | None = None,
+        limit: int | None = None, refresh: bool = True,
+    ) -> list[RunRecord]:
+        experiment_id = self.store.get_experiment(experiment).id if experiment else None
+        if refresh:
+            active = self.store.list_runs(
+                experiment_id=experiment_id,
+                states={s for s in RunState if not s.terminal},
+            )
+            self.refresh_active(active)
+        return self.store.list_runs(experiment_id=experiment_id, states=states, limit=limit)
+
+    # --- act on runs ----------------------------------------------------------------------
+
+    def cancel_run(self, ref: str, wait_s: float | None = None) -> RunRecord:
+        """Ask for a graceful stop; wait up to the grace period (plus a little) for it."""
+        run = self.refresh_run_status(ref)
+        attempt = run.current
+        if attempt.state.terminal:
+            return run
+        self.store.request_cancel(attempt.id, self.actor)
+        if attempt.handle is None:
+            self.store.move_attempt(
+                attempt.id, RunState.TERMINATED, actor=self.actor, reason=FailureReason.CANCELLED
+            )
+            return self.store.get_run(run.id)
+        self.execution.backend(attempt.backend_key).cancel(attempt.handle, FailureReason.CANCELLED)
+        grace = float(run.request.get("stop_grace_s", 10.0))
+        return self.wait_for(run.id, timeout_s=grace + 5 if wait_s is None else wait_s, poll_s=0.2)
+
+    def retry_run(self, ref: str, overrides: ExecutionOverrides | None = None) -> RunRecord:
+        """A new attempt of the same bundle. Only attempt-level fields (target, detach) may
+        change, and only where the template allows: anything else would change the bundle."""
+        overrides = overrides or ExecutionOverrides()
+        run = self.refresh_run_status(ref)
+        if not run.state.terminal:
+            raise Refused(f"run {run.id} is {run.state}: cancel it before retrying")
+        for path in set_paths(overrides):
+            if path.split(".")[0] not in ATTEMPT_FIELDS:
+                raise Refused(
+                    f"override '{path}' would change the bundle; a retry pushes the same bundle "
+                    f"(retry may change: {', '.join(sorted(ATTEMPT_FIELDS))}). "
+                    "Submit a new run to change it"
+                )
+        template = self.templates.get(run.template_id)
+        check_whitelist(template, overrides)
+        request = ExecutionRequest.model_validate(run.request)
+        changed = combine(ExecutionOverrides(), overrides).model_dump(exclude_unset=True)
+        request = request.model_copy(update=changed)
+        backend = self.execution.backend(request.backend_key)
+        backend.validate(request)
+        self._bundle(run.bundle_digest)
+        attempt = self.store.add_attempt(
+            run.id, target=request.target, backend_key=request.backend_key,
+            trigger="retry", actor=self.actor,
+        )
+        self.store.record_event(
+            self.actor, "run.retry", run_id=run.id, attempt_id=attempt.id, overrides=changed
+        )
+        self._launch(self.store.get_run(run.id), attempt, request)
+        return self.store.get_run(run.id)
+
+    def _attempt(self, run: RunRecord, number: int | None) -> AttemptRecord:
+        if number is None:
+            return run.current
+        for attempt in run.attempts:
+            if attempt.number == number:
+                return attempt
+        raise NotFound(f"run {run.id} has no attempt {number} (it has {len(run.attempts)})")
+
+    def read_log(
+        self, ref: str, layer: LogLayer, offset: int = 0, attempt: int | None = None
+    ) -> LogChunk:
+        found = self._attempt(self.store.get_run(ref), attempt)
+        if found.handle is None:
+            return LogChunk(b"", offset, found)
+        data, new_offset = self.execution.backend(found.backend_key).read_log(
+            found.handle, layer, offset
+        )
+        return LogChunk(data, new_offset, found)
+
+    def collect_run_artifacts(
+        self, ref: str, dest: Path, attempt: int | None = None
+    ) -> CollectResult:
+        run = self.refresh_run_status(ref)
+        found = self._attempt(run, attempt)
+        if found.handle is None:
+            raise InvalidInput(f"run {run.id} attempt {found.number} never started: no artifacts")
+        result = self.execution.backend(found.backend_key).collect(found.handle, dest)
+        self.store.record_event(
+            self.actor, "run.collected", run_id=run.id, attempt_id=found.id, dest=str(dest),
+            files=result.files, bytes=result.bytes, verified=result.verified,
+        )
+        return result
+
+    # --- experiments and audit ------------------------------------------------------------
+
+    def create_experiment(self, name: str) -> ExperimentRecord:
+        return self.store.create_experiment(name, self.actor)
+
+    def list_experiments(self) -> list[ExperimentRecord]:
+        return self.store.list_experiments()
+
+    def audit(self, run: str | None = None, limit: int | None = None) -> list[AuditEvent]:
+        run_id = self.store.resolve_run_id(run) if run else None
+        return self.store.list_events(run_id=run_id, limit=limit)
+
+    def close(self) -> None:
+        self.store.close()
+

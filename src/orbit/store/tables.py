@@ -1,0 +1,65 @@
+"""Table definitions. Every change here needs a new Alembic migration in migrations/versions/."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class ExperimentRow(Base):
+    __tablename__ = "experiments"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime]
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    experiment_id: Mapped[str] = mapped_column(ForeignKey("experiments.id"), index=True)
+    task_type: Mapped[str] = mapped_column(String(64))
+    template_id: Mapped[str] = mapped_column(String(128))
+    bundle_digest: Mapped[str] = mapped_column(String(64), index=True)
+    submission: Mapped[dict[str, Any]]
+    request: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    created_by: Mapped[str] = mapped_column(String(128))
+
+
+class AttemptRow(Base):
+    __tablename__ = "attempts"
+    id: Mapped[str] = mapped_column(String(48), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(String(32))
+    target: Mapped[str | None] = mapped_column(String(256))
+    backend_key: Mapped[str] = mapped_column(String(64))
+    trigger: Mapped[str] = mapped_column(String(16))
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    message: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", unique=True),)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    run_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    attempt_id: Mapped[str | None] = mapped_column(String(48))
+    data: Mapped[dict[str, Any]]

@@ -1,0 +1,51 @@
+"""The task registry: built-in plugins plus whatever the `orbit.tasks` entry points add."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from orbit.errors import InvalidInput, NotFound, describe_validation_error
+from orbit.tasks.base import ShapedTask, TaskPlugin
+
+ENTRY_POINT_GROUP = "orbit.tasks"
+
+
+def _discover() -> dict[str, type[TaskPlugin]]:
+    from orbit.tasks.command import CommandTask
+    from orbit.tasks.python import PythonTask
+
+    found: dict[str, type[TaskPlugin]] = {"command": CommandTask, "python": PythonTask}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found[ep.name] = ep.load()
+    return found
+
+
+class TaskRegistry:
+    def __init__(self, plugins: dict[str, type[TaskPlugin]] | None = None) -> None:
+        self._plugins = plugins if plugins is not None else _discover()
+
+    def names(self) -> list[str]:
+        return sorted(self._plugins)
+
+    def plugin(self, task_type: str) -> TaskPlugin:
+        try:
+            return self._plugins[task_type]()
+        except KeyError:
+            known = ", ".join(self.names())
+            raise NotFound(f"unknown task type '{task_type}' (known: {known})") from None
+
+    def shape(
+        self, task_type: str, raw: dict[str, Any], base_dir: Path, source: str
+    ) -> ShapedTask:
+        """Validate `raw` with the plugin's model and shape it. Errors name `task.<field>`."""
+        plugin = self.plugin(task_type)
+        try:
+            request = plugin.request_model.model_validate(raw)
+        except ValidationError as exc:
+            line = describe_validation_error(source, exc)
+            raise InvalidInput(line.replace(f"{source}: ", f"{source}: task.", 1)) from None
+        return plugin.shape(request, base_dir)

@@ -1,0 +1,68 @@
+"""Execution templates: named YAML files. Built-ins ship in the package; users add their own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from orbit.errors import InvalidInput, NotFound, describe_validation_error
+from orbit.models import ExecutionTemplate
+from orbit.yamlio import load_yaml_mapping
+
+
+@dataclass(frozen=True)
+class TemplateSource:
+    template: ExecutionTemplate
+    path: str  # the file it was read from
+
+
+def builtin_dir() -> Path:
+    return Path(str(resources.files("orbit") / "builtin_templates"))
+
+
+def default_search_path(home_templates: Path, cwd: Path) -> list[Path]:
+    """Later folders win: built-ins, then ./execution_templates/, then $ORBIT_HOME/templates/."""
+    return [builtin_dir(), cwd / "execution_templates", home_templates]
+
+
+def load_template_file(path: Path) -> ExecutionTemplate:
+    data = load_yaml_mapping(path)
+    try:
+        return ExecutionTemplate.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_error(str(path), exc)) from None
+
+
+class TemplateRegistry:
+    def __init__(self, folders: Iterable[Path]) -> None:
+        self._sources: dict[str, TemplateSource] = {}
+        for folder in folders:
+            if not folder.is_dir():
+                continue
+            for path in sorted(folder.glob("*.y*ml")):
+                template = load_template_file(path)
+                if path.stem != template.id:
+                    raise InvalidInput(
+                        f"{path}: id: '{template.id}' must match the file name '{path.stem}'"
+                    )
+                self._sources[template.id] = TemplateSource(template, str(path))
+
+    def ids(self) -> list[str]:
+        return sorted(self._sources)
+
+    def source(self, template_id: str) -> TemplateSource:
+        try:
+            return self._sources[template_id]
+        except KeyError:
+            known = ", ".join(self.ids()) or "none"
+            raise NotFound(f"unknown template '{template_id}' (known: {known})") from None
+
+    def get(self, template_id: str) -> ExecutionTemplate:
+        return self.source(template_id).template
+
+    def all(self) -> list[TemplateSource]:
+        return [self._sources[i] for i in self.ids()]
