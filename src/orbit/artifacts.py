@@ -38,7 +38,9 @@ def verify_manifest(artifacts_dir: Path) -> tuple[bool, list[str]]:
         if not path.is_file():
             problems.append(f"{entry['path']}: missing")
         elif path.stat().st_size != entry["size"]:
-            problems.append(f"{entry['path']}: size {path.stat().st_size}, expected {entry['size']}")
+            problems.append(
+                f"{entry['path']}: size {path.stat().st_size}, expected {entry['size']}"
+            )
         elif sha256_file(path) != entry["sha256"]:
             problems.append(f"{entry['path']}: sha256 differs from the manifest")
     return True, problems

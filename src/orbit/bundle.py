@@ -4,7 +4,7 @@
       job.json    the job spec            \
       inputs/     staged data, workdir     > frozen: the digest covers these
       scripts/    the runtime wrapper     /
-      runtime/    execution-plane state   \  live: per attempt, never in the digest
+      runtime/    execution-plane state   \\  live: per attempt, never in the digest
       artifacts/  task outputs            /  nor in the archive that travels
 """
 
@@ -98,14 +98,17 @@ def compute_digest(bundle_dir: Path, workers: int = 4) -> str:
     entries = frozen_entries(bundle_dir)
     files = [e for e in entries if e.kind == "f"]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        hashes = dict(zip((e.relpath for e in files), pool.map(
-            lambda e: hash_file(bundle_dir / e.relpath), files), strict=True))
+        hashes = dict(
+            zip(
+                (e.relpath for e in files),
+                pool.map(lambda e: hash_file(bundle_dir / e.relpath), files),
+                strict=True,
+            )
+        )
     outer = hashlib.sha256()
     for e in entries:
         detail = (
-            hashes[e.relpath] + (":x" if e.executable else ":-")
-            if e.kind == "f"
-            else e.link_target
+            hashes[e.relpath] + (":x" if e.executable else ":-") if e.kind == "f" else e.link_target
         )
         outer.update(b"\0".join((e.kind.encode(), os.fsencode(e.relpath), os.fsencode(detail))))
         outer.update(b"\n")

@@ -42,9 +42,6 @@ def describe_validation_error(source: str, exc: object) -> str:
     errors = exc.errors(include_url=False)
     first = errors[0]
     where = pydantic_location(tuple(first["loc"]))
-    if first["type"] == "extra_forbidden":
-        message = "unknown key"
-    else:
-        message = str(first["msg"])
+    message = "unknown key" if first["type"] == "extra_forbidden" else str(first["msg"])
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {where}: {message}{more}"

@@ -42,7 +42,9 @@ def status_from_files(
     wrapper still holds its lock. A wrapper that is gone without a result is `runtime_lost`:
     an infrastructure failure, never a run stuck in `running`."""
     if result is not None and _STATES.get(str(result.get("state"))) in (
-        RunState.SUCCEEDED, RunState.FAILED, RunState.TERMINATED,
+        RunState.SUCCEEDED,
+        RunState.FAILED,
+        RunState.TERMINATED,
     ):
         state = _STATES[str(result["state"])]
         reason = _REASONS.get(str(result.get("reason")))

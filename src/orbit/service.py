@@ -70,7 +70,9 @@ class CoreControlService:
         return cls(
             store=Store(settings.database_url),
             execution=ExecutionService.default(settings),
-            templates=TemplateRegistry(default_search_path(settings.templates_dir, cwd or Path.cwd())),
+            templates=TemplateRegistry(
+                default_search_path(settings.templates_dir, cwd or Path.cwd())
+            ),
             tasks=TaskRegistry(),
             bundles_dir=settings.bundles_dir,
         )
@@ -139,8 +141,13 @@ class CoreControlService:
         self.store.set_handle(attempt.id, handle)
         self.store.move_attempt(attempt.id, RunState.SUBMITTED, actor=self.actor)
         self.store.record_event(
-            self.actor, "run.submitted", run_id=run.id, attempt_id=attempt.id,
-            backend=handle.backend_key, target=handle.target, location=handle.location,
+            self.actor,
+            "run.submitted",
+            run_id=run.id,
+            attempt_id=attempt.id,
+            backend=handle.backend_key,
+            target=handle.target,
+            location=handle.location,
         )
 
     # --- status ---------------------------------------------------------------------------
@@ -158,9 +165,14 @@ class CoreControlService:
         status = self.execution.backend(attempt.backend_key).status(attempt.handle)
         if status.state in ALLOWED[attempt.state]:
             moved = self.store.move_attempt(
-                attempt.id, status.state, actor="orbit", reason=status.reason,
-                expect=attempt.state, exit_code=status.exit_code,
-                message=status.message, started_at=status.started_at,
+                attempt.id,
+                status.state,
+                actor="orbit",
+                reason=status.reason,
+                expect=attempt.state,
+                exit_code=status.exit_code,
+                message=status.message,
+                started_at=status.started_at,
                 finished_at=status.finished_at,
             )
             if moved and status.state.terminal:
@@ -178,16 +190,23 @@ class CoreControlService:
         if not should_retry(policy, status, retries, attempt.cancel_requested):
             return
         self.store.record_event(
-            "orbit", "run.auto_retry", run_id=run.id, attempt_id=attempt.id,
-            reason=status.reason.value if status.reason else None, retry=retries + 1,
+            "orbit",
+            "run.auto_retry",
+            run_id=run.id,
+            attempt_id=attempt.id,
+            reason=status.reason.value if status.reason else None,
+            retry=retries + 1,
             max_retries=policy.max_retries,
         )
         request = ExecutionRequest.model_validate(run.request)
         if attempt.target is not None:
             request = request.model_copy(update={"target": attempt.target})
         new = self.store.add_attempt(
-            run.id, target=attempt.target, backend_key=attempt.backend_key,
-            trigger="auto_retry", actor="orbit",
+            run.id,
+            target=attempt.target,
+            backend_key=attempt.backend_key,
+            trigger="auto_retry",
+            actor="orbit",
         )
         self._launch(self.store.get_run(run.id), new, request)
 
@@ -203,8 +222,12 @@ class CoreControlService:
             time.sleep(poll_s)
 
     def list_runs(
-        self, *, experiment: str | None = None, states: set[RunState] | None = None,
-        limit: int | None = None, refresh: bool = True,
+        self,
+        *,
+        experiment: str | None = None,
+        states: set[RunState] | None = None,
+        limit: int | None = None,
+        refresh: bool = True,
     ) -> list[RunRecord]:
         experiment_id = self.store.get_experiment(experiment).id if experiment else None
         if refresh:
@@ -256,8 +279,11 @@ class CoreControlService:
         backend.validate(request)
         self._bundle(run.bundle_digest)
         attempt = self.store.add_attempt(
-            run.id, target=request.target, backend_key=request.backend_key,
-            trigger="retry", actor=self.actor,
+            run.id,
+            target=request.target,
+            backend_key=request.backend_key,
+            trigger="retry",
+            actor=self.actor,
         )
         self.store.record_event(
             self.actor, "run.retry", run_id=run.id, attempt_id=attempt.id, overrides=changed
@@ -293,8 +319,14 @@ class CoreControlService:
             raise InvalidInput(f"run {run.id} attempt {found.number} never started: no artifacts")
         result = self.execution.backend(found.backend_key).collect(found.handle, dest)
         self.store.record_event(
-            self.actor, "run.collected", run_id=run.id, attempt_id=found.id, dest=str(dest),
-            files=result.files, bytes=result.bytes, verified=result.verified,
+            self.actor,
+            "run.collected",
+            run_id=run.id,
+            attempt_id=found.id,
+            dest=str(dest),
+            files=result.files,
+            bytes=result.bytes,
+            verified=result.verified,
         )
         return result
 
@@ -312,4 +344,3 @@ class CoreControlService:
 
     def close(self) -> None:
         self.store.close()
-

@@ -1,4 +1,4 @@
-"""The table of allowed state moves. Pure: the store's `move_attempt` is its only caller that writes."""
+"""The table of allowed state moves. Pure: the store's `move_attempt` is the only writer."""
 
 from __future__ import annotations
 

@@ -27,7 +27,9 @@ def load_yaml_mapping(path: Path) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise InvalidInput(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise InvalidInput(
+            f"{path}: expected a mapping at the top level, got {type(data).__name__}"
+        )
     return data
 
 

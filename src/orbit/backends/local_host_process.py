@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -68,21 +69,30 @@ class LocalHostProcessBackend:
         try:
             copy_frozen(bundle.path, attempt_dir)
         except OSError as exc:
-            raise LaunchError(FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}")
+            raise LaunchError(
+                FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}"
+            ) from exc
         env = {**os.environ, **request.runtime_env, **attempt.env()}
         wrapper = attempt_dir / "scripts" / "orbit_wrapper.py"
         proc = subprocess.run(
             [sys.executable, str(wrapper), "--bundle", str(attempt_dir), "--detach"],
-            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         if proc.returncode != 0:
-            detail = (proc.stderr.strip() or _read(attempt_dir / "runtime" / "wrapper.err") or "")
+            detail = proc.stderr.strip() or _read(attempt_dir / "runtime" / "wrapper.err") or ""
             raise LaunchError(
                 FailureReason.LAUNCH_FAILED, f"the runtime wrapper did not start: {detail[-500:]}"
             )
         return RunHandle(
-            backend_key=self.key, target="localhost", attempt_id=attempt.attempt_id,
-            location=str(attempt_dir), data={"pid": int(proc.stdout.strip() or 0)},
+            backend_key=self.key,
+            target="localhost",
+            attempt_id=attempt.attempt_id,
+            location=str(attempt_dir),
+            data={"pid": int(proc.stdout.strip() or 0)},
         )
 
     def status(self, handle: RunHandle) -> RunStatus:
@@ -111,10 +121,8 @@ class LocalHostProcessBackend:
         (runtime / "stop_request.json").write_text(json.dumps(request) + "\n", encoding="utf-8")
         pid_text = _read(runtime / "pid")
         if pid_text and wrapper_alive(runtime):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid_text), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         source = Path(handle.location) / "artifacts"
@@ -130,13 +138,14 @@ class LocalHostProcessBackend:
             size += path.stat().st_size
         found, problems = verify_manifest(dest)
         return CollectResult(
-            dest=dest, files=files, bytes=size, verified=found and not problems,
+            dest=dest,
+            files=files,
+            bytes=size,
+            verified=found and not problems,
             problems=tuple(problems),
         )
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -33,7 +33,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode="rich",
 )
-templates_app = typer.Typer(help="Execution templates: where and how runs execute.", no_args_is_help=True)
+templates_app = typer.Typer(
+    help="Execution templates: where and how runs execute.", no_args_is_help=True
+)
 experiments_app = typer.Typer(help="Experiments: named groups of runs.", no_args_is_help=True)
 runs_app = typer.Typer(help="Runs: list them and look at one closely.", no_args_is_help=True)
 app.add_typer(templates_app, name="templates")
@@ -42,7 +44,9 @@ app.add_typer(runs_app, name="runs")
 
 JSON = typer.Option(False, "--json", help="Print machine-readable JSON only.")
 SETS = typer.Option(
-    [], "--set", metavar="KEY=VALUE",
+    [],
+    "--set",
+    metavar="KEY=VALUE",
     help="Override a template field, e.g. --set resources.gpu_count=2 (repeatable).",
 )
 
@@ -81,7 +85,7 @@ def root(
 
 @templates_app.command("list")
 def templates_list(as_json: bool = JSON) -> None:
-    """List the execution templates ORBIT can find (built-in, ./execution_templates/, $ORBIT_HOME/templates/)."""
+    """List templates: built-in, then ./execution_templates/, then $ORBIT_HOME/templates/."""
     sources = service().templates.all()
     if as_json:
         render.print_json([{**s.template.model_dump(mode="json"), "path": s.path} for s in sources])
@@ -90,7 +94,9 @@ def templates_list(as_json: bool = JSON) -> None:
 
 
 @templates_app.command("show")
-def templates_show(template_id: str = typer.Argument(..., metavar="ID"), as_json: bool = JSON) -> None:
+def templates_show(
+    template_id: str = typer.Argument(..., metavar="ID"), as_json: bool = JSON
+) -> None:
     """Show one template and the file it was read from."""
     src = service().templates.source(template_id)
     if as_json:
@@ -143,9 +149,13 @@ def finish(run_id: str, wait: bool, as_json: bool) -> None:
 
 @app.command()
 def submit(
-    spec_file: Path = typer.Argument(..., metavar="SPEC.yaml", help="experiment, task_type, template, task, overrides, retry."),
+    spec_file: Path = typer.Argument(
+        ..., metavar="SPEC.yaml", help="experiment, task_type, template, task, overrides, retry."
+    ),
     sets: list[str] = SETS,
-    wait: bool = typer.Option(False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded."),
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded."
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Validate a run spec, freeze it into a bundle and start it.
@@ -160,9 +170,13 @@ def submit(
     """
     spec = load_spec(spec_file, sets)
     submission = to_submission(spec, str(spec_file))
-    run = service().submit_task(submission, base_dir=spec_file.resolve().parent, source=str(spec_file))
+    run = service().submit_task(
+        submission, base_dir=spec_file.resolve().parent, source=str(spec_file)
+    )
     if not as_json and not wait:
-        console.print(f"submitted [bold]{run.id}[/bold] ({run.state}); bundle {run.bundle_digest[:12]}")
+        console.print(
+            f"submitted [bold]{run.id}[/bold] ({run.state}); bundle {run.bundle_digest[:12]}"
+        )
         console.print(f"  follow it: orbit logs {run.id} --follow", style="dim")
         return
     finish(run.id, wait, as_json)
@@ -175,14 +189,20 @@ def parse_states(values: list[str]) -> set[RunState]:
             states.add(RunState(value))
         except ValueError:
             known = ", ".join(s.value for s in RunState)
-            raise OrbitError(f"--state: unknown state '{value}' (expected one of: {known})") from None
+            raise OrbitError(
+                f"--state: unknown state '{value}' (expected one of: {known})"
+            ) from None
     return states
 
 
 @runs_app.command("list")
 def runs_list(
-    experiment: str | None = typer.Option(None, "--experiment", "-e", help="Only this experiment (name or id)."),
-    state: list[str] = typer.Option([], "--state", "-s", help="Only runs in this state (repeatable)."),
+    experiment: str | None = typer.Option(
+        None, "--experiment", "-e", help="Only this experiment (name or id)."
+    ),
+    state: list[str] = typer.Option(
+        [], "--state", "-s", help="Only runs in this state (repeatable)."
+    ),
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many, newest first."),
     as_json: bool = JSON,
 ) -> None:
@@ -224,37 +244,38 @@ def status(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) 
 def logs(
     run: str = typer.Argument(..., metavar="RUN"),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the run ends."),
-    layer: LogLayer = typer.Option(LogLayer.TRAINING, "--layer", "-l", help="training: the task's output; runtime: the wrapper's own steps."),
-    attempt: int | None = typer.Option(None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."),
+    layer: LogLayer = typer.Option(
+        LogLayer.TRAINING,
+        "--layer",
+        "-l",
+        help="training: the task's output; runtime: the wrapper's own steps.",
+    ),
+    attempt: int | None = typer.Option(
+        None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."
+    ),
 ) -> None:
     """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
     svc = service()
-    offset = 0
-    current: str | None = None
     out = sys.stdout.buffer
+    offset, current, ending = 0, None, False
     while True:
         chunk = svc.read_log(run, layer, offset, attempt)
-        if current is not None and chunk.attempt.id != current:
+        if current is not None and chunk.attempt.id != current:  # an automatic retry began
             out.write(f"--- attempt {chunk.attempt.number} ---\n".encode())
-            offset = 0
-            chunk = svc.read_log(run, layer, 0, attempt)
+            offset, ending = 0, False
+            current = chunk.attempt.id
+            continue
         current = chunk.attempt.id
         out.write(chunk.data)
         out.flush()
         offset = chunk.offset
-        if chunk.data or not follow:
-            if not follow:
-                if not chunk.data or len(chunk.data) < (1 << 20):
-                    return
+        if chunk.data:
             continue
+        if not follow or ending:
+            return
         record = svc.refresh_run_status(run)
         if record.state.terminal and record.current.id == current:
-            tail = svc.read_log(run, layer, offset, attempt)
-            out.write(tail.data)
-            out.flush()
-            if not tail.data:
-                return
-            offset = tail.offset
+            ending = True  # one more read: what was written just before the end
             continue
         time.sleep(0.5)
 
@@ -269,14 +290,18 @@ def cancel(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) 
     elif before.state.terminal:
         console.print(f"{record.id} already {record.state}: nothing to cancel")
     else:
-        console.print(f"{record.id}: {render.styled(record.state)} {render.outcome(record.current)}")
+        console.print(
+            f"{record.id}: {render.styled(record.state)} {render.outcome(record.current)}"
+        )
 
 
 @app.command()
 def retry(
     run: str = typer.Argument(..., metavar="RUN"),
     sets: list[str] = SETS,
-    wait: bool = typer.Option(False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded."),
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded."
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Run the same bundle again as a new attempt, e.g. on another box: --set target=h100-b."""
@@ -291,8 +316,12 @@ def retry(
 @app.command()
 def collect(
     run: str = typer.Argument(..., metavar="RUN"),
-    dest: Path | None = typer.Option(None, "--dest", "-d", help="Where to put them (default ./orbit-artifacts/RUN)."),
-    attempt: int | None = typer.Option(None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."),
+    dest: Path | None = typer.Option(
+        None, "--dest", "-d", help="Where to put them (default ./orbit-artifacts/RUN)."
+    ),
+    attempt: int | None = typer.Option(
+        None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Copy a run's artifacts here and verify each file against its manifest."""
@@ -300,8 +329,15 @@ def collect(
     target = dest or Path("orbit-artifacts") / record.id
     result = service().collect_run_artifacts(record.id, target, attempt)
     if as_json:
-        render.print_json({"dest": str(result.dest), "files": result.files, "bytes": result.bytes,
-                           "verified": result.verified, "problems": list(result.problems)})
+        render.print_json(
+            {
+                "dest": str(result.dest),
+                "files": result.files,
+                "bytes": result.bytes,
+                "verified": result.verified,
+                "problems": list(result.problems),
+            }
+        )
     else:
         note = "verified against manifest.json" if result.verified else "NOT verified"
         console.print(f"{result.files} files, {result.bytes} bytes -> {result.dest} ({note})")

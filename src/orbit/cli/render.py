@@ -83,8 +83,14 @@ def runs_table(runs: list[RunRecord]) -> Table:
         table.add_column(column)
     for run in runs:
         table.add_row(
-            run.id, run.experiment_name, styled(run.state), run.task_type, run.template_id,
-            str(run.current.number), ago(run.created_at), outcome(run.current),
+            run.id,
+            run.experiment_name,
+            styled(run.state),
+            run.task_type,
+            run.template_id,
+            str(run.current.number),
+            ago(run.created_at),
+            outcome(run.current),
         )
     return table
 
@@ -111,8 +117,13 @@ def show_run(console: Console, run: RunRecord, bundles_dir: str) -> None:
         table.add_column(column)
     for attempt in run.attempts:
         table.add_row(
-            str(attempt.number), styled(attempt.state), attempt.trigger, attempt.target or "-",
-            when(attempt.started_at), when(attempt.finished_at), outcome(attempt),
+            str(attempt.number),
+            styled(attempt.state),
+            attempt.trigger,
+            attempt.target or "-",
+            when(attempt.started_at),
+            when(attempt.finished_at),
+            outcome(attempt),
         )
     console.print(table)
 
@@ -142,6 +153,7 @@ def audit_table(events: list[AuditEvent]) -> Table:
         table.add_column(column)
     for e in events:
         detail = " ".join(f"{k}={v}" for k, v in e.data.items())
-        table.add_row(str(e.id), when(e.at), e.actor, e.action, e.attempt_id or e.run_id or "-",
-                      detail)
+        table.add_row(
+            str(e.id), when(e.at), e.actor, e.action, e.attempt_id or e.run_id or "-", detail
+        )
     return table

@@ -19,6 +19,7 @@ then SIGKILL after the job's stop_grace_s. runtime/stop_request.json, if present
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -33,7 +34,7 @@ from typing import Any
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -100,10 +101,8 @@ class Wrapper:
     def signal_task(self, sig: int) -> None:
         if self.child is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.child.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -120,7 +119,9 @@ class Wrapper:
             lock.close()
 
     def _run(self) -> int:
-        self.log(f"wrapper started on {self.host}: python {sys.version.split()[0]}, bundle {self.bundle}")
+        self.log(
+            f"wrapper started on {self.host}: python {sys.version.split()[0]}, bundle {self.bundle}"
+        )
         with open(os.path.join(self.bundle, "job.json"), encoding="utf-8") as f:
             job = json.load(f)
         self.grace = float(job.get("stop_grace_s", 10.0))
@@ -143,14 +144,23 @@ class Wrapper:
         with open(os.path.join(self.artifacts, "training.log"), "ab") as out:
             try:
                 self.child = subprocess.Popen(
-                    argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    argv,
+                    cwd=workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             except OSError as exc:
                 out.write(f"orbit: cannot start {argv[0]!r}: {exc}\n".encode())
                 self.log(f"cannot start the task: {exc}")
-                return self.finish("failed", reason="task_exit_nonzero", exit_code=127,
-                                   message=f"cannot start {argv[0]!r}: {exc.strerror}")
+                return self.finish(
+                    "failed",
+                    reason="task_exit_nonzero",
+                    exit_code=127,
+                    message=f"cannot start {argv[0]!r}: {exc.strerror}",
+                )
         if self.stop_at is not None:  # a stop that came while the task was being started
             self.signal_task(signal.SIGTERM)
         self.status("running", task_pid=self.child.pid, started_at=self.started_at)
@@ -170,7 +180,11 @@ class Wrapper:
             try:
                 return self.child.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
-                if self.stop_at is not None and not self.killed and time.monotonic() >= self.stop_at:
+                if (
+                    self.stop_at is not None
+                    and not self.killed
+                    and time.monotonic() >= self.stop_at
+                ):
                     self.log("grace period over: killing the task")
                     self.signal_task(signal.SIGKILL)
                     self.killed = True
@@ -188,8 +202,13 @@ class Wrapper:
             self.write_manifest()
         except OSError as exc:
             self.log(f"cannot write the artifact manifest: {exc}")
-        result = {"state": state, "host": self.host, "started_at": self.started_at,
-                  "finished_at": now(), **fields}
+        result = {
+            "state": state,
+            "host": self.host,
+            "started_at": self.started_at,
+            "finished_at": now(),
+            **fields,
+        }
         write_json(os.path.join(self.runtime, "result.json"), result)
         self.status(state, **{k: v for k, v in fields.items() if k != "state"})
         return 0 if state == "succeeded" else 1
@@ -207,8 +226,12 @@ class Wrapper:
                 with open(path, "rb") as f:
                     for chunk in iter(lambda: f.read(1 << 20), b""):
                         digest.update(chunk)
-                files.append({"path": rel, "size": os.path.getsize(path), "sha256": digest.hexdigest()})
-        write_json(os.path.join(self.artifacts, "manifest.json"), {"schema_version": 1, "files": files})
+                files.append(
+                    {"path": rel, "size": os.path.getsize(path), "sha256": digest.hexdigest()}
+                )
+        write_json(
+            os.path.join(self.artifacts, "manifest.json"), {"schema_version": 1, "files": files}
+        )
 
 
 def detach(bundle: str) -> None:
@@ -238,7 +261,9 @@ def detach(bundle: str) -> None:
     if os.fork() > 0:
         os._exit(0)
     devnull = os.open(os.devnull, os.O_RDONLY)
-    err = os.open(os.path.join(runtime, "wrapper.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    err = os.open(
+        os.path.join(runtime, "wrapper.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+    )
     os.dup2(devnull, 0)
     os.dup2(err, 1)
     os.dup2(err, 2)
@@ -246,7 +271,9 @@ def detach(bundle: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run one attempt of an ORBIT bundle.")
-    parser.add_argument("--bundle", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    parser.add_argument(
+        "--bundle", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    )
     parser.add_argument("--detach", action="store_true", help="go on in the background")
     args = parser.parse_args(argv)
     if args.detach:

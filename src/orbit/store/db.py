@@ -40,11 +40,10 @@ def make_engine(url: str) -> Engine:
 def migrate(engine: Engine) -> None:
     """Upgrade to the newest revision. A quick look at the version table skips Alembic's
     machinery when the store is already current, which keeps every CLI call fast."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
     from alembic import command
     from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -62,8 +62,12 @@ class Store:
     ) -> None:
         session.add(
             EventRow(
-                at=utcnow(), actor=actor, action=action, run_id=run_id,
-                attempt_id=attempt_id, data=data,
+                at=utcnow(),
+                actor=actor,
+                action=action,
+                run_id=run_id,
+                attempt_id=attempt_id,
+                data=data,
             )
         )
 
@@ -110,7 +114,9 @@ class Store:
             rows = s.scalars(select(ExperimentRow).order_by(ExperimentRow.created_at)).all()
             return [
                 ExperimentRecord(
-                    id=r.id, name=r.name, created_at=_aware(r.created_at),
+                    id=r.id,
+                    name=r.name,
+                    created_at=_aware(r.created_at),
                     run_count=counts.get(r.id, 0),
                 )
                 for r in rows
@@ -137,15 +143,26 @@ class Store:
         with self._tx() as s:
             s.add(
                 RunRow(
-                    id=run_id, experiment_id=experiment_id, task_type=task_type,
-                    template_id=template_id, bundle_digest=bundle_digest,
-                    submission=submission, request=request, created_at=now, created_by=actor,
+                    id=run_id,
+                    experiment_id=experiment_id,
+                    task_type=task_type,
+                    template_id=template_id,
+                    bundle_digest=bundle_digest,
+                    submission=submission,
+                    request=request,
+                    created_at=now,
+                    created_by=actor,
                 )
             )
             s.flush()
             self._event(
-                s, actor, "run.created", run_id=run_id, bundle_digest=bundle_digest,
-                template_id=template_id, task_type=task_type,
+                s,
+                actor,
+                "run.created",
+                run_id=run_id,
+                bundle_digest=bundle_digest,
+                template_id=template_id,
+                task_type=task_type,
             )
             self._add_attempt(s, run_id, 1, target, backend_key, "submit", actor)
         return self.get_run(run_id)
@@ -164,14 +181,27 @@ class Store:
         attempt_id = f"{run_id}-{number}"
         s.add(
             AttemptRow(
-                id=attempt_id, run_id=run_id, number=number, state=RunState.PREPARED.value,
-                target=target, backend_key=backend_key, trigger=trigger,
-                cancel_requested=False, created_at=now, updated_at=now,
+                id=attempt_id,
+                run_id=run_id,
+                number=number,
+                state=RunState.PREPARED.value,
+                target=target,
+                backend_key=backend_key,
+                trigger=trigger,
+                cancel_requested=False,
+                created_at=now,
+                updated_at=now,
             )
         )
         self._event(
-            s, actor, "attempt.created", run_id=run_id, attempt_id=attempt_id,
-            number=number, target=target, trigger=trigger,
+            s,
+            actor,
+            "attempt.created",
+            run_id=run_id,
+            attempt_id=attempt_id,
+            number=number,
+            target=target,
+            trigger=trigger,
         )
         return attempt_id
 
@@ -181,13 +211,13 @@ class Store:
         """A new attempt of the run's bundle, once the current one has ended."""
         with self._tx() as s:
             last = s.scalars(
-                select(AttemptRow).where(AttemptRow.run_id == run_id)
-                .order_by(AttemptRow.number.desc()).limit(1)
+                select(AttemptRow)
+                .where(AttemptRow.run_id == run_id)
+                .order_by(AttemptRow.number.desc())
+                .limit(1)
             ).one()
             if not RunState(last.state).terminal:
-                raise InvalidInput(
-                    f"run {run_id} is still {last.state}: cancel it before retrying"
-                )
+                raise InvalidInput(f"run {run_id} is still {last.state}: cancel it before retrying")
             attempt_id = self._add_attempt(
                 s, run_id, last.number + 1, target, backend_key, trigger, actor
             )
@@ -262,8 +292,15 @@ class Store:
             row.cancel_requested = True
             self._event(s, actor, "run.cancel_requested", run_id=row.run_id, attempt_id=row.id)
 
-    def record_event(self, actor: str, action: str, *, run_id: str | None = None,
-                     attempt_id: str | None = None, **data: Any) -> None:
+    def record_event(
+        self,
+        actor: str,
+        action: str,
+        *,
+        run_id: str | None = None,
+        attempt_id: str | None = None,
+        **data: Any,
+    ) -> None:
         with self._tx() as s:
             self._event(s, actor, action, run_id=run_id, attempt_id=attempt_id, **data)
 
@@ -290,13 +327,22 @@ class Store:
     @staticmethod
     def _attempt_record(row: AttemptRow) -> AttemptRecord:
         return AttemptRecord(
-            id=row.id, run_id=row.run_id, number=row.number, state=RunState(row.state),
-            reason=FailureReason(row.reason) if row.reason else None, target=row.target,
-            backend_key=row.backend_key, trigger=row.trigger,
+            id=row.id,
+            run_id=row.run_id,
+            number=row.number,
+            state=RunState(row.state),
+            reason=FailureReason(row.reason) if row.reason else None,
+            target=row.target,
+            backend_key=row.backend_key,
+            trigger=row.trigger,
             handle=RunHandle.model_validate(row.handle) if row.handle else None,
-            exit_code=row.exit_code, message=row.message, cancel_requested=row.cancel_requested,
-            created_at=_aware(row.created_at), updated_at=_aware(row.updated_at),
-            started_at=_aware(row.started_at), finished_at=_aware(row.finished_at),
+            exit_code=row.exit_code,
+            message=row.message,
+            cancel_requested=row.cancel_requested,
+            created_at=_aware(row.created_at),
+            updated_at=_aware(row.updated_at),
+            started_at=_aware(row.started_at),
+            finished_at=_aware(row.finished_at),
         )
 
     def get_attempt(self, attempt_id: str) -> AttemptRecord:
@@ -320,14 +366,23 @@ class Store:
                 select(ExperimentRow.id, ExperimentRow.name).where(
                     ExperimentRow.id.in_({r.experiment_id for r in rows})
                 )
-            ).tuples().all()
+            )
+            .tuples()
+            .all()
         )
         return [
             RunRecord(
-                id=r.id, experiment_id=r.experiment_id, experiment_name=names[r.experiment_id],
-                task_type=r.task_type, template_id=r.template_id, bundle_digest=r.bundle_digest,
-                submission=r.submission, request=r.request, created_at=_aware(r.created_at),
-                created_by=r.created_by, attempts=tuple(attempts[r.id]),
+                id=r.id,
+                experiment_id=r.experiment_id,
+                experiment_name=names[r.experiment_id],
+                task_type=r.task_type,
+                template_id=r.template_id,
+                bundle_digest=r.bundle_digest,
+                submission=r.submission,
+                request=r.request,
+                created_at=_aware(r.created_at),
+                created_by=r.created_by,
+                attempts=tuple(attempts[r.id]),
             )
             for r in rows
         ]
@@ -354,19 +409,24 @@ class Store:
             if states:
                 latest = (
                     select(AttemptRow.run_id, func.max(AttemptRow.number).label("n"))
-                    .group_by(AttemptRow.run_id).subquery()
+                    .group_by(AttemptRow.run_id)
+                    .subquery()
                 )
                 query = (
                     query.join(latest, latest.c.run_id == RunRow.id)
-                    .join(AttemptRow, (AttemptRow.run_id == RunRow.id)
-                          & (AttemptRow.number == latest.c.n))
+                    .join(
+                        AttemptRow,
+                        (AttemptRow.run_id == RunRow.id) & (AttemptRow.number == latest.c.n),
+                    )
                     .where(AttemptRow.state.in_([st.value for st in states]))
                 )
             if limit is not None:
                 query = query.limit(limit)
             return self._run_records(s, list(s.scalars(query).all()))
 
-    def list_events(self, *, run_id: str | None = None, limit: int | None = None) -> list[AuditEvent]:
+    def list_events(
+        self, *, run_id: str | None = None, limit: int | None = None
+    ) -> list[AuditEvent]:
         with self._sessions() as s:
             query = select(EventRow).order_by(EventRow.id)
             if run_id is not None:
@@ -378,8 +438,13 @@ class Store:
                 rows.reverse()
             return [
                 AuditEvent(
-                    id=r.id, at=_aware(r.at), actor=r.actor, action=r.action,
-                    run_id=r.run_id, attempt_id=r.attempt_id, data=r.data,
+                    id=r.id,
+                    at=_aware(r.at),
+                    actor=r.actor,
+                    action=r.action,
+                    run_id=r.run_id,
+                    attempt_id=r.attempt_id,
+                    data=r.data,
                 )
                 for r in rows
             ]

@@ -35,7 +35,9 @@ class CommandTask:
             entrypoint: tuple[str, ...] = ("bash", "-c", request.command)
         else:
             entrypoint = tuple(request.command)
-        staged = () if request.workdir is None else (stage_folder(base_dir, "workdir", request.workdir),)
+        staged = (
+            () if request.workdir is None else (stage_folder(base_dir, "workdir", request.workdir),)
+        )
         return ShapedTask(
             entrypoint=entrypoint,
             request=request.model_dump(),

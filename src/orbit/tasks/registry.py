@@ -38,9 +38,7 @@ class TaskRegistry:
             known = ", ".join(self.names())
             raise NotFound(f"unknown task type '{task_type}' (known: {known})") from None
 
-    def shape(
-        self, task_type: str, raw: dict[str, Any], base_dir: Path, source: str
-    ) -> ShapedTask:
+    def shape(self, task_type: str, raw: dict[str, Any], base_dir: Path, source: str) -> ShapedTask:
         """Validate `raw` with the plugin's model and shape it. Errors name `task.<field>`."""
         plugin = self.plugin(task_type)
         try:
