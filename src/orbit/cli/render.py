@@ -28,7 +28,7 @@ def print_json(data: Any) -> None:
 def when(value: datetime | None) -> str:
     if value is None:
         return "-"
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return value.astimezone().strftime("%m-%d %H:%M:%S")
 
 
 def ago(value: datetime | None) -> str:
@@ -102,7 +102,8 @@ def show_run(console: Console, run: RunRecord, bundles_dir: str) -> None:
         ("experiment", f"{run.experiment_name} ({run.experiment_id})"),
         ("task", run.task_type),
         ("template", run.template_id),
-        ("bundle", f"{run.bundle_digest}  {bundles_dir}/{run.bundle_digest}"),
+        ("bundle", run.bundle_digest),
+        ("cached at", f"{bundles_dir}/{run.bundle_digest}"),
         ("created", f"{when(run.created_at)} by {run.created_by}"),
         ("target", a.target or "-"),
     ]
@@ -111,7 +112,7 @@ def show_run(console: Console, run: RunRecord, bundles_dir: str) -> None:
     if a.handle is not None:
         rows.append(("location", f"{a.handle.target}:{a.handle.location}"))
     for key, value in rows:
-        console.print(f"  {key:<10} {value}", highlight=False, markup=False)
+        console.print(f"  {key:<10} {value}", highlight=False, markup=False, soft_wrap=True)
     table = Table(box=None, header_style="bold", title="attempts", title_justify="left")
     for column in ("#", "STATE", "TRIGGER", "TARGET", "STARTED", "FINISHED", "OUTCOME"):
         table.add_column(column)

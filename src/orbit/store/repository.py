@@ -107,9 +107,9 @@ class Store:
     def list_experiments(self) -> list[ExperimentRecord]:
         with self._sessions() as s:
             counts = dict(
-                s.execute(select(RunRow.experiment_id, func.count()).group_by(RunRow.experiment_id))
-                .tuples()
-                .all()
+                s.execute(
+                    select(RunRow.experiment_id, func.count()).group_by(RunRow.experiment_id)
+                ).all()
             )
             rows = s.scalars(select(ExperimentRow).order_by(ExperimentRow.created_at)).all()
             return [
@@ -366,9 +366,7 @@ class Store:
                 select(ExperimentRow.id, ExperimentRow.name).where(
                     ExperimentRow.id.in_({r.experiment_id for r in rows})
                 )
-            )
-            .tuples()
-            .all()
+            ).all()
         )
         return [
             RunRecord(

@@ -1,0 +1,5 @@
+"""`python -m orbit` is the `orbit` command."""
+
+from orbit.cli.app import main
+
+main()

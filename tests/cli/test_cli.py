@@ -1,0 +1,212 @@
+"""The `orbit` command as a user runs it: a real process, its exit code, stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orbit.store import Store
+from tests.helpers import eventually, write_spec
+
+ORBIT = [sys.executable, "-m", "orbit"]
+
+
+@pytest.fixture
+def env(orbit_home: Path, store_url: str) -> dict[str, str]:
+    return {**os.environ, "ORBIT_HOME": str(orbit_home), "ORBIT_DATABASE_URL": store_url,
+            "COLUMNS": "200"}
+
+
+def orbit(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"orbit {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def orbit_json(env: dict[str, str], *args: str) -> Any:
+    proc = orbit(env, *args, "--json")
+    return json.loads(proc.stdout)  # JSON only, nothing else on stdout
+
+
+def test_submit_runs_detached_and_everything_reads_back(env: dict[str, str], tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, task={"command": "echo started; sleep 1; echo finished"})
+    submitted = orbit_json(env, "submit", str(spec))
+    run_id = submitted["id"]
+    # the CLI has exited; the run goes on without it
+    assert submitted["state"] in {"submitted", "running"}
+    followed = orbit(env, "logs", run_id, "--follow")
+    assert followed.stdout == "started\nfinished\n"
+    shown = orbit_json(env, "runs", "show", run_id)
+    assert shown["state"] == "succeeded"
+    assert len(shown["bundle"]["digest"]) == 64
+    assert shown["attempts"][0]["id"] == f"{run_id}-1"
+    assert shown["attempts"][0]["target"] == "localhost"
+    assert orbit_json(env, "status", run_id)["state"] == "succeeded"
+    assert "wrapper started" in orbit(env, "logs", run_id, "--layer", "runtime").stdout
+    listed = orbit_json(env, "runs", "list", "--experiment", "exp", "--state", "succeeded")
+    assert [r["id"] for r in listed] == [run_id]
+    assert orbit_json(env, "runs", "list", "--state", "failed") == []
+    collected = orbit_json(env, "collect", run_id, "--dest", str(tmp_path / "out"))
+    assert collected["verified"] is True
+    assert (tmp_path / "out" / "training.log").read_text() == "started\nfinished\n"
+    events = orbit_json(env, "audit", "--run", run_id)
+    assert {"run.created", "run.submitted", "attempt.state", "run.collected"} <= {
+        e["action"] for e in events
+    }
+    assert [e["name"] for e in orbit_json(env, "experiments", "list")] == ["exp"]
+    human = orbit(env, "runs", "show", run_id[:10]).stdout  # a unique prefix is enough
+    assert run_id in human and "succeeded" in human
+
+
+def test_submit_wait_exits_non_zero_when_the_run_fails(env: dict[str, str], tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, task={"command": "exit 4"})
+    proc = orbit(env, "submit", str(spec), "--wait", "--json", check=False)
+    assert proc.returncode == 1
+    run = json.loads(proc.stdout)
+    assert run["state"] == "failed"
+    assert run["attempts"][0]["reason"] == "task_exit_nonzero"
+    assert run["attempts"][0]["failure_kind"] == "task"
+    assert run["attempts"][0]["exit_code"] == 4
+
+
+def test_cancel_and_retry(env: dict[str, str], tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, task={"command": "sleep 30"})
+    run_id = orbit_json(env, "submit", str(spec))["id"]
+    cancelled = orbit_json(env, "cancel", run_id)
+    assert cancelled["state"] == "terminated"
+    assert cancelled["attempts"][0]["reason"] == "cancelled"
+    assert "nothing to cancel" in orbit(env, "cancel", run_id).stdout
+    retried = orbit_json(env, "retry", run_id)
+    assert [a["trigger"] for a in retried["attempts"]] == ["submit", "retry"]
+    assert retried["bundle"]["digest"] == cancelled["bundle"]["digest"]
+    orbit(env, "cancel", run_id)
+
+
+def test_templates_and_experiments(env: dict[str, str], tmp_path: Path) -> None:
+    ids = [t["id"] for t in orbit_json(env, "templates", "list")]
+    assert {"local", "targon-rental-host"} <= set(ids)
+    shown = orbit_json(env, "templates", "show", "targon-rental-host")
+    assert shown["placement"]["kind"] == "ssh" and shown["path"].endswith("targon-rental-host.yaml")
+    user_dir = tmp_path / "execution_templates"  # the tests run with tmp_path as cwd
+    user_dir.mkdir()
+    (user_dir / "local.yaml").write_text(
+        "id: local\nplacement: {kind: local}\nlaunch_mode: {kind: host_process}\n"
+    )
+    assert orbit_json(env, "templates", "show", "local")["path"] == str(user_dir / "local.yaml")
+    assert "from " + str(user_dir / "local.yaml") in orbit(env, "templates", "show", "local").stdout
+    created = orbit_json(env, "experiments", "create", "sweep-1")
+    assert created["name"] == "sweep-1"
+    assert orbit(env, "experiments", "create", "sweep-1", check=False).returncode == 2
+
+
+BAD_SPECS = {
+    "invalid YAML": ("experiment: [unclosed\n", r"spec.yaml: invalid YAML at line 2"),
+    "not a mapping": ("- a\n- b\n", r"spec.yaml: expected a mapping at the top level"),
+    "unknown key": (
+        "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\nfoo: 1\n",
+        r"spec.yaml: foo: unknown key",
+    ),
+    "wrong type": (
+        "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\nretry: {max_retries: lots}\n",
+        r"spec.yaml: retry.max_retries: Input should be a valid integer",
+    ),
+    "missing field": ("experiment: e\ntask_type: command\ntemplate: local\n", r"spec.yaml: task: Field required"),
+    "bad task field": (
+        "experiment: e\ntask_type: python\ntemplate: local\ntask: {script: train.py, args: 5}\n",
+        r"spec.yaml: task.args: Input should be a valid list",
+    ),
+    "missing script": (
+        "experiment: e\ntask_type: python\ntemplate: local\ntask: {script: nowhere.py}\n",
+        r"task.script: no such file: .*nowhere.py",
+    ),
+    "override outside whitelist": (
+        "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\noverrides: {target: h1}\n",
+        r"override 'target' is not allowed by template 'local' \(allow_overrides: resources, runtime_env, stop_grace_s\)",
+    ),
+    "unknown override field": (
+        "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\noverrides: {resources: {gpus: 2}}\n",
+        r"spec.yaml: overrides: resources.gpus: unknown key",
+    ),
+    "unknown template": (
+        "experiment: e\ntask_type: command\ntemplate: nope\ntask: {command: x}\n",
+        r"unknown template 'nope' \(known: local, targon-rental-host\)",
+    ),
+    "no backend yet": (
+        "experiment: e\ntask_type: command\ntemplate: targon-rental-host\ntask: {command: x}\noverrides: {target: h100-a}\n",
+        r"no backend for ssh_host_process yet",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    env: dict[str, str], tmp_path: Path, case: str
+) -> None:
+    import re
+
+    text, expected = BAD_SPECS[case]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    proc = orbit(env, "submit", str(spec), check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("orbit: error: "), proc.stderr
+    assert re.search(expected, lines[0]), lines[0]
+    assert proc.stdout == ""
+    store = Store(env["ORBIT_DATABASE_URL"])
+    try:
+        assert store.list_runs() == [] and store.list_experiments() == []
+        assert store.list_events() == []
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["submit", "missing.yaml"], r"missing.yaml: no such file"),
+        (["submit", "spec.yaml", "--set", "novalue"], r"--set 'novalue': expected key=value"),
+        (["status", "run-0000000000"], r"unknown run 'run-0000000000'"),
+        (["logs", "run-nope"], r"unknown run 'run-nope'"),
+        (["runs", "list", "--state", "sleeping"], r"--state: unknown state 'sleeping'"),
+        (["runs", "list", "--experiment", "ghost"], r"unknown experiment 'ghost'"),
+        (["templates", "show", "ghost"], r"unknown template 'ghost'"),
+    ],
+)
+def test_other_mistakes_are_one_line_errors(
+    env: dict[str, str], tmp_path: Path, args: list[str], expected: str
+) -> None:
+    import re
+
+    write_spec(tmp_path)
+    proc = subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert re.search(expected, proc.stderr), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_run_survives_the_terminal_that_started_it(env: dict[str, str], tmp_path: Path) -> None:
+    """Submit from a shell in its own session, then kill that whole session: the run goes on."""
+    spec = write_spec(tmp_path, task={"command": "sleep 2; echo survived"})
+    shell = subprocess.Popen(
+        ["bash", "-c", f"{' '.join(ORBIT)} submit {spec} --json; sleep 60"],
+        env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    assert shell.stdout is not None
+    first_line = shell.stdout.readline()
+    os.killpg(shell.pid, 9)  # the terminal closes
+    shell.wait()
+    del first_line
+    runs = eventually(lambda: orbit_json(env, "runs", "list"))
+    run_id = runs[0]["id"]
+    eventually(lambda: orbit_json(env, "status", run_id)["state"] == "succeeded", timeout=20)
+    assert orbit(env, "logs", run_id).stdout == "survived\n"
