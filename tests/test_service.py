@@ -83,18 +83,25 @@ def test_the_bundle_holds_no_run_identity_and_is_shared_by_equal_submissions(
 
 
 def test_refusals_write_nothing_to_the_store(service: CoreControlService, tmp_path: Path) -> None:
-    with pytest.raises(NotFound, match=r"unknown template 'nope' \(known: local, targon-rental-host"):
+    with pytest.raises(
+        NotFound, match=r"unknown template 'nope' \(known: local, targon-rental-host"
+    ):
         submit(service, tmp_path, template_id="nope")
     with pytest.raises(Refused, match=r"override 'target' is not allowed by template 'local'"):
         submit(service, tmp_path, overrides=ExecutionOverrides(target="h100-a"))
     with pytest.raises(NoBackend, match="no backend for ssh_host_process yet"):
-        submit(service, tmp_path, template_id="targon-rental-host",
-               overrides=ExecutionOverrides(target="h100-a"))
+        submit(
+            service,
+            tmp_path,
+            template_id="targon-rental-host",
+            overrides=ExecutionOverrides(target="h100-a"),
+        )
     with pytest.raises(NotFound, match="unknown task type 'nope'"):
         submit(service, tmp_path, task_type="nope")
     with pytest.raises(InvalidInput, match=r"task\.command"):
         service.submit_task(
-            submission(task_request={"command": 5}), base_dir=tmp_path  # type: ignore[arg-type]
+            submission(task_request={"command": 5}),
+            base_dir=tmp_path,  # type: ignore[arg-type]
         )
     assert service.list_runs() == []
     assert service.list_experiments() == []
@@ -129,13 +136,17 @@ def group_gone(pgid: int) -> bool:
     return False
 
 
-def test_task_exits_are_retried_only_when_listed(service: CoreControlService, tmp_path: Path) -> None:
+def test_task_exits_are_retried_only_when_listed(
+    service: CoreControlService, tmp_path: Path
+) -> None:
     plain = service.wait_for(submit(service, tmp_path, "exit 3").id, timeout_s=20, poll_s=0.05)
     assert [a.state for a in plain.attempts] == [RunState.FAILED]
     assert plain.current.reason is FailureReason.TASK_EXIT_NONZERO
     assert plain.current.exit_code == 3
 
-    listed = submit(service, tmp_path, "exit 3", retry=RetryPolicy(max_retries=2, on_exit_codes=(3,)))
+    listed = submit(
+        service, tmp_path, "exit 3", retry=RetryPolicy(max_retries=2, on_exit_codes=(3,))
+    )
     listed = service.wait_for(listed.id, timeout_s=30, poll_s=0.05)
     while len(listed.attempts) < 3 or not listed.state.terminal:
         listed = service.wait_for(listed.id, timeout_s=30, poll_s=0.05)
@@ -162,10 +173,14 @@ def test_cancel_stops_the_task_gracefully_and_is_never_retried(
 def test_retry_pushes_the_same_bundle_as_a_new_attempt(
     service: CoreControlService, tmp_path: Path
 ) -> None:
-    run = service.wait_for(submit(service, tmp_path, "echo once; exit 1").id, timeout_s=20, poll_s=0.05)
+    run = service.wait_for(
+        submit(service, tmp_path, "echo once; exit 1").id, timeout_s=20, poll_s=0.05
+    )
     assert run.state is RunState.FAILED
     with pytest.raises(Refused, match="would change the bundle"):
-        service.retry_run(run.id, ExecutionOverrides.model_validate({"resources": {"cpu_count": 2}}))
+        service.retry_run(
+            run.id, ExecutionOverrides.model_validate({"resources": {"cpu_count": 2}})
+        )
     with pytest.raises(Refused, match="override 'target' is not allowed"):
         service.retry_run(run.id, ExecutionOverrides(target="elsewhere"))
     again = service.retry_run(run.id)
@@ -192,3 +207,15 @@ def test_collect_reports_files_that_differ_from_the_manifest(
     result = service.collect_run_artifacts(run.id, tmp_path / "dest")
     assert not result.verified
     assert result.problems == ("out.txt: size 9, expected 5",)
+
+
+def test_retry_says_so_when_the_bundle_left_the_cache(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    import shutil
+
+    run = service.wait_for(submit(service, tmp_path, "exit 1").id, timeout_s=20, poll_s=0.05)
+    shutil.rmtree(service.bundles_dir / run.bundle_digest)
+    with pytest.raises(NotFound, match="no longer in the cache"):
+        service.retry_run(run.id)
+    assert len(service.get_run(run.id).attempts) == 1

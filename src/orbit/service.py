@@ -12,7 +12,7 @@ from orbit.artifacts import CollectResult
 from orbit.backends.base import AttemptContext, LaunchError, LogLayer
 from orbit.bundle import FrozenBundle, freeze_bundle
 from orbit.config import Settings
-from orbit.errors import InvalidInput, NotFound, Refused
+from orbit.errors import InvalidInput, NoBackend, NotFound, Refused
 from orbit.execution import ExecutionService
 from orbit.models import (
     ATTEMPT_FIELDS,
@@ -130,7 +130,11 @@ class CoreControlService:
         backend = self.execution.backend(request.backend_key)
         context = AttemptContext(run_id=run.id, attempt_id=attempt.id)
         try:
-            handle = backend.launch(self._bundle(run.bundle_digest), request, context)
+            try:
+                bundle = self._bundle(run.bundle_digest)
+            except NotFound as exc:
+                raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from None
+            handle = backend.launch(bundle, request, context)
         except LaunchError as exc:
             self.store.move_attempt(
                 attempt.id, RunState.FAILED, actor=self.actor, reason=exc.reason, message=str(exc)
@@ -210,8 +214,15 @@ class CoreControlService:
         )
         self._launch(self.store.get_run(run.id), new, request)
 
-    def refresh_active(self, runs: list[RunRecord]) -> list[RunRecord]:
-        return [self.refresh_run_status(r.id) if not r.state.terminal else r for r in runs]
+    def refresh_active(self, runs: list[RunRecord]) -> None:
+        """Refresh every active run; one whose backend is not available here stays as stored."""
+        for run in runs:
+            if run.state.terminal:
+                continue
+            try:
+                self.refresh_run_status(run.id)
+            except NoBackend:
+                continue
 
     def wait_for(self, ref: str, timeout_s: float | None = None, poll_s: float = 0.5) -> RunRecord:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -72,16 +72,19 @@ class LocalHostProcessBackend:
             raise LaunchError(
                 FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}"
             ) from exc
-        env = {**os.environ, **request.runtime_env, **attempt.env()}
+        env = {**os.environ, **attempt.env()}  # the job's own env is in job.json
         wrapper = attempt_dir / "scripts" / "orbit_wrapper.py"
-        proc = subprocess.run(
-            [sys.executable, str(wrapper), "--bundle", str(attempt_dir), "--detach"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, str(wrapper), "--bundle", str(attempt_dir), "--detach"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise LaunchError(FailureReason.LAUNCH_FAILED, f"starting the wrapper: {exc}") from exc
         if proc.returncode != 0:
             detail = proc.stderr.strip() or _read(attempt_dir / "runtime" / "wrapper.err") or ""
             raise LaunchError(

@@ -43,6 +43,7 @@ app.add_typer(experiments_app, name="experiments")
 app.add_typer(runs_app, name="runs")
 
 JSON = typer.Option(False, "--json", help="Print machine-readable JSON only.")
+RUN = typer.Argument(..., metavar="RUN", help="A run id, or any unique prefix of one.")
 SETS = typer.Option(
     [],
     "--set",
@@ -215,7 +216,7 @@ def runs_list(
 
 
 @runs_app.command("show")
-def runs_show(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) -> None:
+def runs_show(run: str = RUN, as_json: bool = JSON) -> None:
     """Everything about one run: its bundle, request and every attempt."""
     record = service().refresh_run_status(run)
     if as_json:
@@ -225,7 +226,7 @@ def runs_show(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSO
 
 
 @app.command()
-def status(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) -> None:
+def status(run: str = RUN, as_json: bool = JSON) -> None:
     """Refresh a run's state from where it executes, and show it."""
     record = service().refresh_run_status(run)
     if as_json:
@@ -242,7 +243,7 @@ def status(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) 
 
 @app.command()
 def logs(
-    run: str = typer.Argument(..., metavar="RUN"),
+    run: str = RUN,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the run ends."),
     layer: LogLayer = typer.Option(
         LogLayer.TRAINING,
@@ -281,7 +282,7 @@ def logs(
 
 
 @app.command()
-def cancel(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) -> None:
+def cancel(run: str = RUN, as_json: bool = JSON) -> None:
     """Stop a run gracefully (SIGTERM, then SIGKILL after the template's stop_grace_s)."""
     before = service().get_run(run)
     record = service().cancel_run(run)
@@ -297,7 +298,7 @@ def cancel(run: str = typer.Argument(..., metavar="RUN"), as_json: bool = JSON) 
 
 @app.command()
 def retry(
-    run: str = typer.Argument(..., metavar="RUN"),
+    run: str = RUN,
     sets: list[str] = SETS,
     wait: bool = typer.Option(
         False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded."
@@ -315,7 +316,7 @@ def retry(
 
 @app.command()
 def collect(
-    run: str = typer.Argument(..., metavar="RUN"),
+    run: str = RUN,
     dest: Path | None = typer.Option(
         None, "--dest", "-d", help="Where to put them (default ./orbit-artifacts/RUN)."
     ),
