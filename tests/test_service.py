@@ -41,7 +41,8 @@ def test_a_run_executes_detached_and_its_outputs_are_read_back(
 ) -> None:
     script = (
         'echo "to stdout"; echo "to stderr" >&2; '
-        'mkdir -p "$ORBIT_ARTIFACTS_DIR/checkpoints"; echo w > "$ORBIT_ARTIFACTS_DIR/checkpoints/c.bin"; '
+        'mkdir -p "$ORBIT_ARTIFACTS_DIR/checkpoints"; '
+        'echo w > "$ORBIT_ARTIFACTS_DIR/checkpoints/c.bin"; '
         'echo "$ORBIT_RUN_ID $ORBIT_ATTEMPT_ID" > "$ORBIT_ARTIFACTS_DIR/ids.txt"'
     )
     run = submit(service, tmp_path, script)

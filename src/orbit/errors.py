@@ -43,5 +43,6 @@ def describe_validation_error(source: str, exc: object) -> str:
     first = errors[0]
     where = pydantic_location(tuple(first["loc"]))
     message = "unknown key" if first["type"] == "extra_forbidden" else str(first["msg"])
+    message = message.removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {where}: {message}{more}"

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
@@ -113,6 +113,17 @@ class ExecutionTemplate(Record):
     defaults: ExecutionDefaults = ExecutionDefaults()
     allow_overrides: tuple[str, ...] = ()
 
+    @field_validator("allow_overrides")
+    @classmethod
+    def _known_fields(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        for path in paths:
+            if not is_overridable(path):
+                raise ValueError(
+                    f"'{path}' is not a field a submission can override "
+                    f"(known: {', '.join(overridable_paths())})"
+                )
+        return paths
+
 
 class ResourcesOverride(Strict):
     gpu_type: str | None = None
@@ -129,6 +140,28 @@ class ExecutionOverrides(Strict):
     resources: ResourcesOverride | None = None
     runtime_env: dict[str, str] | None = None
     stop_grace_s: float | None = Field(default=None, ge=0, le=3600)
+
+
+def overridable_paths() -> list[str]:
+    paths = []
+    for name in ExecutionOverrides.model_fields:
+        paths.append(name)
+        if name == "resources":
+            paths += [f"resources.{r}" for r in ResourcesOverride.model_fields]
+        elif name == "runtime_env":
+            paths.append("runtime_env.NAME")
+    return paths
+
+
+def is_overridable(path: str) -> bool:
+    head, _, rest = path.partition(".")
+    if head not in ExecutionOverrides.model_fields:
+        return False
+    if not rest:
+        return True
+    if head == "resources":
+        return rest in ResourcesOverride.model_fields
+    return head == "runtime_env" and "." not in rest
 
 
 # Fields of an override that belong to one attempt and never reach the bundle: a retry may

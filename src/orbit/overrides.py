@@ -63,12 +63,15 @@ def resolve(template: ExecutionTemplate, overrides: ExecutionOverrides) -> Execu
     """The template's defaults with the allowed overrides laid over them."""
     check_whitelist(template, overrides)
     values = merge(template.defaults.model_dump(), overrides.model_dump(exclude_unset=True))
-    return ExecutionRequest(
-        template_id=template.id,
-        placement=template.placement,
-        launch_mode=template.launch_mode,
-        **values,
-    )
+    try:
+        return ExecutionRequest(
+            template_id=template.id,
+            placement=template.placement,
+            launch_mode=template.launch_mode,
+            **values,
+        )
+    except ValidationError as exc:  # e.g. `--set resources.gpu_count=null`: set, but to nothing
+        raise InvalidInput(describe_validation_error("overrides", exc)) from None
 
 
 def combine(first: ExecutionOverrides, second: ExecutionOverrides) -> ExecutionOverrides:

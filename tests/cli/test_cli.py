@@ -19,8 +19,12 @@ ORBIT = [sys.executable, "-m", "orbit"]
 
 @pytest.fixture
 def env(orbit_home: Path, store_url: str) -> dict[str, str]:
-    return {**os.environ, "ORBIT_HOME": str(orbit_home), "ORBIT_DATABASE_URL": store_url,
-            "COLUMNS": "200"}
+    return {
+        **os.environ,
+        "ORBIT_HOME": str(orbit_home),
+        "ORBIT_DATABASE_URL": store_url,
+        "COLUMNS": "200",
+    }
 
 
 def orbit(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -35,7 +39,9 @@ def orbit_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(proc.stdout)  # JSON only, nothing else on stdout
 
 
-def test_submit_runs_detached_and_everything_reads_back(env: dict[str, str], tmp_path: Path) -> None:
+def test_submit_runs_detached_and_everything_reads_back(
+    env: dict[str, str], tmp_path: Path
+) -> None:
     spec = write_spec(tmp_path, task={"command": "echo started; sleep 1; echo finished"})
     submitted = orbit_json(env, "submit", str(spec))
     run_id = submitted["id"]
@@ -106,40 +112,40 @@ def test_templates_and_experiments(env: dict[str, str], tmp_path: Path) -> None:
     assert orbit(env, "experiments", "create", "sweep-1", check=False).returncode == 2
 
 
+CMD = "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\n"
+PY = "experiment: e\ntask_type: python\ntemplate: local\n"
 BAD_SPECS = {
     "invalid YAML": ("experiment: [unclosed\n", r"spec.yaml: invalid YAML at line 2"),
     "not a mapping": ("- a\n- b\n", r"spec.yaml: expected a mapping at the top level"),
-    "unknown key": (
-        "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\nfoo: 1\n",
-        r"spec.yaml: foo: unknown key",
-    ),
+    "unknown key": (CMD + "foo: 1\n", r"spec.yaml: foo: unknown key"),
     "wrong type": (
-        "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\nretry: {max_retries: lots}\n",
+        CMD + "retry: {max_retries: lots}\n",
         r"spec.yaml: retry.max_retries: Input should be a valid integer",
     ),
-    "missing field": ("experiment: e\ntask_type: command\ntemplate: local\n", r"spec.yaml: task: Field required"),
+    "missing field": (PY, r"spec.yaml: task: Field required"),
     "bad task field": (
-        "experiment: e\ntask_type: python\ntemplate: local\ntask: {script: train.py, args: 5}\n",
+        PY + "task: {script: train.py, args: 5}\n",
         r"spec.yaml: task.args: Input should be a valid list",
     ),
     "missing script": (
-        "experiment: e\ntask_type: python\ntemplate: local\ntask: {script: nowhere.py}\n",
-        r"task.script: no such file: .*nowhere.py",
+        PY + "task: {script: nowhere.py}\n",
+        r"task.script: no such file: .*nowhere",
     ),
     "override outside whitelist": (
-        "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\noverrides: {target: h1}\n",
-        r"override 'target' is not allowed by template 'local' \(allow_overrides: resources, runtime_env, stop_grace_s\)",
+        CMD + "overrides: {target: h1}\n",
+        r"override 'target' is not allowed by template 'local' "
+        r"\(allow_overrides: resources, runtime_env, stop_grace_s\)",
     ),
     "unknown override field": (
-        "experiment: e\ntask_type: command\ntemplate: local\ntask: {command: x}\noverrides: {resources: {gpus: 2}}\n",
+        CMD + "overrides: {resources: {gpus: 2}}\n",
         r"spec.yaml: overrides: resources.gpus: unknown key",
     ),
     "unknown template": (
-        "experiment: e\ntask_type: command\ntemplate: nope\ntask: {command: x}\n",
+        CMD.replace("local", "nope"),
         r"unknown template 'nope' \(known: local, targon-rental-host\)",
     ),
     "no backend yet": (
-        "experiment: e\ntask_type: command\ntemplate: targon-rental-host\ntask: {command: x}\noverrides: {target: h100-a}\n",
+        CMD.replace("local", "targon-rental-host") + "overrides: {target: h100-a}\n",
         r"no backend for ssh_host_process yet",
     ),
 }
@@ -186,8 +192,9 @@ def test_other_mistakes_are_one_line_errors(
     import re
 
     write_spec(tmp_path)
-    proc = subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, cwd=tmp_path,
-                          timeout=60)
+    proc = subprocess.run(
+        [*ORBIT, *args], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert re.search(expected, proc.stderr), proc.stderr
@@ -199,7 +206,10 @@ def test_a_run_survives_the_terminal_that_started_it(env: dict[str, str], tmp_pa
     spec = write_spec(tmp_path, task={"command": "sleep 2; echo survived"})
     shell = subprocess.Popen(
         ["bash", "-c", f"{' '.join(ORBIT)} submit {spec} --json; sleep 60"],
-        env=env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     assert shell.stdout is not None
     first_line = shell.stdout.readline()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from orbit.errors import InvalidInput, NotFound
-from orbit.models import FailureReason, RunHandle, RunState
+from orbit.models import NAME_PATTERN, FailureReason, RunHandle, RunState
 from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.states import check_move
 from orbit.store.db import make_engine, migrate
@@ -74,6 +75,11 @@ class Store:
     # --- experiments ----------------------------------------------------------------------
 
     def create_experiment(self, name: str, actor: str) -> ExperimentRecord:
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise InvalidInput(
+                f"experiment name '{name}': use 1-128 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
         try:
             with self._tx() as s:
                 row = ExperimentRow(id=new_id("exp"), name=name, created_at=utcnow())
@@ -209,18 +215,28 @@ class Store:
         self, run_id: str, *, target: str | None, backend_key: str, trigger: str, actor: str
     ) -> AttemptRecord:
         """A new attempt of the run's bundle, once the current one has ended."""
-        with self._tx() as s:
-            last = s.scalars(
-                select(AttemptRow)
-                .where(AttemptRow.run_id == run_id)
-                .order_by(AttemptRow.number.desc())
-                .limit(1)
-            ).one()
-            if not RunState(last.state).terminal:
-                raise InvalidInput(f"run {run_id} is still {last.state}: cancel it before retrying")
-            attempt_id = self._add_attempt(
-                s, run_id, last.number + 1, target, backend_key, trigger, actor
-            )
+        try:
+            with self._tx() as s:
+                last = s.scalars(
+                    select(AttemptRow)
+                    .where(AttemptRow.run_id == run_id)
+                    .order_by(AttemptRow.number.desc())
+                    .limit(1)
+                ).first()
+                if last is None:
+                    raise NotFound(f"unknown run '{run_id}'")
+                if not RunState(last.state).terminal:
+                    raise InvalidInput(
+                        f"run {run_id} is still {last.state}: cancel it before retrying"
+                    )
+                number = last.number + 1
+                attempt_id = self._add_attempt(
+                    s, run_id, number, target, backend_key, trigger, actor
+                )
+        except IntegrityError:  # another process added attempt `number` first
+            raise InvalidInput(
+                f"run {run_id} already has a new attempt {number}: another retry was first"
+            ) from None
         return self.get_attempt(attempt_id)
 
     def move_attempt(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -14,29 +14,48 @@ from orbit.tasks.base import ShapedTask, TaskPlugin
 ENTRY_POINT_GROUP = "orbit.tasks"
 
 
-def _discover() -> dict[str, type[TaskPlugin]]:
+Loader = type[TaskPlugin] | EntryPoint
+
+
+def _discover() -> dict[str, Loader]:
+    """Built-ins, then the entry points, which stay unloaded until their type is asked for:
+    one broken third-party plugin must not break every other task type."""
     from orbit.tasks.command import CommandTask
     from orbit.tasks.python import PythonTask
 
-    found: dict[str, type[TaskPlugin]] = {"command": CommandTask, "python": PythonTask}
+    found: dict[str, Loader] = {"command": CommandTask, "python": PythonTask}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found[ep.name] = ep.load()
+        builtin = found.get(ep.name)
+        if (
+            not isinstance(builtin, type)
+            or ep.value != f"{builtin.__module__}:{builtin.__qualname__}"
+        ):
+            found[ep.name] = ep
     return found
 
 
 class TaskRegistry:
     def __init__(self, plugins: dict[str, type[TaskPlugin]] | None = None) -> None:
-        self._plugins = plugins if plugins is not None else _discover()
+        self._plugins: dict[str, Loader] = dict(plugins) if plugins is not None else _discover()
 
     def names(self) -> list[str]:
         return sorted(self._plugins)
 
     def plugin(self, task_type: str) -> TaskPlugin:
         try:
-            return self._plugins[task_type]()
+            plugin = self._plugins[task_type]
         except KeyError:
             known = ", ".join(self.names())
             raise NotFound(f"unknown task type '{task_type}' (known: {known})") from None
+        if isinstance(plugin, EntryPoint):
+            try:
+                plugin = self._plugins[task_type] = plugin.load()
+            except Exception as exc:
+                raise InvalidInput(
+                    f"task type '{task_type}': its plugin {plugin.value} "
+                    f"(entry point group {ENTRY_POINT_GROUP}) failed to load: {exc}"
+                ) from None
+        return plugin()  # outside the try: a KeyError of the plugin's own is not "unknown"
 
     def shape(self, task_type: str, raw: dict[str, Any], base_dir: Path, source: str) -> ShapedTask:
         """Validate `raw` with the plugin's model and shape it. Errors name `task.<field>`."""
