@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, TypeVar
 import yaml
 
 T = TypeVar("T")
+HAVE_PROC = Path("/proc/self/stat").exists()
 
 
 def write_spec(folder: Path, name: str = "spec.yaml", **fields: Any) -> Path:
@@ -36,3 +38,41 @@ def eventually(check: Callable[[], T | None], timeout: float = 20.0, every: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
         time.sleep(every)
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, process group) from /proc, or None once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[2])
+
+
+def process_alive(pid: int) -> bool:
+    """Alive and not a zombie: where init does not reap orphans, a dead one lingers as Z."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    if not HAVE_PROC:
+        return True
+    found = _proc_stat(pid)
+    return found is not None and found[0] != "Z"
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process remains in the process group."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    if not HAVE_PROC:
+        return True
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            found = _proc_stat(int(entry.name))
+            if found and found[1] == pgid and found[0] != "Z":
+                return True
+    return False

@@ -18,7 +18,7 @@ from orbit.models import (
     TaskSubmission,
 )
 from orbit.service import CoreControlService
-from tests.helpers import eventually
+from tests.helpers import eventually, group_alive
 
 
 def submission(command: str | list[str] = "echo hello", **fields: object) -> TaskSubmission:
@@ -126,15 +126,7 @@ def test_a_vanished_wrapper_is_an_infrastructure_failure_and_is_retried(
     assert first.reason is FailureReason.RUNTIME_LOST
     assert second.trigger == "auto_retry" and second.state is RunState.SUCCEEDED
     assert done.state is RunState.SUCCEEDED
-    eventually(lambda: group_gone(task_pid), timeout=5)  # the orphaned task was cleaned up
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+    eventually(lambda: not group_alive(task_pid), timeout=5)  # the orphaned task is gone
 
 
 def test_task_exits_are_retried_only_when_listed(

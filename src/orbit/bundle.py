@@ -18,7 +18,7 @@ import stat
 import tarfile
 import uuid
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path, PurePosixPath
@@ -59,32 +59,50 @@ class Entry:
 def frozen_entries(bundle_dir: Path) -> list[Entry]:
     """Every frozen path in canonical order (bytewise by path), folders included."""
     entries: list[Entry] = []
+    root = os.fspath(bundle_dir)
 
-    def visit(rel: str, st: os.stat_result) -> None:
-        if stat.S_ISLNK(st.st_mode):
-            entries.append(Entry(rel, "l", link_target=os.readlink(bundle_dir / rel)))
-        elif stat.S_ISDIR(st.st_mode):
+    def visit(rel: str, path: str, mode: int) -> None:
+        if stat.S_ISLNK(mode):
+            entries.append(Entry(rel, "l", link_target=os.readlink(path)))
+        elif stat.S_ISDIR(mode):
             entries.append(Entry(rel, "d"))
-            with os.scandir(bundle_dir / rel) as it:
+            with os.scandir(path) as it:
                 children = sorted(it, key=lambda e: os.fsencode(e.name))
             for child in children:
-                visit(f"{rel}/{child.name}", child.stat(follow_symlinks=False))
-        elif stat.S_ISREG(st.st_mode):
-            entries.append(Entry(rel, "f", executable=bool(st.st_mode & 0o111)))
+                visit(f"{rel}/{child.name}", child.path, child.stat(follow_symlinks=False).st_mode)
+        elif stat.S_ISREG(mode):
+            entries.append(Entry(rel, "f", executable=bool(mode & 0o111)))
         else:
-            raise InvalidInput(f"{bundle_dir / rel}: special files cannot be part of a bundle")
+            raise InvalidInput(f"{path}: special files cannot be part of a bundle")
 
     for part in FROZEN_PARTS:
-        path = bundle_dir / part
-        if part == "job.json" or path.exists():
-            visit(part, path.lstat())
+        path = os.path.join(root, part)
+        if part == "job.json" or os.path.exists(path):
+            visit(part, path, os.lstat(path).st_mode)
     return entries
 
 
-def hash_file(path: Path) -> str:
+def _hash_small(path: str) -> str | None:
+    """sha256 of a file's content in one read, or None for a file over _SMALL_FILE."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > _SMALL_FILE:
+            return None
+        h = hashlib.sha256(os.read(fd, size))
+        while chunk := os.read(fd, _SMALL_FILE):  # a short read, or the file grew
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def hash_file(path: str | os.PathLike[str]) -> str:
+    path = os.fspath(path)
+    digest = _hash_small(path)
+    if digest is not None:
+        return digest
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size <= _SMALL_FILE:
-            return hashlib.sha256(f.read()).hexdigest()
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -92,19 +110,25 @@ def compute_digest(bundle_dir: Path, workers: int = 4) -> str:
     """sha256 over (kind, path, executable bit, content hash / link target) of every frozen path.
 
     Mtimes, owners and permission bits other than "executable" play no part, so the same
-    content gives the same digest on every machine. Files are hashed on a few threads
-    (hashlib releases the GIL), which keeps many small files from being bound by latency.
+    content gives the same digest on every machine. Small files are hashed in this thread:
+    their cost is system calls and interpreter work under the GIL, where threads only add
+    lock hand-offs (slower, not faster; see bench/bundle.py). Files over _SMALL_FILE go to a
+    few threads, since hashlib releases the GIL while it hashes a large buffer.
     """
     entries = frozen_entries(bundle_dir)
-    files = [e for e in entries if e.kind == "f"]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        hashes = dict(
-            zip(
-                (e.relpath for e in files),
-                pool.map(lambda e: hash_file(bundle_dir / e.relpath), files),
-                strict=True,
-            )
-        )
+    root = os.fspath(bundle_dir)
+    hashes: dict[str, str] = {}
+    large: dict[str, Future[str]] = {}
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # starts threads only on submit
+        for e in entries:
+            if e.kind == "f":
+                path = os.path.join(root, e.relpath)
+                digest = _hash_small(path)
+                if digest is None:
+                    large[e.relpath] = pool.submit(hash_file, path)
+                else:
+                    hashes[e.relpath] = digest
+        hashes.update((rel, future.result()) for rel, future in large.items())
     outer = hashlib.sha256()
     for e in entries:
         detail = (

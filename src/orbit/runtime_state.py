@@ -35,6 +35,10 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def status_from_files(
     status: dict[str, Any] | None, result: dict[str, Any] | None, wrapper_alive: bool
 ) -> RunStatus:
@@ -57,8 +61,8 @@ def status_from_files(
             signal=_int(result.get("signal")),
             started_at=_time(result.get("started_at")),
             finished_at=_time(result.get("finished_at")),
-            host=result.get("host"),
-            message=result.get("message"),
+            host=_str(result.get("host")),
+            message=_str(result.get("message")),
         )
     last = _STATES.get(str((status or {}).get("state")), RunState.STARTING)
     if wrapper_alive:
@@ -67,11 +71,11 @@ def status_from_files(
         return RunStatus(
             state=last,
             started_at=_time((status or {}).get("started_at")),
-            host=(status or {}).get("host"),
+            host=_str((status or {}).get("host")),
         )
     return RunStatus(
         state=RunState.FAILED,
         reason=FailureReason.RUNTIME_LOST,
-        host=(status or {}).get("host"),
+        host=_str((status or {}).get("host")),
         message=f"the runtime wrapper is gone without writing a result (last state: {last})",
     )

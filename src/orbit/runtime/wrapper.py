@@ -87,6 +87,9 @@ class Wrapper:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             sys.exit(f"orbit wrapper: {self.bundle} is already running (runtime/lock is held)")
+        # A rerun in the same folder: the last attempt's result must not speak for this one.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.runtime, "result.json"))
         with open(os.path.join(self.runtime, "pid"), "w", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")
         return lock
@@ -240,8 +243,14 @@ def detach(bundle: str) -> None:
     runtime = os.path.join(os.path.abspath(bundle), "runtime")
     pid_file = os.path.join(runtime, "pid")
     os.makedirs(runtime, exist_ok=True)
-    if os.path.exists(pid_file):
-        os.unlink(pid_file)
+    # A wrapper that already runs keeps its pid file (a cancel needs it): refuse at once.
+    with open(os.path.join(runtime, "lock"), "a+") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.exit(f"orbit wrapper: {bundle} is already running (runtime/lock is held)")
+        if os.path.exists(pid_file):
+            os.unlink(pid_file)
     first = os.fork()
     if first > 0:
         os.waitpid(first, 0)
