@@ -135,12 +135,16 @@ def test_other_states_refuse_a_reason(
 # --- failure reasons --------------------------------------------------------------------------
 
 
-def test_failure_reasons_are_sorted_into_three_kinds() -> None:
+ENVIRONMENT = {FailureReason.DEPENDENCY_MISSING, FailureReason.DEPENDENCY_MISMATCH}
+
+
+def test_failure_reasons_are_sorted_into_kinds() -> None:
     assert {r for r in FailureReason if r.kind is FailureKind.INFRASTRUCTURE} == INFRASTRUCTURE
     assert {r for r in FailureReason if r.kind is FailureKind.TASK} == TASK
     assert {r for r in FailureReason if r.kind is FailureKind.USER} == {FailureReason.CANCELLED}
+    assert {r for r in FailureReason if r.kind is FailureKind.ENVIRONMENT} == ENVIRONMENT
     # The set is closed: every reason has exactly one kind.
-    assert INFRASTRUCTURE | TASK | {FailureReason.CANCELLED} == set(FailureReason)
+    assert INFRASTRUCTURE | TASK | ENVIRONMENT | {FailureReason.CANCELLED} == set(FailureReason)
 
 
 # --- the retry policy -------------------------------------------------------------------------

@@ -33,7 +33,11 @@ LIVE_PARTS = ("runtime", "artifacts")
 IGNORED_NAMES = frozenset(
     {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 )
-WRAPPER_FILES = {"wrapper.py": "orbit_wrapper.py", "run.sh": "run.sh"}
+WRAPPER_FILES = {
+    "wrapper.py": "orbit_wrapper.py",
+    "run.sh": "run.sh",
+    "precheck.py": "orbit_precheck.py",
+}
 _SMALL_FILE = 1 << 20
 
 

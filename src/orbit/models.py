@@ -45,6 +45,7 @@ class FailureKind(StrEnum):
     INFRASTRUCTURE = "infrastructure"  # the box, the transport, ORBIT's own runtime
     TASK = "task"  # the task's own doing
     USER = "user"  # a person asked for it
+    ENVIRONMENT = "environment"  # the node's software is not what the job declared
 
 
 class FailureReason(StrEnum):
@@ -58,6 +59,8 @@ class FailureReason(StrEnum):
     TASK_EXIT_NONZERO = "task_exit_nonzero"
     TASK_KILLED = "task_killed"
     CANCELLED = "cancelled"
+    DEPENDENCY_MISSING = "dependency_missing"
+    DEPENDENCY_MISMATCH = "dependency_mismatch"
 
     @property
     def kind(self) -> FailureKind:
@@ -73,6 +76,8 @@ _REASON_KINDS = {
     FailureReason.TASK_EXIT_NONZERO: FailureKind.TASK,
     FailureReason.TASK_KILLED: FailureKind.TASK,
     FailureReason.CANCELLED: FailureKind.USER,
+    FailureReason.DEPENDENCY_MISSING: FailureKind.ENVIRONMENT,
+    FailureReason.DEPENDENCY_MISMATCH: FailureKind.ENVIRONMENT,
 }
 
 
@@ -202,6 +207,13 @@ class TaskSubmission(Record):
     retry: RetryPolicy = RetryPolicy()
 
 
+class PrecheckSpec(Record):
+    """What the precheck verifies in the task's own interpreter before the task starts."""
+
+    interpreter: str = "python3"
+    critical_imports: tuple[str, ...] = ()
+
+
 class JobSpec(Record):
     """job.json: what runs, frozen into the bundle. No run, attempt or placement details."""
 
@@ -214,6 +226,7 @@ class JobSpec(Record):
     env: dict[str, str] = {}
     resources: Resources = Resources()
     stop_grace_s: float = 10.0
+    precheck: PrecheckSpec = PrecheckSpec()
     task_request: dict[str, Any] = {}
 
 

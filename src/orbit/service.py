@@ -13,6 +13,7 @@ from orbit.backends.base import AttemptContext, LaunchError, LogLayer
 from orbit.bundle import FrozenBundle, freeze_bundle
 from orbit.config import Settings
 from orbit.errors import InvalidInput, NoBackend, NotFound, Refused
+from orbit.evidence import TAILS, WHOLE_FILES, Evidence
 from orbit.execution import ExecutionService
 from orbit.models import (
     ATTEMPT_FIELDS,
@@ -20,12 +21,14 @@ from orbit.models import (
     ExecutionRequest,
     FailureReason,
     JobSpec,
+    PrecheckSpec,
     RetryPolicy,
     RunState,
     RunStatus,
     TaskSubmission,
 )
 from orbit.overrides import check_whitelist, combine, resolve, set_paths
+from orbit.progress import PROGRESS_GLOB, TAIL_BYTES, Progress, latest_progress
 from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.retry import should_retry
 from orbit.states import ALLOWED
@@ -86,6 +89,7 @@ class CoreControlService:
         backend, record the handle, audit. Everything that can be refused is refused before
         the store is written. `experiment_id` may be a name: an unknown one is created."""
         shaped = self.tasks.shape(submission.task_type, submission.task_request, base_dir, source)
+        common = self.tasks.common_fields(submission.task_request, source)
         template = self.templates.get(submission.template_id)
         request = resolve(template, submission.overrides)
         backend = self.execution.backend(request.backend_key)
@@ -99,7 +103,10 @@ class CoreControlService:
             env={**request.runtime_env, **shaped.env},
             resources=request.resources,
             stop_grace_s=request.stop_grace_s,
-            task_request=shaped.request,
+            precheck=PrecheckSpec(
+                interpreter=shaped.interpreter, critical_imports=tuple(common.critical_imports)
+            ),
+            task_request={**shaped.request, **common.model_dump(exclude_defaults=True)},
         )
         bundle = freeze_bundle(job, shaped.staged, self.bundles_dir)
         experiment = self.store.find_experiment(submission.experiment_id)
@@ -301,6 +308,35 @@ class CoreControlService:
         )
         self._launch(self.store.get_run(run.id), attempt, request)
         return self.store.get_run(run.id)
+
+    def progress(self, run: RunRecord, attempt: int | None = None) -> Progress | None:
+        """The newest step/loss the task logged to artifacts/**/logging.jsonl."""
+        found = self._attempt(run, attempt)
+        if found.handle is None:
+            return None
+        backend = self.execution.backend(found.backend_key)
+        return latest_progress(backend.tail_files(found.handle, PROGRESS_GLOB, TAIL_BYTES))
+
+    def evidence(self, ref: str, attempt: int | None = None) -> Evidence:
+        """The files a post-mortem reads, from wherever the attempt ran (job.json from the
+        bundle cache when the attempt never started)."""
+        run = self.refresh_run_status(ref)
+        found = self._attempt(run, attempt)
+        files: dict[str, bytes] = {}
+        tails: dict[str, bytes] = {}
+        if found.handle is not None:
+            backend = self.execution.backend(found.backend_key)
+            for relpath in WHOLE_FILES:
+                content = backend.read_file(found.handle, relpath)
+                if content is not None:
+                    files[relpath] = content
+            for pattern, size in TAILS.items():
+                tails.update(backend.tail_files(found.handle, pattern, size))
+        cached = self.bundles_dir / run.bundle_digest
+        for relpath in ("job.json", "inputs/.orbit/provenance.json"):
+            if relpath not in files and (cached / relpath).is_file():
+                files[relpath] = (cached / relpath).read_bytes()
+        return Evidence(run=run, attempt=found, files=files, tails=tails)
 
     def _attempt(self, run: RunRecord, number: int | None) -> AttemptRecord:
         if number is None:

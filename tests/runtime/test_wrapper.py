@@ -229,7 +229,12 @@ def test_a_succeeding_task_leaves_status_result_logs_and_manifest(
 
     entries = manifest_is_true(artifacts)
     paths = {e["path"] for e in entries}
-    assert paths == {"training.log", "seen.json", "checkpoints/step-1/model.bin"}
+    assert paths == {
+        "training.log",
+        "runtime-precheck.log",
+        "seen.json",
+        "checkpoints/step-1/model.bin",
+    }
 
     seen = read_json(artifacts / "seen.json")
     assert (seen["ORBIT_RUN_ID"], seen["ORBIT_ATTEMPT_ID"]) == expected

@@ -60,6 +60,14 @@ class ExecutionBackend(Protocol):
         """Bytes of a log from `offset`, and the offset to ask from next time."""
         ...
 
+    def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
+        """A whole file of the attempt's bundle (runtime/precheck.json, ...), None if absent."""
+        ...
+
+    def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
+        """The last `max_bytes` of every file matching a glob relative to the bundle."""
+        ...
+
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
         """Ask the wrapper to stop the task gracefully (it kills after the grace period)."""
 

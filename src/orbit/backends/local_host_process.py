@@ -118,6 +118,22 @@ class LocalHostProcessBackend:
             return b"", offset
         return data, offset + len(data)
 
+    def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
+        try:
+            return (Path(handle.location) / relpath).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
+        root = Path(handle.location)
+        found = {}
+        for path in sorted(root.glob(pattern)):
+            if path.is_file() and not path.is_symlink():
+                with open(path, "rb") as f:
+                    f.seek(max(0, path.stat().st_size - max_bytes))
+                    found[str(path.relative_to(root))] = f.read(max_bytes)
+        return found
+
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
         runtime = Path(handle.location) / "runtime"
         request = {"reason": reason.value, "at": datetime.now(UTC).isoformat()}

@@ -7,24 +7,18 @@ from __future__ import annotations
 
 import sys
 import time
-from functools import cache
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from orbit import __version__
 from orbit.backends.base import LogLayer
-from orbit.cli import render
-from orbit.config import Settings
+from orbit.cli import forensics, render
+from orbit.cli.common import ATTEMPT, JSON, RUN, SETS, bundles_dir, console, err, service
 from orbit.errors import OrbitError
 from orbit.models import RunState
 from orbit.overrides import parse_overrides
-from orbit.service import CoreControlService
 from orbit.spec import load_spec, parse_sets, to_submission
-
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 app = typer.Typer(
     help=__doc__,
@@ -41,29 +35,6 @@ runs_app = typer.Typer(help="Runs: list them and look at one closely.", no_args_
 app.add_typer(templates_app, name="templates")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(runs_app, name="runs")
-
-JSON = typer.Option(False, "--json", help="Print machine-readable JSON only.")
-RUN = typer.Argument(..., metavar="RUN", help="A run id, or any unique prefix of one.")
-SETS = typer.Option(
-    [],
-    "--set",
-    metavar="KEY=VALUE",
-    help="Override a template field, e.g. --set resources.gpu_count=2 (repeatable).",
-)
-
-
-@cache
-def settings() -> Settings:
-    return Settings.from_env()
-
-
-@cache
-def service() -> CoreControlService:
-    return CoreControlService.from_settings(settings())
-
-
-def bundles_dir() -> str:
-    return str(settings().bundles_dir)
 
 
 def version_callback(value: bool) -> None:
@@ -217,26 +188,30 @@ def runs_list(
 
 @runs_app.command("show")
 def runs_show(run: str = RUN, as_json: bool = JSON) -> None:
-    """Everything about one run: its bundle, request and every attempt."""
+    """Everything about one run: its bundle, request, progress and every attempt."""
     record = service().refresh_run_status(run)
+    progress = service().progress(record)
     if as_json:
-        render.print_json(render.run_json(record, bundles_dir()))
+        render.print_json(render.run_json(record, bundles_dir(), progress))
     else:
-        render.show_run(console, record, bundles_dir())
+        render.show_run(console, record, bundles_dir(), progress)
 
 
 @app.command()
 def status(run: str = RUN, as_json: bool = JSON) -> None:
-    """Refresh a run's state from where it executes, and show it."""
+    """Refresh a run's state from where it executes, and show it with its latest step/loss."""
     record = service().refresh_run_status(run)
+    progress = service().progress(record)
     if as_json:
-        render.print_json(render.run_json(record, bundles_dir()))
+        render.print_json(render.run_json(record, bundles_dir(), progress))
         return
     a = record.current
     line = f"{record.id}  {render.styled(record.state)}  attempt {a.number}"
     if render.outcome(a):
         line += f"  {render.outcome(a)}"
     console.print(line)
+    if progress is not None:
+        console.print(f"  {progress.describe()}", markup=False)
     if a.message:
         console.print(f"  {a.message}", markup=False)
 
@@ -251,9 +226,7 @@ def logs(
         "-l",
         help="training: the task's output; runtime: the wrapper's own steps.",
     ),
-    attempt: int | None = typer.Option(
-        None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."
-    ),
+    attempt: int | None = ATTEMPT,
 ) -> None:
     """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
     svc = service()
@@ -320,9 +293,7 @@ def collect(
     dest: Path | None = typer.Option(
         None, "--dest", "-d", help="Where to put them (default ./orbit-artifacts/RUN)."
     ),
-    attempt: int | None = typer.Option(
-        None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."
-    ),
+    attempt: int | None = ATTEMPT,
     as_json: bool = JSON,
 ) -> None:
     """Copy a run's artifacts here and verify each file against its manifest."""
@@ -360,6 +331,10 @@ def audit(
         render.print_json([e.model_dump(mode="json") for e in events])
     else:
         console.print(render.audit_table(events))
+
+
+app.command("inspect")(forensics.inspect)
+app.command("diff")(forensics.diff)
 
 
 def main() -> None:

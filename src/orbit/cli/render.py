@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orbit.models import RunState
+from orbit.progress import Progress
 from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.templates import TemplateSource
 
@@ -61,7 +62,7 @@ def attempt_json(a: AttemptRecord) -> dict[str, Any]:
     return data
 
 
-def run_json(run: RunRecord, bundles_dir: str) -> dict[str, Any]:
+def run_json(run: RunRecord, bundles_dir: str, progress: Progress | None = None) -> dict[str, Any]:
     return {
         "id": run.id,
         "state": run.state.value,
@@ -74,13 +75,17 @@ def run_json(run: RunRecord, bundles_dir: str) -> dict[str, Any]:
         "request": run.request,
         "submission": run.submission,
         "attempts": [attempt_json(a) for a in run.attempts],
+        "progress": progress.model_dump(mode="json") if progress else None,
     }
 
 
 def runs_table(runs: list[RunRecord]) -> Table:
     table = Table(box=None, header_style="bold")
     for column in ("RUN", "EXPERIMENT", "STATE", "TASK", "TEMPLATE", "TRY", "CREATED", "OUTCOME"):
-        table.add_column(column)
+        # ids and states are what people copy and scan for: never cut them
+        table.add_column(
+            column, no_wrap=column in ("RUN", "STATE", "TRY", "CREATED"), overflow="fold"
+        )
     for run in runs:
         table.add_row(
             run.id,
@@ -95,7 +100,9 @@ def runs_table(runs: list[RunRecord]) -> Table:
     return table
 
 
-def show_run(console: Console, run: RunRecord, bundles_dir: str) -> None:
+def show_run(
+    console: Console, run: RunRecord, bundles_dir: str, progress: Progress | None = None
+) -> None:
     a = run.current
     console.print(f"[bold]{run.id}[/bold]  {styled(run.state)}  {outcome(a)}")
     rows = [
@@ -109,6 +116,8 @@ def show_run(console: Console, run: RunRecord, bundles_dir: str) -> None:
     ]
     if a.message:
         rows.append(("message", a.message))
+    if progress is not None:
+        rows.append(("progress", f"{progress.describe()}  ({progress.file})"))
     if a.handle is not None:
         rows.append(("location", f"{a.handle.target}:{a.handle.location}"))
     for key, value in rows:

@@ -32,6 +32,9 @@ import sys
 import time
 from typing import Any
 
+PRECHECK_MISSING = 10  # the exit statuses of orbit_precheck.py
+PRECHECK_MISMATCH = 11
+
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
@@ -141,6 +144,9 @@ class Wrapper:
         )
         argv = [str(a) for a in job["entrypoint"]]
         self.started_at = now()
+        failure = self.precheck(job, env, workdir)
+        if failure is not None:
+            return self.finish("failed", **failure)
         if self.stop_at is not None:
             return self.finish("terminated", reason=self.stop_reason())
         self.log(f"starting task in {workdir}: {argv!r}")
@@ -176,6 +182,52 @@ class Wrapper:
             return self.finish("succeeded", exit_code=0)
         reason = "task_exit_nonzero" if code > 0 else "task_killed"
         return self.finish("failed", reason=reason, **self.exit_fields(code))
+
+    def precheck(
+        self, job: dict[str, Any], env: dict[str, str], workdir: str
+    ) -> dict[str, Any] | None:
+        """Run scripts/orbit_precheck.py in the task's interpreter; the failure fields, if any."""
+        spec = job.get("precheck", {})
+        interpreter = spec.get("interpreter", "python3")
+        script = os.path.join(self.bundle, "scripts", "orbit_precheck.py")
+        if not os.path.exists(script):
+            return None
+        self.log(f"precheck with {interpreter}")
+        try:
+            proc = subprocess.run(
+                [interpreter, script, "--bundle", self.bundle],
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            message = f"precheck could not run {interpreter!r}: {exc}"
+            self.log(message)
+            with open(os.path.join(self.artifacts, "runtime-precheck.log"), "a") as f:
+                f.write(message + "\n")
+            if spec.get("critical_imports"):
+                return {"reason": "dependency_missing", "message": message}
+            return None
+        report = read_json(os.path.join(self.runtime, "precheck.json")) or {}
+        if proc.returncode == 0:
+            self.log("precheck passed")
+            return None
+        missing = [i["name"] for i in report.get("critical_imports", []) if not i.get("ok")]
+        forks = [f.get("error", "") for f in report.get("forks", []) if not f.get("ok")]
+        if proc.returncode == PRECHECK_MISSING:
+            message = "missing dependencies: " + ", ".join(missing)
+            reason = "dependency_missing"
+        elif proc.returncode == PRECHECK_MISMATCH:
+            message = "; ".join(forks) or "a dependency is not the one declared"
+            reason = "dependency_mismatch"
+        else:
+            message = f"precheck crashed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
+            reason = "runtime_lost"
+        self.log(f"precheck failed: {message} (see artifacts/runtime-precheck.log)")
+        return {"reason": reason, "message": message}
 
     def wait(self) -> int:
         assert self.child is not None

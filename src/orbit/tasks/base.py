@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
+
+IMPORT_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,24 @@ class ShapedTask:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "workdir"
     staged: tuple[StagedPath, ...] = ()
+    interpreter: str = "python3"  # the python the task runs with: the precheck runs in it
+
+
+class CommonTaskFields(BaseModel):
+    """Fields every task type accepts, handled by ORBIT rather than by the plugin."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    critical_imports: list[str] = Field(
+        default=[],
+        description="import names the precheck must find in the task's interpreter",
+    )
+    sources: list[dict[str, Any]] = Field(
+        default=[], description="git sources pinned to a commit: {repo, ref, path}"
+    )
+
+
+COMMON_KEYS = frozenset(CommonTaskFields.model_fields)
 
 
 class TaskPlugin(Protocol):

@@ -34,4 +34,5 @@ class PythonTask:
             request=request.model_dump(),
             env=env,
             staged=(StagedPath(source=script.parent, dest="workdir"),),
+            interpreter=request.interpreter,
         )

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from orbit.errors import InvalidInput, NotFound, describe_validation_error
-from orbit.tasks.base import ShapedTask, TaskPlugin
+from orbit.tasks.base import COMMON_KEYS, IMPORT_NAME, CommonTaskFields, ShapedTask, TaskPlugin
 
 ENTRY_POINT_GROUP = "orbit.tasks"
 
@@ -58,11 +59,30 @@ class TaskRegistry:
         return plugin()  # outside the try: a KeyError of the plugin's own is not "unknown"
 
     def shape(self, task_type: str, raw: dict[str, Any], base_dir: Path, source: str) -> ShapedTask:
-        """Validate `raw` with the plugin's model and shape it. Errors name `task.<field>`."""
+        """Validate `raw` with the plugin's model and shape it. Errors name `task.<field>`.
+        The fields every task shares (CommonTaskFields) are not the plugin's to see."""
         plugin = self.plugin(task_type)
-        try:
-            request = plugin.request_model.model_validate(raw)
-        except ValidationError as exc:
-            line = describe_validation_error(source, exc)
-            raise InvalidInput(line.replace(f"{source}: ", f"{source}: task.", 1)) from None
+        own = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
+        request = _validate(plugin.request_model, own, source)
         return plugin.shape(request, base_dir)
+
+    @staticmethod
+    def common_fields(raw: dict[str, Any], source: str) -> CommonTaskFields:
+        shared = {k: v for k, v in raw.items() if k in COMMON_KEYS}
+        common = _validate(CommonTaskFields, shared, source)
+        assert isinstance(common, CommonTaskFields)
+        for index, name in enumerate(common.critical_imports):
+            if not re.match(IMPORT_NAME, name):
+                raise InvalidInput(
+                    f"{source}: task.critical_imports.{index}: '{name}' is not an import name "
+                    "(expected e.g. torch, transformers, swift)"
+                )
+        return common
+
+
+def _validate(model: type[BaseModel], data: dict[str, Any], source: str) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        line = describe_validation_error(source, exc)
+        raise InvalidInput(line.replace(f"{source}: ", f"{source}: task.", 1)) from None

@@ -1,0 +1,70 @@
+"""`orbit inspect` and `orbit diff`: reading what runs left behind."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from orbit.cli import render
+from orbit.cli.common import ATTEMPT, JSON, RUN, console, service
+from orbit.diagnose import Verdict, inspect_run
+from orbit.rundiff import diff_runs
+
+VERDICT_STYLE = {
+    Verdict.OK: "green",
+    Verdict.FAILED: "bold red",
+    Verdict.WARNING: "yellow",
+    Verdict.PENDING: "cyan",
+    Verdict.ABSENT: "dim",
+}
+
+
+def inspect(run: str = RUN, attempt: int | None = ATTEMPT, as_json: bool = JSON) -> None:
+    """Walk the layered logs (runtime, precheck, training, progress, nvml) and say at which
+    layer the run first went wrong."""
+    found = inspect_run(service().evidence(run, attempt))
+    if as_json:
+        data = found.model_dump(mode="json")
+        data["first_wrong"] = found.first_wrong.layer if found.first_wrong else None
+        render.print_json(data)
+        return
+    console.print(f"[bold]{found.run_id}[/bold] attempt {found.attempt}  {found.state}")
+    for report in found.layers:
+        style = VERDICT_STYLE[report.verdict]
+        console.print(
+            f"  [{style}]{report.verdict:<8}[/{style}] [bold]{report.layer:<9}[/bold]"
+            f" {report.question}"
+        )
+        console.print(f"           {report.summary}", markup=False, soft_wrap=True)
+        for line in report.details:
+            console.print(f"             | {line}", markup=False, soft_wrap=True, style="dim")
+    first = found.first_wrong
+    if first is not None:
+        console.print(f"first went wrong at: [bold red]{first.layer}[/bold red] ({first.summary})")
+    elif found.state.terminal:
+        console.print("no layer reports a failure")
+
+
+def diff(
+    run_a: str = typer.Argument(..., metavar="RUN_A"),
+    run_b: str = typer.Argument(..., metavar="RUN_B"),
+    as_json: bool = JSON,
+) -> None:
+    """What differs between two runs: task request, template and overrides, env (secret
+    values never shown), dependency versions and paths, git commits, GPUs, host."""
+    a, b = service().evidence(run_a), service().evidence(run_b)
+    differences = diff_runs(a, b)
+    if as_json:
+        render.print_json(
+            {"a": a.run.id, "b": b.run.id, "differences": [d.model_dump() for d in differences]}
+        )
+        return
+    if not differences:
+        console.print(f"{a.run.id} and {b.run.id}: no differences")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("FIELD", a.run.id, b.run.id):
+        table.add_column(column, overflow="fold")
+    for d in differences:
+        table.add_row(d.key, d.a or "-", d.b or "-")
+    console.print(table)

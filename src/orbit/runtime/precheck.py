@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""ORBIT precheck: before the task starts, record what the task's own interpreter will load.
+
+Travels inside the bundle as scripts/orbit_precheck.py and runs with the task's interpreter,
+environment and working directory, so what it sees is what the task will see. Standard
+library only (it reads NVML through the vendored pynvml next to it when there is one).
+
+Writes runtime/precheck.json (for machines) and artifacts/runtime-precheck.log (for people):
+python version and path, each critical import's version and resolved file, the interpreter's
+installed distributions (pip freeze), GPUs with driver and CUDA versions, hostname, kernel,
+and every staged fork (inputs/**/FORK_MANIFEST.json) with the proof that its package is loaded
+from the staged copy.
+
+Exit status: 0 all good; 10 a declared dependency is missing; 11 a dependency or staged fork
+is not the one loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from typing import Any
+
+EXIT_MISSING = 10
+EXIT_MISMATCH = 11
+IMPORT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def module_version(name: str, module: Any) -> str | None:
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str):
+        return version
+    top = name.split(".")[0]
+    mapping = getattr(importlib.metadata, "packages_distributions", None)  # Python >= 3.10
+    for dist in mapping().get(top, []) if mapping else [top]:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_import(name: str) -> dict[str, Any]:
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:  # ImportError, or the package's own failure at import
+        return {"name": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    path = getattr(module, "__file__", None)
+    return {
+        "name": name,
+        "ok": True,
+        "version": module_version(name, module),
+        "path": os.path.realpath(path) if path else None,
+    }
+
+
+def installed_distributions() -> dict[str, Any]:
+    """`pip freeze` of this interpreter; importlib.metadata where pip is not installed."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "freeze", "--all"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if proc.returncode == 0:
+            return {"source": "pip freeze", "lines": proc.stdout.splitlines()}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    lines = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    return {"source": "importlib.metadata (pip unavailable)", "lines": lines}
+
+
+def gpus() -> dict[str, Any]:
+    try:
+        import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return {"present": False, "reason": f"NVML unavailable: {exc}"}
+    try:
+
+        def text(value: Any) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        devices = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            devices.append(
+                {
+                    "index": index,
+                    "name": text(pynvml.nvmlDeviceGetName(handle)),
+                    "uuid": text(pynvml.nvmlDeviceGetUUID(handle)),
+                    "memory_total_mib": memory.total // (1 << 20),
+                }
+            )
+        return {
+            "present": bool(devices),
+            "driver_version": text(pynvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "devices": devices,
+            "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+    except Exception as exc:
+        return {"present": False, "reason": f"NVML error: {exc}"}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def find_fork_manifests(inputs: str) -> list[str]:
+    found = []
+    for root, dirs, files in os.walk(inputs):
+        dirs[:] = sorted(d for d in dirs if d not in {".git", "__pycache__", ".orbit"})
+        if "FORK_MANIFEST.json" in files:
+            found.append(os.path.join(root, "FORK_MANIFEST.json"))
+    return found
+
+
+def check_fork(path: str, inputs: str) -> dict[str, Any]:
+    rel = os.path.relpath(path, os.path.dirname(inputs))
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        package, commit = manifest["package"], manifest["upstream_commit"]
+        patch = manifest.get("patch_digest")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"manifest": rel, "ok": False, "error": f"does not parse: {exc}"}
+    fork_dir = os.path.realpath(os.path.dirname(path))
+    found = check_import(package)
+    result = {
+        "manifest": rel,
+        "package": package,
+        "upstream_commit": commit,
+        "patch_digest": patch,
+        "fork_dir": fork_dir,
+        "loaded": found,
+    }
+    loaded = found.get("path") or ""
+    result["ok"] = bool(found["ok"]) and loaded.startswith(fork_dir + os.sep)
+    if not found["ok"]:
+        result["error"] = f"package '{package}' does not import: {found['error']}"
+    elif not result["ok"]:
+        result["error"] = (
+            f"package '{package}' is loaded from {loaded}, not from the staged fork in {fork_dir}"
+        )
+    return result
+
+
+def run(job: dict[str, Any], inputs: str) -> tuple[dict[str, Any], int]:
+    imports = [check_import(n) for n in job.get("precheck", {}).get("critical_imports", [])]
+    forks = [check_fork(p, inputs) for p in find_fork_manifests(inputs)]
+    uname = platform.uname()
+    report = {
+        "schema_version": 1,
+        "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "host": {
+            "hostname": socket.gethostname(),
+            "kernel": uname.release,
+            "os": f"{uname.system} {uname.version}",
+            "machine": uname.machine,
+        },
+        "python": {
+            "version": platform.python_version(),
+            "executable": sys.executable,
+            "prefix": sys.prefix,
+        },
+        "critical_imports": imports,
+        "forks": forks,
+        "gpus": gpus(),
+        "distributions": installed_distributions(),
+    }
+    code = 0
+    if any(not i["ok"] for i in imports):
+        code = EXIT_MISSING
+    if any(not f["ok"] for f in forks):
+        code = EXIT_MISMATCH
+    report["ok"] = code == 0
+    return report, code
+
+
+def human(report: dict[str, Any]) -> str:
+    lines = [
+        f"precheck at {report['at']} on {report['host']['hostname']} "
+        f"(kernel {report['host']['kernel']})",
+        f"python {report['python']['version']} at {report['python']['executable']}",
+    ]
+    for item in report["critical_imports"]:
+        if item["ok"]:
+            lines.append(f"ok       {item['name']} {item['version'] or '?'} from {item['path']}")
+        else:
+            lines.append(f"MISSING  {item['name']}: {item['error']}")
+    for fork in report["forks"]:
+        state = "ok      " if fork["ok"] else "MISMATCH"
+        detail = fork.get("error") or f"{fork['package']} loaded from {fork['loaded']['path']}"
+        lines.append(f"{state} fork {fork['manifest']}: {detail}")
+    g = report["gpus"]
+    if g.get("present"):
+        lines.append(f"gpus     driver {g['driver_version']}, CUDA {g['cuda_driver_version']}")
+        lines += [
+            f"  gpu {d['index']}: {d['name']} {d['memory_total_mib']} MiB {d['uuid']}"
+            for d in g["devices"]
+        ]
+    else:
+        lines.append(f"gpus     none ({g.get('reason', 'no devices')})")
+    dists = report["distributions"]
+    lines.append(f"packages ({dists['source']}):")
+    lines += [f"  {line}" for line in dists["lines"]]
+    lines.append("precheck passed" if report["ok"] else "precheck FAILED")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--bundle", required=True)
+    args = parser.parse_args(argv)
+    bundle = os.path.abspath(args.bundle)
+    with open(os.path.join(bundle, "job.json"), encoding="utf-8") as f:
+        job = json.load(f)
+    report, code = run(job, os.path.join(bundle, "inputs"))
+    tmp = os.path.join(bundle, "runtime", "precheck.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+    os.replace(tmp, os.path.join(bundle, "runtime", "precheck.json"))
+    with open(
+        os.path.join(bundle, "artifacts", "runtime-precheck.log"), "w", encoding="utf-8"
+    ) as f:
+        f.write(human(report))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
