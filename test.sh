@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 . tools/venv.sh
-echo "== ruff" && ruff check src tests bench examples && ruff format --check src tests bench examples
+echo "== ruff" && ruff check src tests bench examples tools && ruff format --check src tests bench examples tools
 echo "== mypy" && mypy
 echo "== pytest" && exec pytest "$@"

@@ -545,18 +545,37 @@ def test_extraction_refuses_an_unsafe_archive_and_writes_nothing(case: str, tmp_
 
 
 def test_extraction_refuses_a_link_that_leaves_through_another_link(tmp_path: Path) -> None:
-    """`a -> .` is harmless, but through it `a/a/up -> ..` lands outside: caught at extraction,
+    """`a -> .` is harmless, but through it `a/a/up -> ..` lands outside: refused by name,
     and nothing is left behind either."""
     archive = craft(
         tmp_path / "evil.tar",
-        member("a", tarfile.SYMTYPE, "."),
-        member("a/a/up", tarfile.SYMTYPE, ".."),
+        member("inputs/a", tarfile.SYMTYPE, "."),
+        member("inputs/a/a/up", tarfile.SYMTYPE, ".."),
     )
     out = tmp_path / "out"
     out.mkdir()
-    with pytest.raises(InvalidInput, match="a/a/up"):
+    with pytest.raises(InvalidInput, match="'inputs/a/a/up': its path passes through a link"):
         extract_bundle_archive(archive, out / "bundle")
     assert list(out.iterdir()) == []
+
+
+def test_extraction_refuses_live_state_and_foreign_top_level_parts(tmp_path: Path) -> None:
+    for name in ("runtime/result.json", "artifacts/model.bin", "etc/passwd"):
+        archive = craft(tmp_path / "x.tar", member(name))
+        with pytest.raises(InvalidInput, match=r"holds only job\.json, inputs, scripts"):
+            extract_bundle_archive(archive, tmp_path / "bundle")
+        assert not (tmp_path / "bundle").exists()
+
+
+def test_extraction_checks_the_digest_when_given(tmp_path: Path) -> None:
+    bundle = freeze_bundle(job(), [], tmp_path / "cache")
+    archive = create_bundle_archive(bundle.path, tmp_path / "b.tar")
+    assert compute_digest(extract_bundle_archive(archive, tmp_path / "ok", bundle.digest)) == (
+        bundle.digest
+    )
+    with pytest.raises(InvalidInput, match="does not match bundle"):
+        extract_bundle_archive(archive, tmp_path / "bad", "0" * 64)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_extraction_keeps_links_that_stay_inside(tmp_path: Path) -> None:

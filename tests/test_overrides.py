@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from orbit.errors import InvalidInput, Refused
 from orbit.models import ExecutionDefaults, ExecutionOverrides, ExecutionTemplate, Resources
-from orbit.overrides import combine, is_allowed, parse_overrides, resolve, set_paths
+from orbit.overrides import is_allowed, parse_overrides, resolve, set_paths
 from orbit.spec import load_spec, parse_sets, to_submission
 
 DEFAULT_RESOURCES = Resources(gpu_type="H100", gpu_count=1, cpu_count=8, memory_gb=64)
@@ -173,20 +173,6 @@ def test_a_null_for_a_required_value_is_invalid_input_not_a_traceback() -> None:
             resolve(template(ALLOWABLE), parse_overrides(raw, "s"))
     # target may be cleared: null is a real value for it
     assert resolve(template(ALLOWABLE), parse_overrides({"target": None}, "s")).target is None
-
-
-def test_combine_lays_the_second_over_the_first_keeping_only_what_was_set() -> None:
-    first = parse_overrides({"target": "a", "resources": {"gpu_count": 2, "cpu_count": 4}}, "s")
-    second = parse_overrides({"resources": {"gpu_count": 8}}, "s")
-    both = combine(first, second)
-    assert both.model_dump(exclude_unset=True) == {
-        "target": "a",
-        "resources": {"gpu_count": 8, "cpu_count": 4},
-    }
-    assert sorted(set_paths(both)) == ["resources.cpu_count", "resources.gpu_count", "target"]
-
-
-# --- refusing what is not an override ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -163,8 +163,10 @@ def test_a_bad_template_is_one_line_naming_file_and_field(
 ) -> None:
     write(orbit_home / "templates", "ok.yaml", GOOD.format(id="ok", description="x"))
     path = write(Path.cwd() / "execution_templates", "bad.yaml", text)
+    reg = registry(orbit_home)
+    assert reg.get("ok").id == "ok"  # a broken file breaks only its own template
     with pytest.raises(InvalidInput) as info:
-        registry(orbit_home)
+        reg.get("bad")
     message = str(info.value)
     assert message.startswith(f"{path}: "), message
     assert expected in message, message
@@ -174,4 +176,4 @@ def test_a_bad_template_is_one_line_naming_file_and_field(
 def test_an_id_that_is_not_a_name_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "a b.yaml", GOOD.format(id="'a b'", description="x"))
     with pytest.raises(InvalidInput, match=r"a b\.yaml: id: String should match pattern"):
-        TemplateRegistry([tmp_path])
+        TemplateRegistry([tmp_path]).get("a b")

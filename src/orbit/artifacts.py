@@ -43,4 +43,9 @@ def verify_manifest(artifacts_dir: Path) -> tuple[bool, list[str]]:
             )
         elif sha256_file(path) != entry["sha256"]:
             problems.append(f"{entry['path']}: sha256 differs from the manifest")
+    listed = {entry["path"] for entry in entries} | {"manifest.json"}
+    for path in sorted(artifacts_dir.rglob("*")):
+        rel = path.relative_to(artifacts_dir).as_posix()
+        if path.is_file() and rel not in listed:
+            problems.append(f"{rel}: not in the manifest (left from another attempt or run?)")
     return True, problems

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import shutil
 import stat
 import tarfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -25,18 +26,30 @@ from pathlib import Path, PurePosixPath
 
 from orbit.errors import InvalidInput
 from orbit.models import JobSpec
+from orbit.runtime.vendor import nvml_module_source
 from orbit.tasks.base import StagedPath
 
 FROZEN_PARTS = ("job.json", "inputs", "scripts")
 LIVE_PARTS = ("runtime", "artifacts")
 # Never staged from a user's folder: caches, environments and VCS internals.
 IGNORED_NAMES = frozenset(
-    {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+    {
+        ".git",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "orbit-artifacts",
+    }  # what `orbit collect` brought back must not ride into the next bundle
 )
+IGNORE_FILE = ".orbitignore"  # in a staged folder: one glob a line, like .gitignore's simple form
 WRAPPER_FILES = {
     "wrapper.py": "orbit_wrapper.py",
     "run.sh": "run.sh",
     "precheck.py": "orbit_precheck.py",
+    "nvml_audit.py": "orbit_nvml.py",
 }
 _SMALL_FILE = 1 << 20
 
@@ -156,13 +169,32 @@ def _copy_file(src: Path, dest: Path) -> None:
     os.chmod(dest, 0o755 if executable else 0o644)
 
 
-def _copy_tree(root: Path, src: Path, dest: Path) -> None:
-    """Copy a staged folder; links must stay inside it, special files are refused."""
+def read_ignore_file(root: Path) -> tuple[str, ...]:
+    """Patterns from `root/.orbitignore`: blank lines and `#` comments skipped."""
+    try:
+        lines = (root / IGNORE_FILE).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return ()
+    return tuple(
+        line.strip().strip("/") for line in lines if line.strip() and not line.startswith("#")
+    )
+
+
+def _ignored(root: Path, path: Path, patterns: tuple[str, ...]) -> bool:
+    if path.name in IGNORED_NAMES or path.name.endswith(".pyc"):
+        return True
+    rel = path.relative_to(root).as_posix()
+    return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(path.name, p) for p in patterns)
+
+
+def _copy_tree(root: Path, src: Path, dest: Path, patterns: tuple[str, ...] = ()) -> None:
+    """Copy a staged folder; links must stay inside it, special files are refused, and what
+    IGNORED_NAMES or the folder's .orbitignore names is left out."""
     dest.mkdir(parents=True, exist_ok=True)
     with os.scandir(src) as it:
         children = list(it)
     for child in children:
-        if child.name in IGNORED_NAMES or child.name.endswith(".pyc"):
+        if _ignored(root, Path(child.path), patterns):
             continue
         path = Path(child.path)
         if child.is_symlink():
@@ -175,7 +207,7 @@ def _copy_tree(root: Path, src: Path, dest: Path) -> None:
                 )
             os.symlink(target, dest / child.name)
         elif child.is_dir(follow_symlinks=False):
-            _copy_tree(root, path, dest / child.name)
+            _copy_tree(root, path, dest / child.name, patterns)
         elif child.is_file(follow_symlinks=False):
             _copy_file(path, dest / child.name)
         else:
@@ -186,7 +218,8 @@ def stage_inputs(inputs_dir: Path, staged: Iterable[StagedPath]) -> None:
     for item in staged:
         dest = inputs_dir / item.dest
         if item.source.is_dir():
-            _copy_tree(item.source.resolve(), item.source, dest)
+            root = item.source.resolve()
+            _copy_tree(root, root, dest, read_ignore_file(root))
         elif item.source.is_file():
             dest.parent.mkdir(parents=True, exist_ok=True)
             _copy_file(item.source, dest)
@@ -201,11 +234,21 @@ def write_scripts(scripts_dir: Path) -> None:
         dest = scripts_dir / dest_name
         dest.write_bytes((package / name).read_bytes())
         os.chmod(dest, 0o755)
+    pynvml = nvml_module_source()  # nvidia-ml-py's one-file binding, so the audit needs no pip
+    if pynvml is not None:
+        (scripts_dir / "pynvml.py").write_bytes(pynvml)
+        os.chmod(scripts_dir / "pynvml.py", 0o644)
 
 
-def freeze_bundle(job: JobSpec, staged: Iterable[StagedPath], cache_root: Path) -> FrozenBundle:
+def freeze_bundle(
+    job: JobSpec,
+    staged: Iterable[StagedPath],
+    cache_root: Path,
+    add_inputs: Callable[[Path], None] | None = None,
+) -> FrozenBundle:
     """Build the bundle in a scratch folder, digest it, and move it into the per-digest cache.
 
+    `add_inputs(inputs_dir)` may place more (pinned sources, provenance) before the digest.
     The same job and inputs give the same digest and so the same cached folder. On any error
     the scratch folder is removed: nothing half-written is left behind.
     """
@@ -218,6 +261,8 @@ def freeze_bundle(job: JobSpec, staged: Iterable[StagedPath], cache_root: Path) 
         inputs.mkdir()
         stage_inputs(inputs, staged)
         (inputs / job.workdir).mkdir(parents=True, exist_ok=True)
+        if add_inputs is not None:
+            add_inputs(inputs)
         write_scripts(scratch / "scripts")
         digest = compute_digest(scratch)
         final = cache_root / digest
@@ -277,13 +322,20 @@ class UnsafeArchive(InvalidInput):
     """An archive member that would write outside the bundle or create a special file."""
 
 
-def _check_member(member: tarfile.TarInfo, names: set[str]) -> None:
+def _check_member(member: tarfile.TarInfo, names: set[str], links: set[str]) -> None:
     name = member.name
     parts = PurePosixPath(name).parts
+    for n in range(1, len(parts)):
+        if "/".join(parts[:n]) in links:
+            raise UnsafeArchive(f"archive member '{name}': its path passes through a link")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchive(f"archive member '{name}': absolute paths are refused")
     if ".." in parts:
         raise UnsafeArchive(f"archive member '{name}': '..' in a path is refused")
+    if parts and parts[0] not in FROZEN_PARTS:
+        raise UnsafeArchive(
+            f"archive member '{name}': a bundle archive holds only {', '.join(FROZEN_PARTS)}"
+        )
     if member.issym():
         target = member.linkname
         joined = os.path.normpath(os.path.join(os.path.dirname(name), target))
@@ -300,16 +352,20 @@ def _check_member(member: tarfile.TarInfo, names: set[str]) -> None:
 
 def iter_checked_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     names: set[str] = set()
+    links: set[str] = set()
     members = tar.getmembers()
     for member in members:
-        _check_member(member, names)
+        _check_member(member, names, links)
         names.add(member.name)
+        if member.issym():
+            links.add(member.name.rstrip("/"))
     yield from members
 
 
-def extract_bundle_archive(archive: Path, dest: Path) -> Path:
+def extract_bundle_archive(archive: Path, dest: Path, expected_digest: str | None = None) -> Path:
     """Extract into `dest` (which must not exist). Every member is checked before anything is
-    written; an unsafe archive leaves nothing behind."""
+    written; an unsafe archive, or one whose digest is not `expected_digest`, leaves nothing
+    behind."""
     if dest.exists():
         raise InvalidInput(f"{dest}: already exists; extraction needs a fresh folder")
     scratch = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex}")
@@ -318,6 +374,8 @@ def extract_bundle_archive(archive: Path, dest: Path) -> Path:
             members = list(iter_checked_members(tar))
             scratch.mkdir(parents=True)
             tar.extractall(scratch, members=members, filter="data")
+        if expected_digest is not None and compute_digest(scratch) != expected_digest:
+            raise InvalidInput(f"{archive}: content does not match bundle {expected_digest[:12]}")
         for part in LIVE_PARTS:
             (scratch / part).mkdir(exist_ok=True)
         scratch.rename(dest)

@@ -11,6 +11,7 @@ from typing import Any
 
 from orbit.evidence import Evidence
 from orbit.models import FailureKind, Record, RunState
+from orbit.progress import _step as step_of
 
 
 class Verdict(StrEnum):
@@ -82,6 +83,12 @@ def runtime_layer(ev: Evidence) -> LayerReport:
     )
 
 
+def _fork_problem(fork: dict[str, Any]) -> str:
+    """Newer prechecks name the manifest in the error itself; older ones did not."""
+    manifest, error = str(fork.get("manifest")), str(fork.get("error"))
+    return f"fork {error}" if error.startswith(manifest) else f"fork {manifest}: {error}"
+
+
 def precheck_layer(ev: Evidence) -> LayerReport:
     q = "are the declared dependencies the ones loaded?"
     report = ev.json("runtime/precheck.json")
@@ -93,7 +100,7 @@ def precheck_layer(ev: Evidence) -> LayerReport:
     imports = report.get("critical_imports", [])
     forks = report.get("forks", [])
     bad = [f"missing {i['name']}: {i.get('error')}" for i in imports if not i.get("ok")]
-    bad += [f"fork {f.get('manifest')}: {f.get('error')}" for f in forks if not f.get("ok")]
+    bad += [_fork_problem(f) for f in forks if not f.get("ok")]
     if bad:
         return LayerReport(
             layer="precheck", question=q, verdict=Verdict.FAILED, summary=bad[0], details=tuple(bad)
@@ -156,8 +163,7 @@ def _losses(tails: dict[str, bytes]) -> list[tuple[int | None, float]]:
                 continue
             loss = record.get("loss") if isinstance(record, dict) else None
             if isinstance(loss, int | float) and not isinstance(loss, bool):
-                step = record.get("step", record.get("global_step"))
-                out.append((step if isinstance(step, int) else None, float(loss)))
+                out.append((step_of(record)[0], float(loss)))  # ms-swift's "10/100" too
     return out
 
 

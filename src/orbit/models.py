@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+def _scalar_text(value: Any) -> Any:
+    """YAML reads `200` and `0` as numbers; an argument or env value wants the text."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+# Command-line arguments and environment values: text, with numbers taken as written.
+Text = Annotated[str, BeforeValidator(_scalar_text)]
 
 
 class Record(BaseModel):
@@ -106,7 +117,7 @@ class ExecutionDefaults(Strict):
     target: str | None = None
     detach: bool = True
     resources: Resources = Resources()
-    runtime_env: dict[str, str] = {}
+    runtime_env: dict[str, Text] = {}
     stop_grace_s: float = Field(default=10.0, ge=0, le=3600)
 
 
@@ -143,7 +154,7 @@ class ExecutionOverrides(Strict):
     target: str | None = None
     detach: bool | None = None
     resources: ResourcesOverride | None = None
-    runtime_env: dict[str, str] | None = None
+    runtime_env: dict[str, Text] | None = None
     stop_grace_s: float | None = Field(default=None, ge=0, le=3600)
 
 
@@ -205,6 +216,7 @@ class TaskSubmission(Record):
     template_id: str
     overrides: ExecutionOverrides = ExecutionOverrides()
     retry: RetryPolicy = RetryPolicy()
+    allow_dirty: bool = False  # stage dirty git sources, recording their diff
 
 
 class PrecheckSpec(Record):

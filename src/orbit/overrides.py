@@ -72,9 +72,3 @@ def resolve(template: ExecutionTemplate, overrides: ExecutionOverrides) -> Execu
         )
     except ValidationError as exc:  # e.g. `--set resources.gpu_count=null`: set, but to nothing
         raise InvalidInput(describe_validation_error("overrides", exc)) from None
-
-
-def combine(first: ExecutionOverrides, second: ExecutionOverrides) -> ExecutionOverrides:
-    """`second` laid over `first`, keeping only what either actually set."""
-    merged = merge(first.model_dump(exclude_unset=True), second.model_dump(exclude_unset=True))
-    return ExecutionOverrides.model_validate(merged)

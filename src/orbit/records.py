@@ -45,6 +45,7 @@ class RunRecord(Record):
     request: dict[str, Any]  # the resolved ExecutionRequest
     created_at: datetime
     created_by: str
+    replay_of: str | None = None  # the run whose bundle this one replays
     attempts: tuple[AttemptRecord, ...]
 
     @property
@@ -59,6 +60,8 @@ class RunRecord(Record):
 
 
 class AuditEvent(Record):
+    """One event of the audit trail, chained to the one before it (see orbit.audit_chain)."""
+
     id: int
     at: datetime
     actor: str
@@ -66,3 +69,5 @@ class AuditEvent(Record):
     run_id: str | None
     attempt_id: str | None
     data: dict[str, Any]
+    prev_hash: str | None  # the previous event's `hash`; none for the very first event
+    hash: str  # sha256 over this event's content and `prev_hash`

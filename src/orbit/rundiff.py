@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from orbit.evidence import Evidence
 from orbit.models import Record
+from orbit.secret_names import looks_secret
 
-SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH)", re.IGNORECASE)
 MASK = "***"
 
 
@@ -18,34 +17,48 @@ class Difference(Record):
     b: str | None
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+def _flatten(
+    prefix: str, value: Any, out: dict[str, str], secrets: dict[str, str] | None = None
+) -> None:
+    """With `secrets`, a value under a secret-looking key is masked in `out` and kept
+    (for comparing only) in `secrets`."""
     if isinstance(value, dict) and value:
         for key in sorted(value):
-            _flatten(f"{prefix}.{key}", value[key], out)
+            path = f"{prefix}.{key}"
+            if secrets is not None and looks_secret(str(key)) and not isinstance(value[key], dict):
+                out[path], secrets[path] = MASK, str(value[key])
+            else:
+                _flatten(path, value[key], out, secrets)
     elif value not in (None, {}, [], ()):
         out[prefix] = str(value)
 
 
 def facts(ev: Evidence) -> dict[str, str]:
-    """Everything `diff` compares, as `section.key -> value`. Env values whose names look
+    """Everything `diff` compares, as `section.key -> value`. Values whose names look
     secret are never shown, only whether they differ."""
+    return _facts(ev)[0]
+
+
+def _facts(ev: Evidence) -> tuple[dict[str, str], dict[str, str]]:
+    """The facts, and the real values behind the masked ones (never to be shown)."""
     out: dict[str, str] = {}
+    secrets: dict[str, str] = {}
     run, attempt = ev.run, ev.attempt
     job = ev.json("job.json") or {}
     out["bundle.digest"] = run.bundle_digest
     out["task.type"] = run.task_type
-    _flatten("task.request", job.get("task_request", {}), out)
+    _flatten("task.request", job.get("task_request", {}), out, secrets)
     _flatten("task.entrypoint", " ".join(job.get("entrypoint", [])), out)
     out["template.id"] = run.template_id
     _flatten(
         "overrides",
         {k: v for k, v in run.submission.get("overrides", {}).items() if v is not None},
         out,
+        secrets,
     )
     _flatten("resources", run.request.get("resources", {}), out)
     out["target"] = attempt.target or "-"
-    for key, value in sorted(job.get("env", {}).items()):
-        out[f"env.{key}"] = MASK if SECRET_KEY.search(key) else str(value)
+    _flatten("env", job.get("env", {}), out, secrets)
     precheck = ev.json("runtime/precheck.json") or {}
     python = precheck.get("python", {})
     _flatten(
@@ -81,19 +94,18 @@ def facts(ev: Evidence) -> dict[str, str]:
     if workdir:
         out["git.workdir.commit"] = str(workdir.get("commit"))
         out["git.workdir.dirty"] = str(bool(workdir.get("dirty")))
-    return out
+    return out, secrets
 
 
 def diff_runs(a: Evidence, b: Evidence) -> list[Difference]:
-    """Every fact that differs. A secret-looking env value is compared but never shown."""
-    fa, fb = facts(a), facts(b)
-    env_a = (a.json("job.json") or {}).get("env", {})
-    env_b = (b.json("job.json") or {}).get("env", {})
+    """Every fact that differs. A secret-looking value is compared but never shown."""
+    (fa, secrets_a), (fb, secrets_b) = _facts(a), _facts(b)
     out = []
     for key in sorted(set(fa) | set(fb)):
         va, vb = fa.get(key), fb.get(key)
-        if va == MASK and vb == MASK and env_a.get(key[4:]) != env_b.get(key[4:]):
-            va, vb = f"{MASK} (differs)", f"{MASK} (differs)"
-        if va != vb:
+        if va == MASK and vb == MASK and secrets_a.get(key) != secrets_b.get(key):
+            # both sides read the same, so compare the hidden values, not what is shown
+            out.append(Difference(key=key, a=f"{MASK} (differs)", b=f"{MASK} (differs)"))
+        elif va != vb:
             out.append(Difference(key=key, a=va, b=vb))
     return out

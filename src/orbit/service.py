@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import getpass
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orbit.artifacts import CollectResult
+from orbit.audit_chain import ChainCheck
 from orbit.backends.base import AttemptContext, LaunchError, LogLayer
 from orbit.bundle import FrozenBundle, freeze_bundle
 from orbit.config import Settings
@@ -27,13 +30,23 @@ from orbit.models import (
     RunStatus,
     TaskSubmission,
 )
-from orbit.overrides import check_whitelist, combine, resolve, set_paths
+from orbit.overrides import check_whitelist, resolve, set_paths
 from orbit.progress import PROGRESS_GLOB, TAIL_BYTES, Progress, latest_progress
 from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.retry import should_retry
+from orbit.secret_names import looks_secret
+from orbit.sources import (
+    parse_sources,
+    place_sources,
+    read_provenance,
+    snapshot_workdir,
+    stage_source,
+    write_provenance,
+)
 from orbit.states import ALLOWED
 from orbit.store import Store
 from orbit.tasks import TaskRegistry
+from orbit.tasks.base import CommonTaskFields, ShapedTask
 from orbit.templates import TemplateRegistry, default_search_path
 
 
@@ -108,10 +121,15 @@ class CoreControlService:
             ),
             task_request={**shaped.request, **common.model_dump(exclude_defaults=True)},
         )
-        bundle = freeze_bundle(job, shaped.staged, self.bundles_dir)
-        experiment = self.store.find_experiment(submission.experiment_id)
-        if experiment is None:
-            experiment = self.store.create_experiment(submission.experiment_id, self.actor)
+        for key in job.env:
+            if looks_secret(key):
+                raise Refused(
+                    f"env {key}: looks like a secret, and ORBIT never freezes secret values into "
+                    "a bundle or the store; set it in the environment where the run executes "
+                    "(a local run inherits the shell's environment)"
+                )
+        bundle, _provenance = self._freeze(job, shaped, common, base_dir, submission.allow_dirty)
+        experiment = self._experiment(submission.experiment_id)
         frozen = submission.model_copy(update={"experiment_id": experiment.id})
         run = self.store.create_run(
             experiment_id=experiment.id,
@@ -126,6 +144,48 @@ class CoreControlService:
         )
         self._launch(run, run.current, request)
         return self.store.get_run(run.id)
+
+    def _experiment(self, name_or_id: str) -> ExperimentRecord:
+        """Find or create; two submits racing to create the same one both get it."""
+        found = self.store.find_experiment(name_or_id)
+        if found is not None:
+            return found
+        try:
+            return self.store.create_experiment(name_or_id, self.actor)
+        except InvalidInput:
+            found = self.store.find_experiment(name_or_id)
+            if found is None:
+                raise
+            return found
+
+    def _freeze(
+        self,
+        job: JobSpec,
+        shaped: ShapedTask,
+        common: CommonTaskFields,
+        base_dir: Path,
+        allow_dirty: bool,
+    ) -> tuple[FrozenBundle, dict[str, Any] | None]:
+        """Stage pinned git sources (refusing dirty checkouts unless allowed), snapshot the
+        workdir's git state, and freeze it all with its provenance into one bundle."""
+        specs = parse_sources(
+            common.sources, reserved=[shaped.workdir, *(s.dest for s in shaped.staged)]
+        )
+        workdirs = [s.source for s in shaped.staged if s.dest == shaped.workdir]
+        workdir = snapshot_workdir(workdirs[0]) if workdirs else None
+        self.bundles_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.bundles_dir, prefix=".tmp-src-") as scratch:
+            sources = [
+                stage_source(spec, index, base_dir, Path(scratch), allow_dirty)
+                for index, spec in enumerate(specs)
+            ]
+
+            def add_inputs(inputs: Path) -> None:
+                place_sources(inputs, sources)
+                write_provenance(inputs, sources, workdir)
+
+            bundle = freeze_bundle(job, shaped.staged, self.bundles_dir, add_inputs)
+        return bundle, read_provenance(bundle.path)
 
     def _bundle(self, digest: str) -> FrozenBundle:
         path = self.bundles_dir / digest
@@ -274,28 +334,34 @@ class CoreControlService:
         grace = float(run.request.get("stop_grace_s", 10.0))
         return self.wait_for(run.id, timeout_s=grace + 5 if wait_s is None else wait_s, poll_s=0.2)
 
-    def retry_run(self, ref: str, overrides: ExecutionOverrides | None = None) -> RunRecord:
-        """A new attempt of the same bundle. Only attempt-level fields (target, detach) may
-        change, and only where the template allows: anything else would change the bundle."""
-        overrides = overrides or ExecutionOverrides()
-        run = self.refresh_run_status(ref)
-        if not run.state.terminal:
-            raise Refused(f"run {run.id} is {run.state}: cancel it before retrying")
+    def _same_bundle_request(
+        self, run: RunRecord, overrides: ExecutionOverrides, verb: str
+    ) -> tuple[ExecutionRequest, dict[str, Any]]:
+        """The run's request with attempt-level overrides (target, detach) laid over it, for a
+        push of the same bundle. Anything else would change the bundle and is refused."""
         for path in set_paths(overrides):
             if path.split(".")[0] not in ATTEMPT_FIELDS:
                 raise Refused(
-                    f"override '{path}' would change the bundle; a retry pushes the same bundle "
-                    f"(retry may change: {', '.join(sorted(ATTEMPT_FIELDS))}). "
+                    f"override '{path}' would change the bundle; {verb} pushes the same bundle "
+                    f"(it may change: {', '.join(sorted(ATTEMPT_FIELDS))}). "
                     "Submit a new run to change it"
                 )
-        template = self.templates.get(run.template_id)
-        check_whitelist(template, overrides)
-        request = ExecutionRequest.model_validate(run.request)
-        changed = combine(ExecutionOverrides(), overrides).model_dump(exclude_unset=True)
-        request = request.model_copy(update=changed)
-        backend = self.execution.backend(request.backend_key)
-        backend.validate(request)
+        changed = overrides.model_dump(exclude_unset=True)
+        if changed:  # only then is the template needed: a retry works from any folder
+            check_whitelist(self.templates.get(run.template_id), overrides)
+        request = ExecutionRequest.model_validate(run.request).model_copy(update=changed)
+        self.execution.backend(request.backend_key).validate(request)
         self._bundle(run.bundle_digest)
+        return request, changed
+
+    def retry_run(self, ref: str, overrides: ExecutionOverrides | None = None) -> RunRecord:
+        """A new attempt of the same bundle, of the same run."""
+        run = self.refresh_run_status(ref)
+        if not run.state.terminal:
+            raise Refused(f"run {run.id} is {run.state}: cancel it before retrying")
+        request, changed = self._same_bundle_request(
+            run, overrides or ExecutionOverrides(), "a retry"
+        )
         attempt = self.store.add_attempt(
             run.id,
             target=request.target,
@@ -307,6 +373,31 @@ class CoreControlService:
             self.actor, "run.retry", run_id=run.id, attempt_id=attempt.id, overrides=changed
         )
         self._launch(self.store.get_run(run.id), attempt, request)
+        return self.store.get_run(run.id)
+
+    def replay_run(self, ref: str, overrides: ExecutionOverrides | None = None) -> RunRecord:
+        """A new run of the same bundle, recording which run it replays. Unlike a retry it
+        leaves the original run as it is, and works on runs in any state."""
+        original = self.store.get_run(ref)
+        request, changed = self._same_bundle_request(
+            original, overrides or ExecutionOverrides(), "a replay"
+        )
+        run = self.store.create_run(
+            experiment_id=original.experiment_id,
+            task_type=original.task_type,
+            template_id=original.template_id,
+            bundle_digest=original.bundle_digest,
+            submission=original.submission,
+            request=request.model_dump(mode="json"),
+            target=request.target,
+            backend_key=request.backend_key,
+            actor=self.actor,
+            replay_of=original.id,
+        )
+        self.store.record_event(
+            self.actor, "run.replayed", run_id=run.id, replay_of=original.id, overrides=changed
+        )
+        self._launch(run, run.current, request)
         return self.store.get_run(run.id)
 
     def progress(self, run: RunRecord, attempt: int | None = None) -> Progress | None:
@@ -388,6 +479,10 @@ class CoreControlService:
     def audit(self, run: str | None = None, limit: int | None = None) -> list[AuditEvent]:
         run_id = self.store.resolve_run_id(run) if run else None
         return self.store.list_events(run_id=run_id, limit=limit)
+
+    def verify_audit(self) -> ChainCheck:
+        """Walk the audit trail's hash chain: how many events, the head digest, every problem."""
+        return self.store.check_audit()
 
     def close(self) -> None:
         self.store.close()

@@ -48,7 +48,7 @@ def load_spec(path: Path, sets: list[str] | None = None) -> SubmitSpec:
     return spec
 
 
-def to_submission(spec: SubmitSpec, source: str) -> TaskSubmission:
+def to_submission(spec: SubmitSpec, source: str, allow_dirty: bool = False) -> TaskSubmission:
     return TaskSubmission(
         experiment_id=spec.experiment,
         task_type=spec.task_type,
@@ -56,4 +56,5 @@ def to_submission(spec: SubmitSpec, source: str) -> TaskSubmission:
         template_id=spec.template,
         overrides=parse_overrides(spec.overrides, f"{source}: overrides"),
         retry=spec.retry,
+        allow_dirty=allow_dirty,
     )

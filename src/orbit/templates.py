@@ -38,31 +38,38 @@ def load_template_file(path: Path) -> ExecutionTemplate:
 
 
 class TemplateRegistry:
+    """Templates by id (the file's name). A file is read only when its id is asked for, so one
+    broken template breaks that template alone, not every command."""
+
     def __init__(self, folders: Iterable[Path]) -> None:
-        self._sources: dict[str, TemplateSource] = {}
+        self._paths: dict[str, Path] = {}
+        self._loaded: dict[str, TemplateSource] = {}
         for folder in folders:
-            if not folder.is_dir():
-                continue
-            for path in sorted(folder.glob("*.y*ml")):
-                template = load_template_file(path)
-                if path.stem != template.id:
-                    raise InvalidInput(
-                        f"{path}: id: '{template.id}' must match the file name '{path.stem}'"
-                    )
-                self._sources[template.id] = TemplateSource(template, str(path))
+            if folder.is_dir():
+                for path in sorted(folder.glob("*.y*ml")):
+                    self._paths[path.stem] = path
 
     def ids(self) -> list[str]:
-        return sorted(self._sources)
+        return sorted(self._paths)
 
     def source(self, template_id: str) -> TemplateSource:
+        if template_id in self._loaded:
+            return self._loaded[template_id]
         try:
-            return self._sources[template_id]
+            path = self._paths[template_id]
         except KeyError:
             known = ", ".join(self.ids()) or "none"
             raise NotFound(f"unknown template '{template_id}' (known: {known})") from None
+        template = load_template_file(path)
+        if template.id != path.stem:
+            raise InvalidInput(
+                f"{path}: id: '{template.id}' must match the file name '{path.stem}'"
+            )
+        self._loaded[template_id] = TemplateSource(template, str(path))
+        return self._loaded[template_id]
 
     def get(self, template_id: str) -> ExecutionTemplate:
         return self.source(template_id).template
 
     def all(self) -> list[TemplateSource]:
-        return [self._sources[i] for i in self.ids()]
+        return [self.source(i) for i in self.ids()]

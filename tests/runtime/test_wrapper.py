@@ -232,6 +232,7 @@ def test_a_succeeding_task_leaves_status_result_logs_and_manifest(
     assert paths == {
         "training.log",
         "runtime-precheck.log",
+        "nvml-audit.jsonl",
         "seen.json",
         "checkpoints/step-1/model.bin",
     }
@@ -388,8 +389,8 @@ def test_a_second_detached_start_is_refused_and_the_first_keeps_its_pid(
 @pytest.mark.parametrize(
     ("sig", "request_file", "reason"),
     [
-        (signal.SIGTERM, None, "cancelled"),
-        (signal.SIGTERM, {"reason": "preempted"}, "preempted"),
+        (signal.SIGTERM, None, "preempted"),  # nobody said why: the machine is going away
+        (signal.SIGTERM, {"reason": "cancelled"}, "cancelled"),  # `orbit cancel` says why
         (signal.SIGINT, None, "cancelled"),  # Ctrl-C in the terminal that ran it
         (signal.SIGHUP, None, "cancelled"),  # that terminal closed
     ],
@@ -440,7 +441,7 @@ def test_a_task_that_ignores_sigterm_is_killed_after_the_grace(
     took = time.monotonic() - stopped
     assert 0.9 <= took < 6, f"stopped after {took:.1f}s with a 1s grace"
     assert result["state"] == "terminated"
-    assert result["reason"] == "cancelled"
+    assert result["reason"] == "preempted"
     assert result["signal"] == 9
     assert "grace period over" in (bundle / "runtime" / "runtime.log").read_text()
     wait_for("the task's group to be gone", lambda: not group_alive(task_pid), timeout=5)

@@ -15,6 +15,7 @@ from orbit.errors import IllegalTransition, InvalidInput, NotFound
 from orbit.models import FailureReason, RunState
 from orbit.records import AttemptRecord, AuditEvent, RunRecord
 from orbit.store import Store
+from orbit.store.db import HEAD_REVISION
 
 S = RunState
 ACTOR = "tester"
@@ -57,7 +58,7 @@ def test_migrations_create_the_tables_and_reopening_is_a_no_op(store_url: str) -
         assert set(inspect(first.engine).get_table_names()) >= TABLES
         with first.engine.connect() as c:
             assert c.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-                "0001"
+                HEAD_REVISION
             ]
         exp = first.create_experiment("kept", ACTOR)
         make_run(first, exp.id)
@@ -69,7 +70,7 @@ def test_migrations_create_the_tables_and_reopening_is_a_no_op(store_url: str) -
         try:
             with again.engine.connect() as c:
                 versions = c.execute(text("SELECT version_num FROM alembic_version")).scalars()
-                assert versions.all() == ["0001"]
+                assert versions.all() == [HEAD_REVISION]
             assert set(inspect(again.engine).get_table_names()) >= TABLES
             assert [(e.name, e.run_count) for e in again.list_experiments()] == [("kept", 1)]
             assert len(again.list_runs()) == 1

@@ -95,7 +95,7 @@ def test_command_missing_workdir_names_the_field(tmp_path: Path) -> None:
         ({"command": ""}, "task.command"),
         ({"command": []}, "task.command"),
         ({"command": 5}, "task.command"),
-        ({"command": "ls", "env": {"A": 1}}, "task.env.A"),
+        ({"command": "ls", "env": {"A": True}}, "task.env.A"),  # numbers read as text
         ({"command": "ls", "env": ["A=1"]}, "task.env"),
         ({"command": "ls", "workdir": 3}, "task.workdir"),
         ({"command": "ls", "cwd": "x"}, "task.cwd: unknown key"),
@@ -154,7 +154,7 @@ def test_python_missing_script_names_the_field(tmp_path: Path) -> None:
         ({"script": ""}, "task.script"),
         ({"script": "t.py", "args": 5}, "task.args"),
         ({"script": "t.py", "args": "--lr 1"}, "task.args"),
-        ({"script": "t.py", "args": [1]}, "task.args.0"),
+        ({"script": "t.py", "args": [None]}, "task.args.0"),  # numbers read as text
         ({"script": "t.py", "interpreter": ""}, "task.interpreter"),
         ({"script": "t.py", "argv": []}, "task.argv: unknown key"),
     ],

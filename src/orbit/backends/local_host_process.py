@@ -105,7 +105,9 @@ class LocalHostProcessBackend:
         status = parse_json(_read(runtime / "status.json"))
         found = status_from_files(status, result, alive)
         if found.reason is FailureReason.RUNTIME_LOST and status and status.get("task_pid"):
-            _kill_group(int(status["task_pid"]))  # no orphan task outlives its wrapper
+            pid = int(status["task_pid"])
+            if _runs_attempt(pid, handle.attempt_id):  # never a stranger that reused the pid
+                _kill_group(pid)  # no orphan task outlives its wrapper
         return found
 
     def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
@@ -163,6 +165,15 @@ class LocalHostProcessBackend:
             verified=found and not problems,
             problems=tuple(problems),
         )
+
+
+def _runs_attempt(pid: int, attempt_id: str) -> bool:
+    """Whether `pid` is still this attempt's task: its environment names the attempt."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, not ours to read, or no /proc: leave it alone
+        return False
+    return f"ORBIT_ATTEMPT_ID={attempt_id}".encode() in environ.split(b"\0")
 
 
 def _kill_group(pgid: int) -> None:

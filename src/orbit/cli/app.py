@@ -10,11 +10,22 @@ import time
 from pathlib import Path
 
 import typer
+from sqlalchemy.exc import SQLAlchemyError
 
 from orbit import __version__
 from orbit.backends.base import LogLayer
 from orbit.cli import forensics, render
-from orbit.cli.common import ATTEMPT, JSON, RUN, SETS, bundles_dir, console, err, service
+from orbit.cli.common import (
+    ATTEMPT,
+    JSON,
+    RUN,
+    SETS,
+    bundles_dir,
+    console,
+    err,
+    service,
+    settings,
+)
 from orbit.errors import OrbitError
 from orbit.models import RunState
 from orbit.overrides import parse_overrides
@@ -128,6 +139,12 @@ def submit(
     wait: bool = typer.Option(
         False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded."
     ),
+    allow_dirty: bool = typer.Option(
+        False,
+        "--allow-dirty",
+        help="Stage git sources with uncommitted changes; the diff is kept in the bundle and "
+        "the run is marked dirty.",
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Validate a run spec, freeze it into a bundle and start it.
@@ -136,15 +153,21 @@ def submit(
     experiment: mnist            # created if unknown
     task_type: python            # or command
     template: local              # see 'orbit templates list'
-    task: {script: train.py, args: ["--epochs", "3"]}
+    task:
+      script: train.py           # its folder is staged as the workdir
+      args: ["--epochs", "3"]
+      critical_imports: [torch]  # checked in the task's interpreter first
+      sources:                   # git, pinned to an exact commit
+        - {repo: ../my-fork, ref: 0123...(40 hex), path: fork}
     overrides: {resources: {cpu_count: 2}}
     retry: {max_retries: 2, on_exit_codes: [75]}
     """
     spec = load_spec(spec_file, sets)
-    submission = to_submission(spec, str(spec_file))
+    submission = to_submission(spec, str(spec_file), allow_dirty)
     run = service().submit_task(
         submission, base_dir=spec_file.resolve().parent, source=str(spec_file)
     )
+    wait = wait or run.request.get("detach") is False  # a template may ask to stay attached
     if not as_json and not wait:
         console.print(
             f"submitted [bold]{run.id}[/bold] ({run.state}); bundle {run.bundle_digest[:12]}"
@@ -248,7 +271,9 @@ def logs(
         if not follow or ending:
             return
         record = svc.refresh_run_status(run)
-        if record.state.terminal and record.current.id == current:
+        followed = next(a for a in record.attempts if a.id == current)
+        # the current attempt is followed into retries; an earlier one only to its own end
+        if followed.state.terminal and (attempt is not None or record.current.id == current):
             ending = True  # one more read: what was written just before the end
             continue
         time.sleep(0.5)
@@ -288,18 +313,43 @@ def retry(
 
 
 @app.command()
+def replay(
+    run: str = RUN,
+    sets: list[str] = SETS,
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait until the new run ends; exit 1 unless it succeeded."
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Start a NEW run from the same bundle (the original stays as it is), e.g. to reproduce
+    it elsewhere: --set target=h100-b. The new run records which run it replays."""
+    overrides = parse_overrides(parse_sets(sets), "--set")
+    record = service().replay_run(run, overrides)
+    if not as_json and not wait:
+        console.print(
+            f"replaying {record.replay_of} as [bold]{record.id}[/bold] ({record.state}); "
+            f"bundle {record.bundle_digest[:12]}"
+        )
+        return
+    finish(record.id, wait, as_json)
+
+
+@app.command()
 def collect(
     run: str = RUN,
     dest: Path | None = typer.Option(
-        None, "--dest", "-d", help="Where to put them (default ./orbit-artifacts/RUN)."
+        None, "--dest", "-d", help="Where to put them (default ./orbit-artifacts/ATTEMPT_ID)."
     ),
     attempt: int | None = ATTEMPT,
     as_json: bool = JSON,
 ) -> None:
     """Copy a run's artifacts here and verify each file against its manifest."""
     record = service().get_run(run)
-    target = dest or Path("orbit-artifacts") / record.id
-    result = service().collect_run_artifacts(record.id, target, attempt)
+    number = attempt or record.current.number
+    target = dest or Path("orbit-artifacts") / f"{record.id}-{number}"
+    if target.exists() and not target.is_dir():
+        raise OrbitError(f"--dest {target}: exists and is not a folder")
+    result = service().collect_run_artifacts(record.id, target, number)
     if as_json:
         render.print_json(
             {
@@ -319,18 +369,78 @@ def collect(
         raise typer.Exit(1)
 
 
-@app.command()
+audit_app = typer.Typer(invoke_without_command=True, rich_markup_mode="rich")
+app.add_typer(audit_app, name="audit")
+
+
+@audit_app.callback()
 def audit(
+    ctx: typer.Context,
     run: str | None = typer.Option(None, "--run", "-r", help="Only events of this run."),
     limit: int | None = typer.Option(None, "--limit", "-n", min=1, help="Only the newest N."),
     as_json: bool = JSON,
 ) -> None:
-    """The audit trail: who did what to which run, and when."""
+    """The audit trail: who did what to which run, and when. Each event holds the digest of
+    the one before it, so a changed, removed or inserted event breaks the chain.
+
+    orbit audit [--run RUN] [--limit N] [--json]   list the events
+    orbit audit verify                             check the chain; exit 1 naming each problem
+    orbit audit export --json [--out FILE]         write the whole chain, hashes included
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     events = service().audit(run, limit)
     if as_json:
         render.print_json([e.model_dump(mode="json") for e in events])
     else:
         console.print(render.audit_table(events))
+
+
+@audit_app.command("verify")
+def audit_verify(as_json: bool = JSON) -> None:
+    """Check the hash chain: each event's digest and its link to the one before.
+
+    Prints the count and the head digest (keep it elsewhere: a chain cut short at its end is
+    still whole) and exits 0; or one line per problem on stderr, naming the event, and exits 1.
+    """
+    check = service().verify_audit()
+    if as_json:
+        render.print_json(
+            {
+                "intact": check.intact,
+                "events": check.events,
+                "head": check.head,
+                "problems": list(check.problems),
+            }
+        )
+    elif check.intact:
+        console.print(f"audit chain intact: {check.events} events", soft_wrap=True)
+        if check.head:
+            console.print(f"head: {check.head}", soft_wrap=True)
+    else:
+        for problem in check.problems:
+            err.print(problem, markup=False, soft_wrap=True)
+    if not check.intact:
+        raise typer.Exit(1)
+
+
+@audit_app.command("export")
+def audit_export(
+    as_json: bool = typer.Option(True, "--json", help="JSON, the one format (the default)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Write to this file instead of stdout."
+    ),
+) -> None:
+    """Write every event, oldest first, with prev_hash and hash, as one JSON array."""
+    events = service().audit()
+    data = [e.model_dump(mode="json") for e in events]
+    if out is None:
+        render.print_json(data)
+        return
+    import json
+
+    out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    console.print(f"exported {len(data)} events to {out}", markup=False, soft_wrap=True)
 
 
 app.command("inspect")(forensics.inspect)
@@ -341,7 +451,17 @@ def main() -> None:
     try:
         app()
     except OrbitError as exc:
-        err.print(f"orbit: error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except SQLAlchemyError as exc:  # the store cannot be reached or read
+        url = settings().database_url
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fail(f"the store at {url} failed: {first} (check ORBIT_DATABASE_URL / ORBIT_HOME)", 2)
+    except OSError as exc:  # the disk or the system said no: say what, not where in ORBIT
+        fail(f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", 1)
+
+
+def fail(message: str, code: int) -> None:
+    err.print(f"orbit: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    sys.exit(code)

@@ -72,6 +72,7 @@ def run_json(run: RunRecord, bundles_dir: str, progress: Progress | None = None)
         "bundle": {"digest": run.bundle_digest, "path": f"{bundles_dir}/{run.bundle_digest}"},
         "created_at": run.created_at.isoformat(),
         "created_by": run.created_by,
+        "replay_of": run.replay_of,
         "request": run.request,
         "submission": run.submission,
         "attempts": [attempt_json(a) for a in run.attempts],
@@ -114,6 +115,8 @@ def show_run(
         ("created", f"{when(run.created_at)} by {run.created_by}"),
         ("target", a.target or "-"),
     ]
+    if run.replay_of:
+        rows.append(("replays", run.replay_of))
     if a.message:
         rows.append(("message", a.message))
     if progress is not None:

@@ -140,7 +140,17 @@ def check_fork(path: str, inputs: str) -> dict[str, Any]:
         package, commit = manifest["package"], manifest["upstream_commit"]
         patch = manifest.get("patch_digest")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return {"manifest": rel, "ok": False, "error": f"does not parse: {exc}"}
+        return {
+            "manifest": rel,
+            "ok": False,
+            "error": f"{rel} does not parse: {type(exc).__name__}: {exc}",
+        }
+    if not isinstance(commit, str) or not COMMIT.match(commit):
+        return {
+            "manifest": rel,
+            "ok": False,
+            "error": f"{rel}: upstream_commit {commit!r} is not a 40-character hex commit",
+        }
     fork_dir = os.path.realpath(os.path.dirname(path))
     found = check_import(package)
     result = {
@@ -154,10 +164,11 @@ def check_fork(path: str, inputs: str) -> dict[str, Any]:
     loaded = found.get("path") or ""
     result["ok"] = bool(found["ok"]) and loaded.startswith(fork_dir + os.sep)
     if not found["ok"]:
-        result["error"] = f"package '{package}' does not import: {found['error']}"
+        result["error"] = f"{rel}: package '{package}' does not import: {found['error']}"
     elif not result["ok"]:
         result["error"] = (
-            f"package '{package}' is loaded from {loaded}, not from the staged fork in {fork_dir}"
+            f"{rel}: package '{package}' is loaded from {loaded}, "
+            f"not from the staged fork in {fork_dir}"
         )
     return result
 
@@ -207,8 +218,10 @@ def human(report: dict[str, Any]) -> str:
             lines.append(f"MISSING  {item['name']}: {item['error']}")
     for fork in report["forks"]:
         state = "ok      " if fork["ok"] else "MISMATCH"
-        detail = fork.get("error") or f"{fork['package']} loaded from {fork['loaded']['path']}"
-        lines.append(f"{state} fork {fork['manifest']}: {detail}")
+        detail = fork.get("error") or (
+            f"{fork['manifest']}: {fork['package']} loaded from {fork['loaded']['path']}"
+        )
+        lines.append(f"{state} fork {detail}")
     g = report["gpus"]
     if g.get("present"):
         lines.append(f"gpus     driver {g['driver_version']}, CUDA {g['cuda_driver_version']}")

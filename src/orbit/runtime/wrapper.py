@@ -37,7 +37,7 @@ PRECHECK_MISMATCH = 11
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -66,11 +66,13 @@ class Wrapper:
         self.artifacts = os.path.join(self.bundle, "artifacts")
         self.inputs = os.path.join(self.bundle, "inputs")
         self.host = socket.gethostname()
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: subprocess.Popen[str] | subprocess.Popen[bytes] | None = None
         self.stop_at: float | None = None
         self.killed = False
         self.started_at: str | None = None
         self.grace = 10.0
+        self.signal_reason = "cancelled"
+        self.audit: subprocess.Popen[bytes] | None = None
         os.makedirs(self.runtime, exist_ok=True)
         os.makedirs(self.artifacts, exist_ok=True)
 
@@ -101,6 +103,9 @@ class Wrapper:
         if self.stop_at is not None:
             return
         self.stop_at = time.monotonic() + self.grace
+        # INT and HUP are a person at (or closing) a terminal; a TERM that ORBIT did not explain
+        # in runtime/stop_request.json is the machine going away: spot preemption, shutdown.
+        self.signal_reason = "preempted" if signum == signal.SIGTERM else "cancelled"
         self.log(f"received {signal.Signals(signum).name}: stopping the task (grace {self.grace}s)")
         self.signal_task(signal.SIGTERM)
 
@@ -149,6 +154,7 @@ class Wrapper:
             return self.finish("failed", **failure)
         if self.stop_at is not None:
             return self.finish("terminated", reason=self.stop_reason())
+        self.start_audit()
         self.log(f"starting task in {workdir}: {argv!r}")
         with open(os.path.join(self.artifacts, "training.log"), "ab") as out:
             try:
@@ -193,17 +199,23 @@ class Wrapper:
         if not os.path.exists(script):
             return None
         self.log(f"precheck with {interpreter}")
+        # the task's own folder comes first on its path (python puts a script's folder there)
+        env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [workdir, env.get("PYTHONPATH")])))
         try:
-            proc = subprocess.run(
+            # in its own group, held as the child, so that a stop interrupts it too
+            proc = self.child = subprocess.Popen(
                 [interpreter, script, "--bundle", self.bundle],
                 cwd=workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=600,
+                start_new_session=True,
             )
+            _, stderr = proc.communicate(timeout=600)
         except (OSError, subprocess.SubprocessError) as exc:
+            self.signal_task(signal.SIGKILL)
             message = f"precheck could not run {interpreter!r}: {exc}"
             self.log(message)
             with open(os.path.join(self.artifacts, "runtime-precheck.log"), "a") as f:
@@ -211,23 +223,63 @@ class Wrapper:
             if spec.get("critical_imports"):
                 return {"reason": "dependency_missing", "message": message}
             return None
+        finally:
+            code, self.child = (self.child.returncode if self.child else None), None
+        if self.stop_at is not None:
+            return None  # stopped while prechecking: the caller ends the attempt as terminated
         report = read_json(os.path.join(self.runtime, "precheck.json")) or {}
-        if proc.returncode == 0:
+        if code == 0:
             self.log("precheck passed")
             return None
         missing = [i["name"] for i in report.get("critical_imports", []) if not i.get("ok")]
         forks = [f.get("error", "") for f in report.get("forks", []) if not f.get("ok")]
-        if proc.returncode == PRECHECK_MISSING:
+        if code == PRECHECK_MISSING:
             message = "missing dependencies: " + ", ".join(missing)
             reason = "dependency_missing"
-        elif proc.returncode == PRECHECK_MISMATCH:
+        elif code == PRECHECK_MISMATCH:
             message = "; ".join(forks) or "a dependency is not the one declared"
             reason = "dependency_mismatch"
         else:
-            message = f"precheck crashed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
+            message = f"precheck crashed (exit {code}): {stderr.strip()[-300:]}"
             reason = "runtime_lost"
         self.log(f"precheck failed: {message} (see artifacts/runtime-precheck.log)")
         return {"reason": reason, "message": message}
+
+    def start_audit(self) -> None:
+        """The NVML sidecar: one line per GPU per second into artifacts/nvml-audit.jsonl,
+        from before the task starts until after it ends. Its failure never fails the run."""
+        script = os.path.join(self.bundle, "scripts", "orbit_nvml.py")
+        if not os.path.exists(script):
+            return
+        out = os.path.join(self.artifacts, "nvml-audit.jsonl")
+        try:
+            self.audit = subprocess.Popen(
+                [sys.executable, script, "--out", out],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(self.runtime, "nvml-audit.err"), "ab"),  # noqa: SIM115
+            )
+        except OSError as exc:
+            self.log(f"the NVML audit did not start: {exc}")
+            return
+        # "started before the task": wait for its first line (or its end), a few seconds at most
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and self.audit.poll() is None:
+            if os.path.exists(out) and os.path.getsize(out) > 0:
+                break
+            time.sleep(0.01)
+
+    def stop_audit(self) -> None:
+        if self.audit is None:
+            return
+        if self.audit.poll() is None:
+            self.audit.terminate()
+            try:
+                self.audit.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.audit.kill()
+                self.audit.wait()
+        self.audit = None
 
     def wait(self) -> int:
         assert self.child is not None
@@ -250,9 +302,10 @@ class Wrapper:
 
     def stop_reason(self) -> str:
         request = read_json(os.path.join(self.runtime, "stop_request.json")) or {}
-        return str(request.get("reason", "cancelled"))
+        return str(request.get("reason", self.signal_reason))
 
     def finish(self, state: str, **fields: Any) -> int:
+        self.stop_audit()
         try:
             self.write_manifest()
         except OSError as exc:

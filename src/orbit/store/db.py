@@ -5,13 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions/. A test checks it against Alembic's own view;
 # knowing it here spares every CLI call the import of Alembic when the store is current.
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0003"
+# An execution option: a transaction begun on an engine carrying it is a write transaction. On
+# SQLite it begins with BEGIN IMMEDIATE, taking the write lock up front: two writers queue (for
+# busy_timeout) instead of both reading and then failing to upgrade, and whatever a writer read
+# (the last event's hash, say) is still the newest when it commits. Elsewhere it changes nothing.
+WRITE = "orbit_write"
 
 
 def normalize_url(url: str) -> str:
@@ -31,11 +36,19 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            # the driver must not open transactions of its own: `_sqlite_begin` opens them all
+            dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(connection: Connection) -> None:
+            # reads stay DEFERRED: in WAL mode they never wait for a writer, nor writers for them
+            immediate = connection.get_execution_options().get(WRITE, False)
+            connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
     return create_engine(url, pool_pre_ping=True)

@@ -9,16 +9,20 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from orbit.audit_chain import ChainCheck, canonical_data, check_chain, event_hash
 from orbit.errors import InvalidInput, NotFound
 from orbit.models import NAME_PATTERN, FailureReason, RunHandle, RunState
 from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.states import check_move
-from orbit.store.db import make_engine, migrate
+from orbit.store.db import WRITE, make_engine, migrate
 from orbit.store.tables import AttemptRow, EventRow, ExperimentRow, RunRow
+
+# pg_advisory_xact_lock key ("ORBITAUD") serialising appends to the audit chain on PostgreSQL
+AUDIT_LOCK_KEY = 0x4F52424954415544
 
 
 def utcnow() -> datetime:
@@ -42,13 +46,17 @@ class Store:
         self.engine = engine or make_engine(url)
         migrate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # write transactions: BEGIN IMMEDIATE on SQLite (see db.WRITE)
+        self._writes = sessionmaker(
+            self.engine.execution_options(**{WRITE: True}), expire_on_commit=False
+        )
 
     def close(self) -> None:
         self.engine.dispose()
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
-        with self._sessions() as session, session.begin():
+        with self._writes() as session, session.begin():
             yield session
 
     @staticmethod
@@ -61,16 +69,41 @@ class Store:
         attempt_id: str | None = None,
         **data: Any,
     ) -> None:
-        session.add(
-            EventRow(
-                at=utcnow(),
+        """Append one event to the audit chain, in the caller's write transaction.
+
+        Appends are serialised, so no two events ever chain onto the same one: on PostgreSQL
+        by a transaction-scoped advisory lock taken before the last hash is read (held to
+        commit; taking it again in the same transaction is free); on SQLite by the write
+        transaction's BEGIN IMMEDIATE, which `_tx` opens. The id is assigned under the same
+        lock, so id order is chain order."""
+        connection = session.connection()
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": AUDIT_LOCK_KEY})
+        elif not connection.get_execution_options().get(WRITE):
+            raise RuntimeError("audit events are written only inside Store._tx")
+        prev = session.scalar(select(EventRow.hash).order_by(EventRow.id.desc()).limit(1))
+        at = utcnow()
+        content = canonical_data(data)
+        row = EventRow(
+            at=at,
+            actor=actor,
+            action=action,
+            run_id=run_id,
+            attempt_id=attempt_id,
+            data=content,
+            prev_hash=prev,
+            hash=event_hash(
+                prev_hash=prev,
+                at=at,
                 actor=actor,
                 action=action,
                 run_id=run_id,
                 attempt_id=attempt_id,
-                data=data,
-            )
+                data=content,
+            ),
         )
+        session.add(row)
+        session.flush()
 
     # --- experiments ----------------------------------------------------------------------
 
@@ -142,6 +175,7 @@ class Store:
         target: str | None,
         backend_key: str,
         actor: str,
+        replay_of: str | None = None,
     ) -> RunRecord:
         """A new run with its first attempt, in state prepared."""
         now = utcnow()
@@ -158,6 +192,7 @@ class Store:
                     request=request,
                     created_at=now,
                     created_by=actor,
+                    replay_of=replay_of,
                 )
             )
             s.flush()
@@ -396,6 +431,7 @@ class Store:
                 request=r.request,
                 created_at=_aware(r.created_at),
                 created_by=r.created_by,
+                replay_of=r.replay_of,
                 attempts=tuple(attempts[r.id]),
             )
             for r in rows
@@ -450,15 +486,31 @@ class Store:
             rows = list(s.scalars(query).all())
             if limit is not None:
                 rows.reverse()
-            return [
-                AuditEvent(
-                    id=r.id,
-                    at=_aware(r.at),
-                    actor=r.actor,
-                    action=r.action,
-                    run_id=r.run_id,
-                    attempt_id=r.attempt_id,
-                    data=r.data,
-                )
-                for r in rows
-            ]
+            return [self._event_record(r) for r in rows]
+
+    @staticmethod
+    def _event_record(row: EventRow) -> AuditEvent:
+        return AuditEvent(
+            id=row.id,
+            at=_aware(row.at),
+            actor=row.actor,
+            action=row.action,
+            run_id=row.run_id,
+            attempt_id=row.attempt_id,
+            data=row.data,
+            prev_hash=row.prev_hash,
+            hash=row.hash,
+        )
+
+    def check_audit(self) -> ChainCheck:
+        """Walk the whole audit chain, oldest first, in one read transaction."""
+        with self._sessions() as s:
+            rows = s.scalars(
+                select(EventRow).order_by(EventRow.id).execution_options(yield_per=1000)
+            )
+            return check_chain(self._event_record(r) for r in rows)
+
+    def verify_audit(self) -> list[str]:
+        """Every problem with the audit chain, one line each naming the event; empty when the
+        chain is intact."""
+        return list(self.check_audit().problems)

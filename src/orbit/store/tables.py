@@ -31,6 +31,7 @@ class RunRow(Base):
     request: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(index=True)
     created_by: Mapped[str] = mapped_column(String(128))
+    replay_of: Mapped[str | None] = mapped_column(String(40))
 
 
 class AttemptRow(Base):
@@ -63,3 +64,11 @@ class EventRow(Base):
     run_id: Mapped[str | None] = mapped_column(String(40), index=True)
     attempt_id: Mapped[str | None] = mapped_column(String(48))
     data: Mapped[dict[str, Any]]
+    # the hash chain (orbit.audit_chain): each event names the one before it, so a fork (two
+    # events after the same one) is refused by the unique index as well as by the writers' lock
+    prev_hash: Mapped[str | None] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+    __table_args__ = (
+        Index("ix_events_hash", "hash", unique=True),
+        Index("ix_events_prev_hash", "prev_hash", unique=True),
+    )

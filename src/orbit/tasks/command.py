@@ -8,14 +8,15 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from orbit.errors import InvalidInput
+from orbit.models import Text
 from orbit.tasks.base import ShapedTask, StagedPath
 
 
 class CommandRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    command: str | list[str] = Field(min_length=1)
-    env: dict[str, str] = {}
+    command: str | list[Text] = Field(min_length=1)
+    env: dict[str, Text] = {}
     workdir: str | None = None
 
 

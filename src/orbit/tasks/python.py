@@ -8,6 +8,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from orbit.errors import InvalidInput
+from orbit.models import Text
 from orbit.tasks.base import ShapedTask, StagedPath
 
 
@@ -15,8 +16,8 @@ class PythonRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     script: str = Field(min_length=1)
-    args: list[str] = []
-    env: dict[str, str] = {}
+    args: list[Text] = []
+    env: dict[str, Text] = {}
     interpreter: str = Field(default="python3", min_length=1)
 
 

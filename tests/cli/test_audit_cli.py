@@ -1,0 +1,133 @@
+"""`orbit audit`, `orbit audit verify` and `orbit audit export` as a user runs them: a real
+process, its exit code, stdout and stderr, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from orbit.audit_chain import verify_chain
+from orbit.models import RunState
+from orbit.records import AuditEvent
+from orbit.store import Store
+
+ORBIT = [sys.executable, "-m", "orbit"]
+
+
+@pytest.fixture
+def env(orbit_home: Path, store_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ORBIT_HOME": str(orbit_home),
+        "ORBIT_DATABASE_URL": store_url,
+        "COLUMNS": "200",
+    }
+
+
+@pytest.fixture
+def filled(store_url: str) -> Iterator[tuple[Store, str]]:
+    """A store with a run that went through a few states, and the run's id."""
+    store = Store(store_url)
+    exp = store.create_experiment("audited", "alice")
+    run = store.create_run(
+        experiment_id=exp.id,
+        task_type="command",
+        template_id="local",
+        bundle_digest="d" * 64,
+        submission={"task_type": "command"},
+        request={"template_id": "local"},
+        target="localhost",
+        backend_key="local_host_process",
+        actor="alice",
+    )
+    for to in (RunState.SUBMITTED, RunState.RUNNING, RunState.SUCCEEDED):
+        store.move_attempt(run.current.id, to, actor="orbit")
+    store.record_event("bob", "run.note", run_id=run.id, text="looks fine ✓")
+    yield store, run.id
+    store.close()
+
+
+def orbit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_verify_passes_then_names_the_tampered_event(
+    env: dict[str, str], filled: tuple[Store, str]
+) -> None:
+    store, _ = filled
+    events = store.list_events()
+    ok = orbit(env, "audit", "verify")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines() == [
+        f"audit chain intact: {len(events)} events",
+        f"head: {events[-1].hash}",
+    ]
+
+    edited, removed = events[3], events[5]
+    with store.engine.begin() as c:
+        c.execute(text("UPDATE events SET actor = 'mallory' WHERE id = :id"), {"id": edited.id})
+        c.execute(text("DELETE FROM events WHERE id = :id"), {"id": removed.id})
+    bad = orbit(env, "audit", "verify")
+    assert bad.returncode == 1
+    assert bad.stdout == ""
+    lines = bad.stderr.splitlines()
+    assert len(lines) == 2, bad.stderr
+    assert lines[0].startswith(f"event {edited.id}: content altered")
+    assert lines[1].startswith(f"event {events[6].id}: broken link")
+    as_json = orbit(env, "audit", "verify", "--json")
+    assert as_json.returncode == 1
+    report = json.loads(as_json.stdout)
+    assert report == {"intact": False, "events": 6, "head": events[-1].hash, "problems": lines}
+
+
+def test_export_round_trips_with_the_hashes(
+    env: dict[str, str], filled: tuple[Store, str], tmp_path: Path
+) -> None:
+    store, run_id = filled
+    proc = orbit(env, "audit", "export", "--json")
+    assert proc.returncode == 0, proc.stderr
+    exported = json.loads(proc.stdout)
+    assert [e["id"] for e in exported] == [e.id for e in store.list_events()]
+    assert all(len(e["hash"]) == 64 for e in exported)
+    assert exported[0]["prev_hash"] is None
+    assert [e["prev_hash"] for e in exported[1:]] == [e["hash"] for e in exported[:-1]]
+    events = [AuditEvent.model_validate(e) for e in exported]
+    assert events == store.list_events()  # nothing lost in the JSON, to the microsecond
+    assert verify_chain(events) == []  # checkable away from the store
+
+    out = tmp_path / "audit.json"
+    to_file = orbit(env, "audit", "export", "--json", "--out", str(out))
+    assert to_file.returncode == 0, to_file.stderr
+    assert to_file.stdout.strip() == f"exported {len(events)} events to {out}"
+    assert json.loads(out.read_text(encoding="utf-8")) == exported
+
+    # the listing is as it was
+    listed = json.loads(orbit(env, "audit", "--run", run_id, "--json").stdout)
+    assert [e["action"] for e in listed] == [
+        "run.created",
+        "attempt.created",
+        "attempt.state",
+        "attempt.state",
+        "attempt.state",
+        "run.note",
+    ]
+    assert listed == [e for e in exported if e["run_id"] == run_id]
+    table = orbit(env, "audit", "--limit", "1")
+    assert table.returncode == 0, table.stderr
+    assert "run.note" in table.stdout and "attempt.state" not in table.stdout
+
+
+def test_help_explains_the_listing_and_both_commands(orbit_home: Path) -> None:
+    env = {**os.environ, "ORBIT_HOME": str(orbit_home), "COLUMNS": "200"}
+    proc = orbit(env, "audit", "--help")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("--run", "--limit", "--json", "verify", "export", "--out"):
+        assert word in proc.stdout, word
+    assert "audit" in orbit(env, "--help").stdout
