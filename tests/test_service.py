@@ -212,3 +212,27 @@ def test_retry_says_so_when_the_bundle_left_the_cache(
     with pytest.raises(NotFound, match="no longer in the cache"):
         service.retry_run(run.id)
     assert len(service.get_run(run.id).attempts) == 1
+
+
+def test_replay_is_a_new_run_of_the_same_bundle(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    original = service.wait_for(submit(service, tmp_path, "echo hi").id, timeout_s=20, poll_s=0.05)
+    replay = service.wait_for(service.replay_run(original.id).id, timeout_s=20, poll_s=0.05)
+    assert replay.id != original.id
+    assert replay.replay_of == original.id
+    assert replay.bundle_digest == original.bundle_digest
+    assert replay.state is RunState.SUCCEEDED
+    assert len(service.get_run(original.id).attempts) == 1  # the original is left as it was
+    assert "run.replayed" in [e.action for e in service.audit(replay.id)]
+    with pytest.raises(Refused, match="would change the bundle"):
+        service.replay_run(original.id, ExecutionOverrides.model_validate({"stop_grace_s": 1}))
+
+
+def test_secret_looking_env_is_never_frozen(service: CoreControlService, tmp_path: Path) -> None:
+    with pytest.raises(Refused, match="env HF_TOKEN: looks like a secret"):
+        service.submit_task(
+            submission(task_request={"command": "true", "env": {"HF_TOKEN": "hf_x"}}),
+            base_dir=tmp_path,
+        )
+    assert service.list_runs() == []
