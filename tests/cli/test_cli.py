@@ -220,3 +220,23 @@ def test_a_run_survives_the_terminal_that_started_it(env: dict[str, str], tmp_pa
     run_id = runs[0]["id"]
     eventually(lambda: orbit_json(env, "status", run_id)["state"] == "succeeded", timeout=20)
     assert orbit(env, "logs", run_id).stdout == "survived\n"
+
+
+def test_a_dirty_workdir_is_marked_wherever_the_run_is_shown(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    repo = tmp_path / "code"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(repo)]
+    (repo / "train.py").write_text("print('v1')\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "v1"], check=True)
+    (repo / "train.py").write_text("print('v2, not committed')\n")
+    spec = write_spec(tmp_path, task_type="python", task={"script": "code/train.py"})
+    run = orbit_json(env, "submit", str(spec))
+    assert run["dirty"] is True
+    assert run["provenance"]["workdir"]["dirty"] is True
+    assert "DIRTY" in orbit(env, "runs", "show", run["id"]).stdout
+    assert "dirty" in orbit(env, "runs", "list").stdout
+    assert "DIRTY" in orbit(env, "status", run["id"]).stdout

@@ -23,12 +23,14 @@ from orbit.cli.common import (
     bundles_dir,
     console,
     err,
+    provenance,
     service,
     settings,
 )
 from orbit.errors import OrbitError
 from orbit.models import RunState
 from orbit.overrides import parse_overrides
+from orbit.sources import is_dirty
 from orbit.spec import load_spec, parse_sets, to_submission
 
 app = typer.Typer(
@@ -123,9 +125,11 @@ def finish(run_id: str, wait: bool, as_json: bool) -> None:
             err.print(f"waiting for {run.id} (Ctrl-C stops waiting, not the run)...")
         run = svc.wait_for(run.id)
     if as_json:
-        render.print_json(render.run_json(run, bundles_dir()))
+        render.print_json(
+            render.run_json(run, bundles_dir(), provenance=provenance(run.bundle_digest))
+        )
     else:
-        render.show_run(console, run, bundles_dir())
+        render.show_run(console, run, bundles_dir(), provenance=provenance(run.bundle_digest))
     if wait and run.state is not RunState.SUCCEEDED:
         raise typer.Exit(1)
 
@@ -204,9 +208,15 @@ def runs_list(
     """List runs, newest first. Runs still active are refreshed from the execution plane."""
     runs = service().list_runs(experiment=experiment, states=parse_states(state), limit=limit)
     if as_json:
-        render.print_json([render.run_json(r, bundles_dir()) for r in runs])
+        render.print_json(
+            [
+                render.run_json(r, bundles_dir(), provenance=provenance(r.bundle_digest))
+                for r in runs
+            ]
+        )
     else:
-        console.print(render.runs_table(runs))
+        dirty = {r.id for r in runs if is_dirty(provenance(r.bundle_digest))}
+        console.print(render.runs_table(runs, dirty))
 
 
 @runs_app.command("show")
@@ -215,9 +225,11 @@ def runs_show(run: str = RUN, as_json: bool = JSON) -> None:
     record = service().refresh_run_status(run)
     progress = service().progress(record)
     if as_json:
-        render.print_json(render.run_json(record, bundles_dir(), progress))
+        render.print_json(
+            render.run_json(record, bundles_dir(), progress, provenance(record.bundle_digest))
+        )
     else:
-        render.show_run(console, record, bundles_dir(), progress)
+        render.show_run(console, record, bundles_dir(), progress, provenance(record.bundle_digest))
 
 
 @app.command()
@@ -226,12 +238,16 @@ def status(run: str = RUN, as_json: bool = JSON) -> None:
     record = service().refresh_run_status(run)
     progress = service().progress(record)
     if as_json:
-        render.print_json(render.run_json(record, bundles_dir(), progress))
+        render.print_json(
+            render.run_json(record, bundles_dir(), progress, provenance(record.bundle_digest))
+        )
         return
     a = record.current
     line = f"{record.id}  {render.styled(record.state)}  attempt {a.number}"
     if render.outcome(a):
         line += f"  {render.outcome(a)}"
+    if is_dirty(provenance(record.bundle_digest)):
+        line += "  [yellow]DIRTY code[/yellow]"
     console.print(line)
     if progress is not None:
         console.print(f"  {progress.describe()}", markup=False)
@@ -285,7 +301,9 @@ def cancel(run: str = RUN, as_json: bool = JSON) -> None:
     before = service().get_run(run)
     record = service().cancel_run(run)
     if as_json:
-        render.print_json(render.run_json(record, bundles_dir()))
+        render.print_json(
+            render.run_json(record, bundles_dir(), provenance=provenance(record.bundle_digest))
+        )
     elif before.state.terminal:
         console.print(f"{record.id} already {record.state}: nothing to cancel")
     else:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import typer
 from rich.console import Console
 
 from orbit.config import Settings
 from orbit.service import CoreControlService
+from orbit.sources import read_provenance
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -38,3 +40,8 @@ def service() -> CoreControlService:
 
 def bundles_dir() -> str:
     return str(settings().bundles_dir)
+
+
+def provenance(digest: str) -> dict[str, Any] | None:
+    """The bundle's provenance.json (git commits, dirty or not), from the local bundle cache."""
+    return read_provenance(settings().bundles_dir / digest)

@@ -12,6 +12,7 @@ from rich.table import Table
 from orbit.models import RunState
 from orbit.progress import Progress
 from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
+from orbit.sources import is_dirty
 from orbit.templates import TemplateSource
 
 STATE_STYLE = {
@@ -62,7 +63,31 @@ def attempt_json(a: AttemptRecord) -> dict[str, Any]:
     return data
 
 
-def run_json(run: RunRecord, bundles_dir: str, progress: Progress | None = None) -> dict[str, Any]:
+def provenance_line(provenance: dict[str, Any] | None) -> str | None:
+    """One line on where the code came from; DIRTY first, wherever it is shown."""
+    if not provenance:
+        return None
+    parts = []
+    workdir = provenance.get("workdir")
+    if workdir:
+        parts.append(
+            f"workdir @ {str(workdir.get('commit'))[:12]}"
+            + (" (dirty)" if workdir.get("dirty") else "")
+        )
+    for source in provenance.get("sources", []):
+        parts.append(
+            f"{source.get('path')} @ {str(source.get('commit'))[:12]}"
+            + (" (dirty)" if source.get("dirty") else "")
+        )
+    return ("DIRTY: " if is_dirty(provenance) else "") + ", ".join(parts)
+
+
+def run_json(
+    run: RunRecord,
+    bundles_dir: str,
+    progress: Progress | None = None,
+    provenance: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
         "id": run.id,
         "state": run.state.value,
@@ -77,10 +102,12 @@ def run_json(run: RunRecord, bundles_dir: str, progress: Progress | None = None)
         "submission": run.submission,
         "attempts": [attempt_json(a) for a in run.attempts],
         "progress": progress.model_dump(mode="json") if progress else None,
+        "provenance": provenance,
+        "dirty": is_dirty(provenance),
     }
 
 
-def runs_table(runs: list[RunRecord]) -> Table:
+def runs_table(runs: list[RunRecord], dirty: set[str] | frozenset[str] = frozenset()) -> Table:
     table = Table(box=None, header_style="bold")
     for column in ("RUN", "EXPERIMENT", "STATE", "TASK", "TEMPLATE", "TRY", "CREATED", "OUTCOME"):
         # ids and states are what people copy and scan for: never cut them
@@ -91,7 +118,7 @@ def runs_table(runs: list[RunRecord]) -> Table:
         table.add_row(
             run.id,
             run.experiment_name,
-            styled(run.state),
+            styled(run.state) + (" [yellow]dirty[/yellow]" if run.id in dirty else ""),
             run.task_type,
             run.template_id,
             str(run.current.number),
@@ -102,7 +129,11 @@ def runs_table(runs: list[RunRecord]) -> Table:
 
 
 def show_run(
-    console: Console, run: RunRecord, bundles_dir: str, progress: Progress | None = None
+    console: Console,
+    run: RunRecord,
+    bundles_dir: str,
+    progress: Progress | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> None:
     a = run.current
     console.print(f"[bold]{run.id}[/bold]  {styled(run.state)}  {outcome(a)}")
@@ -115,6 +146,9 @@ def show_run(
         ("created", f"{when(run.created_at)} by {run.created_by}"),
         ("target", a.target or "-"),
     ]
+    code = provenance_line(provenance)
+    if code:
+        rows.append(("code", code))
     if run.replay_of:
         rows.append(("replays", run.replay_of))
     if a.message:
