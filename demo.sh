@@ -15,6 +15,7 @@ step orbit logs "$run" --follow
 step orbit status "$run"
 step orbit runs show "$run"
 step orbit logs "$run" --layer runtime
+step orbit inspect "$run"
 step orbit collect "$run" --dest "orbit-artifacts/$run"
 step find "orbit-artifacts/$run" -type f
 step tail -n 3 "orbit-artifacts/$run/logging.jsonl"
