@@ -45,12 +45,9 @@ def status_from_files(
     """The attempt's state from runtime/status.json, runtime/result.json and whether the
     wrapper still holds its lock. A wrapper that is gone without a result is `runtime_lost`:
     an infrastructure failure, never a run stuck in `running`."""
-    if result is not None and _STATES.get(str(result.get("state"))) in (
-        RunState.SUCCEEDED,
-        RunState.FAILED,
-        RunState.TERMINATED,
-    ):
-        state = _STATES[str(result["state"])]
+    ended = _STATES.get(str((result or {}).get("state")))
+    if result is not None and ended is not None and ended.terminal:
+        state = ended
         reason = _REASONS.get(str(result.get("reason")))
         if state is not RunState.SUCCEEDED and reason is None:
             reason = FailureReason.RUNTIME_LOST

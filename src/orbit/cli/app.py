@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,6 +31,8 @@ from orbit.cli.common import (
 from orbit.errors import OrbitError
 from orbit.models import RunState
 from orbit.overrides import parse_overrides
+from orbit.progress import Progress
+from orbit.records import RunRecord
 from orbit.sources import is_dirty
 from orbit.spec import load_spec, parse_sets, to_submission
 
@@ -48,6 +51,15 @@ runs_app = typer.Typer(help="Runs: list them and look at one closely.", no_args_
 app.add_typer(templates_app, name="templates")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(runs_app, name="runs")
+
+
+def run_json(run: RunRecord, progress: Progress | None = None) -> dict[str, Any]:
+    """A run as JSON, with its bundle path and provenance filled in from the local cache."""
+    return render.run_json(run, bundles_dir(), progress, provenance(run.bundle_digest))
+
+
+def show_run(run: RunRecord, progress: Progress | None = None) -> None:
+    render.show_run(console, run, bundles_dir(), progress, provenance(run.bundle_digest))
 
 
 def version_callback(value: bool) -> None:
@@ -125,11 +137,9 @@ def finish(run_id: str, wait: bool, as_json: bool) -> None:
             err.print(f"waiting for {run.id} (Ctrl-C stops waiting, not the run)...")
         run = svc.wait_for(run.id)
     if as_json:
-        render.print_json(
-            render.run_json(run, bundles_dir(), provenance=provenance(run.bundle_digest))
-        )
+        render.print_json(run_json(run))
     else:
-        render.show_run(console, run, bundles_dir(), provenance=provenance(run.bundle_digest))
+        show_run(run)
     if wait and run.state is not RunState.SUCCEEDED:
         raise typer.Exit(1)
 
@@ -208,12 +218,7 @@ def runs_list(
     """List runs, newest first. Runs still active are refreshed from the execution plane."""
     runs = service().list_runs(experiment=experiment, states=parse_states(state), limit=limit)
     if as_json:
-        render.print_json(
-            [
-                render.run_json(r, bundles_dir(), provenance=provenance(r.bundle_digest))
-                for r in runs
-            ]
-        )
+        render.print_json([run_json(r) for r in runs])
     else:
         dirty = {r.id for r in runs if is_dirty(provenance(r.bundle_digest))}
         console.print(render.runs_table(runs, dirty))
@@ -225,11 +230,9 @@ def runs_show(run: str = RUN, as_json: bool = JSON) -> None:
     record = service().refresh_run_status(run)
     progress = service().progress(record)
     if as_json:
-        render.print_json(
-            render.run_json(record, bundles_dir(), progress, provenance(record.bundle_digest))
-        )
+        render.print_json(run_json(record, progress))
     else:
-        render.show_run(console, record, bundles_dir(), progress, provenance(record.bundle_digest))
+        show_run(record, progress)
 
 
 @app.command()
@@ -238,9 +241,7 @@ def status(run: str = RUN, as_json: bool = JSON) -> None:
     record = service().refresh_run_status(run)
     progress = service().progress(record)
     if as_json:
-        render.print_json(
-            render.run_json(record, bundles_dir(), progress, provenance(record.bundle_digest))
-        )
+        render.print_json(run_json(record, progress))
         return
     a = record.current
     line = f"{record.id}  {render.styled(record.state)}  attempt {a.number}"
@@ -301,9 +302,7 @@ def cancel(run: str = RUN, as_json: bool = JSON) -> None:
     before = service().get_run(run)
     record = service().cancel_run(run)
     if as_json:
-        render.print_json(
-            render.run_json(record, bundles_dir(), provenance=provenance(record.bundle_digest))
-        )
+        render.print_json(run_json(record))
     elif before.state.terminal:
         console.print(f"{record.id} already {record.state}: nothing to cancel")
     else:
