@@ -21,6 +21,11 @@ from orbit.store import Store
 from orbit.tasks import TaskRegistry
 from orbit.templates import TemplateRegistry, default_search_path
 
+pytest_plugins = [
+    "tests.sshd",  # real sshd servers for the SSH backend: sshd_factory, sshd_server
+    "tests.dockerd",  # a private dockerd for the docker launch mode: dockerd, docker_host
+]
+
 PG_ADMIN_URL = os.environ.get(
     "ORBIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
