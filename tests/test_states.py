@@ -35,6 +35,7 @@ RANK = {
 NEEDS_REASON = {S.FAILED, S.TERMINATED}
 INFRASTRUCTURE = {
     FailureReason.NODE_LOST,
+    FailureReason.HOST_UNREACHABLE,
     FailureReason.STAGING_FAILED,
     FailureReason.LAUNCH_FAILED,
     FailureReason.RUNTIME_LOST,
@@ -135,7 +136,11 @@ def test_other_states_refuse_a_reason(
 # --- failure reasons --------------------------------------------------------------------------
 
 
-ENVIRONMENT = {FailureReason.DEPENDENCY_MISSING, FailureReason.DEPENDENCY_MISMATCH}
+ENVIRONMENT = {
+    FailureReason.DEPENDENCY_MISSING,
+    FailureReason.DEPENDENCY_MISMATCH,
+    FailureReason.IMAGE_NOT_FOUND,
+}
 
 
 def test_failure_reasons_are_sorted_into_kinds() -> None:

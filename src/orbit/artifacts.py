@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +23,12 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def verify_manifest(artifacts_dir: Path) -> tuple[bool, list[str]]:
-    """(manifest found, problems): every file listed must exist with its size and sha256."""
+def verify_manifest(
+    artifacts_dir: Path, digests: Mapping[str, str] | None = None
+) -> tuple[bool, list[str]]:
+    """(manifest found, problems): every file listed must exist with its size and sha256.
+    `digests` are sha256s already taken of files since written (while a transfer went on)."""
+    digests = digests or {}
     manifest_path = artifacts_dir / "manifest.json"
     if not manifest_path.is_file():
         return False, []
@@ -41,7 +46,7 @@ def verify_manifest(artifacts_dir: Path) -> tuple[bool, list[str]]:
             problems.append(
                 f"{entry['path']}: size {path.stat().st_size}, expected {entry['size']}"
             )
-        elif sha256_file(path) != entry["sha256"]:
+        elif (digests.get(entry["path"]) or sha256_file(path)) != entry["sha256"]:
             problems.append(f"{entry['path']}: sha256 differs from the manifest")
     listed = {entry["path"] for entry in entries} | {"manifest.json"}
     for path in sorted(artifacts_dir.rglob("*")):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
+from orbit.docker_scripts import write_docker_scripts
 from orbit.errors import InvalidInput
 from orbit.models import JobSpec
 from orbit.runtime.vendor import nvml_module_source
@@ -227,7 +228,8 @@ def stage_inputs(inputs_dir: Path, staged: Iterable[StagedPath]) -> None:
             raise InvalidInput(f"{item.source}: no such file or folder to stage")
 
 
-def write_scripts(scripts_dir: Path) -> None:
+def write_scripts(scripts_dir: Path, job: JobSpec | None = None) -> None:
+    """The wrapper and its sidecars; with a docker launch mode, its generated launch scripts."""
     scripts_dir.mkdir(parents=True, exist_ok=True)
     package = resources.files("orbit.runtime")
     for name, dest_name in WRAPPER_FILES.items():
@@ -238,6 +240,8 @@ def write_scripts(scripts_dir: Path) -> None:
     if pynvml is not None:
         (scripts_dir / "pynvml.py").write_bytes(pynvml)
         os.chmod(scripts_dir / "pynvml.py", 0o644)
+    if job is not None and job.launch_mode.kind == "docker":
+        write_docker_scripts(scripts_dir, job)
 
 
 def freeze_bundle(
@@ -263,7 +267,7 @@ def freeze_bundle(
         (inputs / job.workdir).mkdir(parents=True, exist_ok=True)
         if add_inputs is not None:
             add_inputs(inputs)
-        write_scripts(scratch / "scripts")
+        write_scripts(scratch / "scripts", job)
         digest = compute_digest(scratch)
         final = cache_root / digest
         try:

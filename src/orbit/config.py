@@ -6,11 +6,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from orbit.errors import InvalidInput
+
 
 @dataclass(frozen=True)
 class Settings:
     home: Path
     database_url: str
+    ssh_config: Path | None = None  # ORBIT_SSH_CONFIG: an ssh config file instead of ~/.ssh/config
+    ssh_timeout_s: float = 15.0  # ORBIT_SSH_TIMEOUT: connect timeout; silence 3x this is a drop
 
     @property
     def bundles_dir(self) -> Path:
@@ -30,4 +34,15 @@ class Settings:
     def from_env(cls) -> Settings:
         home = Path(os.environ.get("ORBIT_HOME") or Path.home() / ".orbit").expanduser()
         url = os.environ.get("ORBIT_DATABASE_URL") or f"sqlite:///{home / 'orbit.db'}"
-        return cls(home=home.absolute(), database_url=url)
+        ssh_config = os.environ.get("ORBIT_SSH_CONFIG")
+        timeout = os.environ.get("ORBIT_SSH_TIMEOUT")
+        try:
+            ssh_timeout = float(timeout) if timeout else 15.0
+        except ValueError:
+            raise InvalidInput(f"ORBIT_SSH_TIMEOUT: expected seconds, got {timeout!r}") from None
+        return cls(
+            home=home.absolute(),
+            database_url=url,
+            ssh_config=Path(ssh_config).expanduser() if ssh_config else None,
+            ssh_timeout_s=ssh_timeout,
+        )

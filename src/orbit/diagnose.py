@@ -10,7 +10,8 @@ from enum import StrEnum
 from typing import Any
 
 from orbit.evidence import Evidence
-from orbit.models import FailureKind, Record, RunState
+from orbit.image_provenance import image_line
+from orbit.models import FailureKind, FailureReason, Record, RunState
 from orbit.progress import _step as step_of
 
 
@@ -57,7 +58,10 @@ def runtime_layer(ev: Evidence) -> LayerReport:
             verdict=verdict,
             summary=ev.attempt.message or "the attempt was never launched",
         )
-    if reason is not None and reason.kind is FailureKind.INFRASTRUCTURE:
+    # the image is part of staging: without it the wrapper could not start the task
+    if reason is not None and (
+        reason.kind is FailureKind.INFRASTRUCTURE or reason is FailureReason.IMAGE_NOT_FOUND
+    ):
         return LayerReport(
             layer="runtime",
             question=q,
@@ -74,11 +78,12 @@ def runtime_layer(ev: Evidence) -> LayerReport:
             summary="runtime.log has no start of the wrapper",
         )
     host = (ev.json("runtime/status.json") or {}).get("host", "?")
+    image = image_line(ev.json("runtime/image.json"))  # a docker run: the image that ran
     return LayerReport(
         layer="runtime",
         question=q,
         verdict=Verdict.OK,
-        summary=f"wrapper started on {host}",
+        summary=f"wrapper started on {host}" + (f", image {image}" if image else ""),
         details=_lines(log, 4),
     )
 

@@ -46,3 +46,9 @@ def describe_validation_error(source: str, exc: object) -> str:
     message = message.removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {where}: {message}{more}"
+
+
+class Unreachable(OrbitError):
+    """A host did not answer (down, network gone, key refused): its runs keep their state."""
+
+    exit_code = 3

@@ -14,6 +14,7 @@ WHOLE_FILES = (
     "runtime/result.json",
     "runtime/runtime.log",
     "runtime/precheck.json",
+    "runtime/image.json",  # the container image that ran (docker launch mode)
     "inputs/.orbit/provenance.json",
 )
 TAILS = {

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from orbit.backends.base import ExecutionBackend
 from orbit.config import Settings
 from orbit.errors import NoBackend
+
+if TYPE_CHECKING:
+    from orbit.backends.ssh_host_process import HostDirectory
 
 
 class ExecutionService:
@@ -24,7 +28,20 @@ class ExecutionService:
             raise NoBackend(f"no backend for {key} yet (available: {known})") from None
 
     @classmethod
-    def default(cls, settings: Settings) -> ExecutionService:
+    def default(cls, settings: Settings, hosts: HostDirectory | None = None) -> ExecutionService:
+        """Every backend this control plane can drive; SSH ones find hosts in `hosts`."""
+        from orbit.backends.local_docker import LocalDockerBackend
         from orbit.backends.local_host_process import LocalHostProcessBackend
+        from orbit.backends.ssh_host_process import NoHosts, SshDockerBackend, SshHostProcessBackend
+        from orbit.docker_host import plane_id
+        from orbit.ssh import options_for
 
-        return cls([LocalHostProcessBackend(settings.work_dir)])
+        ssh, directory = options_for(settings), hosts or NoHosts()
+        return cls(
+            [
+                LocalHostProcessBackend(settings.work_dir),
+                LocalDockerBackend(settings.work_dir),  # the same placement, task in a container
+                SshHostProcessBackend(directory, ssh),
+                SshDockerBackend(directory, ssh, plane=plane_id(settings.work_dir)),
+            ]
+        )

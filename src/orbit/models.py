@@ -63,6 +63,7 @@ class FailureReason(StrEnum):
     """The closed set of reasons an attempt ends other than in success."""
 
     NODE_LOST = "node_lost"
+    HOST_UNREACHABLE = "host_unreachable"
     STAGING_FAILED = "staging_failed"
     LAUNCH_FAILED = "launch_failed"
     RUNTIME_LOST = "runtime_lost"
@@ -72,6 +73,7 @@ class FailureReason(StrEnum):
     CANCELLED = "cancelled"
     DEPENDENCY_MISSING = "dependency_missing"
     DEPENDENCY_MISMATCH = "dependency_mismatch"
+    IMAGE_NOT_FOUND = "image_not_found"  # a docker launch's image is not on the host, nor pulled
 
     @property
     def kind(self) -> FailureKind:
@@ -80,6 +82,7 @@ class FailureReason(StrEnum):
 
 _REASON_KINDS = {
     FailureReason.NODE_LOST: FailureKind.INFRASTRUCTURE,
+    FailureReason.HOST_UNREACHABLE: FailureKind.INFRASTRUCTURE,
     FailureReason.STAGING_FAILED: FailureKind.INFRASTRUCTURE,
     FailureReason.LAUNCH_FAILED: FailureKind.INFRASTRUCTURE,
     FailureReason.RUNTIME_LOST: FailureKind.INFRASTRUCTURE,
@@ -89,6 +92,7 @@ _REASON_KINDS = {
     FailureReason.CANCELLED: FailureKind.USER,
     FailureReason.DEPENDENCY_MISSING: FailureKind.ENVIRONMENT,
     FailureReason.DEPENDENCY_MISMATCH: FailureKind.ENVIRONMENT,
+    FailureReason.IMAGE_NOT_FOUND: FailureKind.ENVIRONMENT,
 }
 
 
@@ -148,6 +152,10 @@ class ResourcesOverride(Strict):
     memory_gb: float | None = Field(default=None, ge=0)
 
 
+# A container image reference as docker takes it (`repo:tag`, `repo@sha256:...`, an id).
+IMAGE_REF = r"^\S+$"
+
+
 class ExecutionOverrides(Strict):
     """What a submission asks to change in its template's defaults. Only set fields count."""
 
@@ -156,6 +164,8 @@ class ExecutionOverrides(Strict):
     resources: ResourcesOverride | None = None
     runtime_env: dict[str, Text] | None = None
     stop_grace_s: float | None = Field(default=None, ge=0, le=3600)
+    # the container image of a docker launch mode: lands in launch_mode.image, so in job.json
+    image: str | None = Field(default=None, pattern=IMAGE_REF)
 
 
 def overridable_paths() -> list[str]:

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orbit.errors import InvalidInput, Refused, describe_validation_error
+from orbit.launch_modes import resolve_launch_mode
 from orbit.models import ExecutionOverrides, ExecutionRequest, ExecutionTemplate
 
 
@@ -63,11 +64,13 @@ def resolve(template: ExecutionTemplate, overrides: ExecutionOverrides) -> Execu
     """The template's defaults with the allowed overrides laid over them."""
     check_whitelist(template, overrides)
     values = merge(template.defaults.model_dump(), overrides.model_dump(exclude_unset=True))
+    # `image` is the one override that lands in the launch mode rather than the defaults
+    launch_mode = resolve_launch_mode(template.launch_mode, values.pop("image", None), template.id)
     try:
         return ExecutionRequest(
             template_id=template.id,
             placement=template.placement,
-            launch_mode=template.launch_mode,
+            launch_mode=launch_mode,
             **values,
         )
     except ValidationError as exc:  # e.g. `--set resources.gpu_count=null`: set, but to nothing

@@ -32,6 +32,12 @@ class AttemptRecord(Record):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    last_contact_at: datetime | None = None  # its host last answered (SSH hosts)
+    unreachable_since: datetime | None = None  # its host has not answered since
+
+    @property
+    def unreachable(self) -> bool:
+        return self.unreachable_since is not None and not self.state.terminal
 
 
 class RunRecord(Record):

@@ -59,6 +59,13 @@ def _facts(ev: Evidence) -> tuple[dict[str, str], dict[str, str]]:
     _flatten("resources", run.request.get("resources", {}), out)
     out["target"] = attempt.target or "-"
     _flatten("env", job.get("env", {}), out, secrets)
+    _flatten("launch_mode", job.get("launch_mode", {}), out)
+    image = ev.json("runtime/image.json") or {}  # what a docker run actually ran
+    _flatten(
+        "image",
+        {"id": image.get("id"), "digests": ", ".join(image.get("repo_digests") or []) or None},
+        out,
+    )
     precheck = ev.json("runtime/precheck.json") or {}
     python = precheck.get("python", {})
     _flatten(

@@ -7,17 +7,22 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from orbit.artifacts import CollectResult
 from orbit.audit_chain import ChainCheck
 from orbit.backends.base import AttemptContext, LaunchError, LogLayer
+from orbit.backends.ssh_host_process import SshDockerBackend
 from orbit.bundle import FrozenBundle, freeze_bundle
 from orbit.config import Settings
-from orbit.errors import InvalidInput, NoBackend, NotFound, Refused
+from orbit.docker_host import SweepResult
+from orbit.errors import InvalidInput, NoBackend, NotFound, Refused, Unreachable
 from orbit.evidence import TAILS, WHOLE_FILES, Evidence
 from orbit.execution import ExecutionService
+from orbit.host_registry import HostRegistry
+from orbit.hosts import HostRecord
 from orbit.models import (
     ATTEMPT_FIELDS,
     ExecutionOverrides,
@@ -43,6 +48,7 @@ from orbit.sources import (
     stage_source,
     write_provenance,
 )
+from orbit.ssh import SshOptions, options_for
 from orbit.states import ALLOWED
 from orbit.store import Store
 from orbit.tasks import TaskRegistry
@@ -55,6 +61,12 @@ def current_actor() -> str:
         return os.environ.get("ORBIT_ACTOR") or getpass.getuser()
     except Exception:  # no passwd entry for this uid (containers)
         return f"uid:{os.getuid()}"
+
+
+def _contact_is_old(attempt: AttemptRecord, every_s: float = 1.0) -> bool:
+    """Whether the last recorded contact is old enough to be worth a write."""
+    last = attempt.last_contact_at
+    return last is None or (datetime.now(UTC) - last).total_seconds() >= every_s
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class CoreControlService:
         tasks: TaskRegistry,
         bundles_dir: Path,
         actor: str | None = None,
+        ssh_options: SshOptions | None = None,
     ) -> None:
         self.store = store
         self.execution = execution
@@ -80,18 +93,28 @@ class CoreControlService:
         self.tasks = tasks
         self.bundles_dir = bundles_dir
         self.actor = actor or current_actor()
+        self.hosts = HostRegistry(
+            store, ssh_options or SshOptions(), self.actor, sweep=self._sweep_host
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings, cwd: Path | None = None) -> CoreControlService:
+        store = Store(settings.database_url)
         return cls(
-            store=Store(settings.database_url),
-            execution=ExecutionService.default(settings),
+            store=store,
+            execution=ExecutionService.default(settings, store.hosts),
             templates=TemplateRegistry(
                 default_search_path(settings.templates_dir, cwd or Path.cwd())
             ),
             tasks=TaskRegistry(),
             bundles_dir=settings.bundles_dir,
+            ssh_options=options_for(settings),
         )
+
+    def _sweep_host(self, host: HostRecord, known: set[str]) -> SweepResult:
+        backend = self.execution.backend("ssh_docker")
+        assert isinstance(backend, SshDockerBackend)
+        return backend.sweep(host, known)
 
     # --- submit ---------------------------------------------------------------------------
 
@@ -219,6 +242,7 @@ class CoreControlService:
             backend=handle.backend_key,
             target=handle.target,
             location=handle.location,
+            **{k: handle.data[k] for k in ("staged_bytes", "bundle_cached") if k in handle.data},
         )
 
     # --- status ---------------------------------------------------------------------------
@@ -233,7 +257,13 @@ class CoreControlService:
         attempt = run.current
         if attempt.state.terminal or attempt.handle is None:
             return run
-        status = self.execution.backend(attempt.backend_key).status(attempt.handle)
+        try:
+            status = self.execution.backend(attempt.backend_key).status(attempt.handle)
+        except Unreachable as exc:
+            self._unreachable(run, attempt, exc)
+            return self.store.get_run(run.id)
+        if attempt.unreachable_since is not None or _contact_is_old(attempt):
+            self.store.record_contact(attempt.id, reachable=True, actor="orbit")
         if status.state in ALLOWED[attempt.state]:
             moved = self.store.move_attempt(
                 attempt.id,
@@ -249,6 +279,34 @@ class CoreControlService:
             if moved and status.state.terminal:
                 self._after_end(self.store.get_run(run.id), status)
         return self.store.get_run(run.id)
+
+    def _unreachable(self, run: RunRecord, attempt: AttemptRecord, exc: Unreachable) -> None:
+        """The host did not answer: the attempt keeps its state, marked host_unreachable with
+        the time of the last contact, until the host's unreachable_timeout_s has passed since
+        then; it then ends as terminated (host_unreachable), and the retry policy applies."""
+        self.store.record_contact(attempt.id, reachable=False, actor="orbit", message=str(exc))
+        assert attempt.handle is not None
+        timeout = float(attempt.handle.data.get("host", {}).get("unreachable_timeout_s", 600.0))
+        last = attempt.last_contact_at or attempt.started_at or attempt.created_at
+        silent = (datetime.now(UTC) - last).total_seconds()
+        if silent < timeout:
+            return
+        message = (
+            f"host '{attempt.target}' unreachable for {silent:.0f}s (timeout {timeout:.0f}s; "
+            f"last contact {last:%Y-%m-%d %H:%M:%S} UTC): {exc}"
+        )
+        ended = RunStatus(
+            state=RunState.TERMINATED, reason=FailureReason.HOST_UNREACHABLE, message=message
+        )
+        if self.store.move_attempt(
+            attempt.id,
+            RunState.TERMINATED,
+            actor="orbit",
+            reason=FailureReason.HOST_UNREACHABLE,
+            expect=attempt.state,
+            message=message,
+        ):
+            self._after_end(self.store.get_run(run.id), ended)
 
     def _after_end(self, run: RunRecord, status: RunStatus) -> None:
         attempt = run.current
@@ -330,7 +388,20 @@ class CoreControlService:
                 attempt.id, RunState.TERMINATED, actor=self.actor, reason=FailureReason.CANCELLED
             )
             return self.store.get_run(run.id)
-        self.execution.backend(attempt.backend_key).cancel(attempt.handle, FailureReason.CANCELLED)
+        try:
+            self.execution.backend(attempt.backend_key).cancel(
+                attempt.handle, FailureReason.CANCELLED
+            )
+        except Unreachable as exc:
+            # the control plane's record ends now; what the dead box still runs cannot be asked
+            self.store.move_attempt(
+                attempt.id,
+                RunState.TERMINATED,
+                actor=self.actor,
+                reason=FailureReason.CANCELLED,
+                message=f"cancelled while its host was unreachable; it may still run there: {exc}",
+            )
+            return self.store.get_run(run.id)
         grace = float(run.request.get("stop_grace_s", 10.0))
         return self.wait_for(run.id, timeout_s=grace + 5 if wait_s is None else wait_s, poll_s=0.2)
 
@@ -406,7 +477,10 @@ class CoreControlService:
         if found.handle is None:
             return None
         backend = self.execution.backend(found.backend_key)
-        return latest_progress(backend.tail_files(found.handle, PROGRESS_GLOB, TAIL_BYTES))
+        try:
+            return latest_progress(backend.tail_files(found.handle, PROGRESS_GLOB, TAIL_BYTES))
+        except Unreachable:  # the run shows as host_unreachable; progress waits for the host
+            return None
 
     def evidence(self, ref: str, attempt: int | None = None) -> Evidence:
         """The files a post-mortem reads, from wherever the attempt ran (job.json from the
@@ -417,12 +491,15 @@ class CoreControlService:
         tails: dict[str, bytes] = {}
         if found.handle is not None:
             backend = self.execution.backend(found.backend_key)
-            for relpath in WHOLE_FILES:
-                content = backend.read_file(found.handle, relpath)
-                if content is not None:
-                    files[relpath] = content
-            for pattern, size in TAILS.items():
-                tails.update(backend.tail_files(found.handle, pattern, size))
+            try:
+                for relpath in WHOLE_FILES:
+                    content = backend.read_file(found.handle, relpath)
+                    if content is not None:
+                        files[relpath] = content
+                for pattern, size in TAILS.items():
+                    tails.update(backend.tail_files(found.handle, pattern, size))
+            except Unreachable:  # what the bundle cache and the store know still tells a lot
+                pass
         cached = self.bundles_dir / run.bundle_digest
         for relpath in ("job.json", "inputs/.orbit/provenance.json"):
             if relpath not in files and (cached / relpath).is_file():

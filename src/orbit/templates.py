@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from orbit.errors import InvalidInput, NotFound, describe_validation_error
+from orbit.launch_modes import check_launch_mode
 from orbit.models import ExecutionTemplate
 from orbit.yamlio import load_yaml_mapping
 
@@ -32,9 +33,11 @@ def default_search_path(home_templates: Path, cwd: Path) -> list[Path]:
 def load_template_file(path: Path) -> ExecutionTemplate:
     data = load_yaml_mapping(path)
     try:
-        return ExecutionTemplate.model_validate(data)
+        template = ExecutionTemplate.model_validate(data)
     except ValidationError as exc:
         raise InvalidInput(describe_validation_error(str(path), exc)) from None
+    check_launch_mode(template.launch_mode, str(path))  # a typo in a docker setting names the file
+    return template
 
 
 class TemplateRegistry:

@@ -142,11 +142,16 @@ BAD_SPECS = {
     ),
     "unknown template": (
         CMD.replace("local", "nope"),
-        r"unknown template 'nope' \(known: local, targon-rental-host\)",
+        r"unknown template 'nope' \(known: local, local-docker, .*targon-rental-host\)",
     ),
-    "no backend yet": (
+    "unregistered host": (
         CMD.replace("local", "targon-rental-host") + "overrides: {target: h100-a}\n",
-        r"no backend for ssh_host_process yet",
+        r"target 'h100-a' is not a registered host \(see 'orbit hosts list'",
+    ),
+    "no target host": (
+        CMD.replace("local", "targon-rental-host"),
+        r"template 'targon-rental-host' runs on a registered SSH host: give one with "
+        r"--set target=NAME",
     ),
 }
 

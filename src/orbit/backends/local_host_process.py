@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 from orbit.artifacts import CollectResult, verify_manifest
@@ -18,6 +13,7 @@ from orbit.backends.base import AttemptContext, LaunchError, LogLayer
 from orbit.bundle import FrozenBundle, copy_frozen
 from orbit.errors import Refused
 from orbit.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
+from orbit.runtime import hostside
 from orbit.runtime_state import parse_json, status_from_files
 
 LOCAL_TARGETS = {None, "localhost", "local"}
@@ -25,21 +21,8 @@ READ_CHUNK = 1 << 20
 
 
 def wrapper_alive(runtime: Path) -> bool:
-    """The wrapper holds runtime/lock for its whole life; if we can take it, it is gone.
-    Unlike a pid, a lock cannot be mistaken for a stranger's process that reused the number."""
-    try:
-        fd = os.open(runtime / "lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    """Whether the attempt's wrapper still holds runtime/lock (see orbit.runtime.hostside)."""
+    return hostside.wrapper_alive(str(runtime))
 
 
 def _read(path: Path) -> str | None:
@@ -62,6 +45,10 @@ class LocalHostProcessBackend:
                 "template runs locally (use a template with an ssh placement for other hosts)"
             )
 
+    def launch_env(self) -> dict[str, str]:
+        """More environment for the wrapper, from a launch mode that needs it."""
+        return {}
+
     def launch(
         self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
     ) -> RunHandle:
@@ -72,7 +59,7 @@ class LocalHostProcessBackend:
             raise LaunchError(
                 FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}"
             ) from exc
-        env = {**os.environ, **attempt.env()}  # the job's own env is in job.json
+        env = {**os.environ, **attempt.env(), **self.launch_env()}  # the job's is in job.json
         wrapper = attempt_dir / "scripts" / "orbit_wrapper.py"
         try:
             proc = subprocess.run(
@@ -99,51 +86,26 @@ class LocalHostProcessBackend:
         )
 
     def status(self, handle: RunHandle) -> RunStatus:
-        runtime = Path(handle.location) / "runtime"
-        alive = wrapper_alive(runtime)
-        result = parse_json(_read(runtime / "result.json"))
-        status = parse_json(_read(runtime / "status.json"))
-        found = status_from_files(status, result, alive)
-        if found.reason is FailureReason.RUNTIME_LOST and status and status.get("task_pid"):
-            pid = int(status["task_pid"])
-            if _runs_attempt(pid, handle.attempt_id):  # never a stranger that reused the pid
-                _kill_group(pid)  # no orphan task outlives its wrapper
-        return found
+        # the same probe an SSH host runs: it also kills a task its dead wrapper left behind
+        found = hostside.probe(handle.location, handle.attempt_id)
+        return status_from_files(
+            parse_json(found.get("status")),
+            parse_json(found.get("result")),
+            found.get("alive", False),
+        )
 
     def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
-        path = Path(handle.location) / layer.relpath
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(READ_CHUNK)
-        except FileNotFoundError:
-            return b"", offset
-        return data, offset + len(data)
+        data = hostside.read_from(str(Path(handle.location) / layer.relpath), offset, READ_CHUNK)
+        return data or b"", offset + len(data or b"")
 
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
-        try:
-            return (Path(handle.location) / relpath).read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
-            return None
+        return hostside.read_from(str(Path(handle.location) / relpath), 0, -1)
 
     def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
-        root = Path(handle.location)
-        found = {}
-        for path in sorted(root.glob(pattern)):
-            if path.is_file() and not path.is_symlink():
-                with open(path, "rb") as f:
-                    f.seek(max(0, path.stat().st_size - max_bytes))
-                    found[str(path.relative_to(root))] = f.read(max_bytes)
-        return found
+        return hostside.tail(handle.location, pattern, max_bytes)
 
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
-        runtime = Path(handle.location) / "runtime"
-        request = {"reason": reason.value, "at": datetime.now(UTC).isoformat()}
-        (runtime / "stop_request.json").write_text(json.dumps(request) + "\n", encoding="utf-8")
-        pid_text = _read(runtime / "pid")
-        if pid_text and wrapper_alive(runtime):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid_text), signal.SIGTERM)
+        hostside.cancel(handle.location, reason.value)
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         source = Path(handle.location) / "artifacts"
@@ -165,17 +127,3 @@ class LocalHostProcessBackend:
             verified=found and not problems,
             problems=tuple(problems),
         )
-
-
-def _runs_attempt(pid: int, attempt_id: str) -> bool:
-    """Whether `pid` is still this attempt's task: its environment names the attempt."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # gone, not ours to read, or no /proc: leave it alone
-        return False
-    return f"ORBIT_ATTEMPT_ID={attempt_id}".encode() in environ.split(b"\0")
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)

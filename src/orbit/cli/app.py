@@ -28,7 +28,9 @@ from orbit.cli.common import (
     service,
     settings,
 )
-from orbit.errors import OrbitError
+from orbit.cli.hosts import hosts_app
+from orbit.errors import OrbitError, Unreachable
+from orbit.image_provenance import attempt_images
 from orbit.models import RunState
 from orbit.overrides import parse_overrides
 from orbit.progress import Progress
@@ -51,15 +53,21 @@ runs_app = typer.Typer(help="Runs: list them and look at one closely.", no_args_
 app.add_typer(templates_app, name="templates")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(runs_app, name="runs")
+app.add_typer(hosts_app, name="hosts")
 
 
-def run_json(run: RunRecord, progress: Progress | None = None) -> dict[str, Any]:
-    """A run as JSON, with its bundle path and provenance filled in from the local cache."""
-    return render.run_json(run, bundles_dir(), progress, provenance(run.bundle_digest))
+def run_json(
+    run: RunRecord, progress: Progress | None = None, images: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A run as JSON, with its bundle path and provenance filled in from the local cache
+    (and, where given, the container image each attempt ran)."""
+    return render.run_json(run, bundles_dir(), progress, provenance(run.bundle_digest), images)
 
 
-def show_run(run: RunRecord, progress: Progress | None = None) -> None:
-    render.show_run(console, run, bundles_dir(), progress, provenance(run.bundle_digest))
+def show_run(
+    run: RunRecord, progress: Progress | None = None, images: dict[str, Any] | None = None
+) -> None:
+    render.show_run(console, run, bundles_dir(), progress, provenance(run.bundle_digest), images)
 
 
 def version_callback(value: bool) -> None:
@@ -229,10 +237,11 @@ def runs_show(run: str = RUN, as_json: bool = JSON) -> None:
     """Everything about one run: its bundle, request, progress and every attempt."""
     record = service().refresh_run_status(run)
     progress = service().progress(record)
+    images = attempt_images(service().execution, record)
     if as_json:
-        render.print_json(run_json(record, progress))
+        render.print_json(run_json(record, progress, images))
     else:
-        show_run(record, progress)
+        show_run(record, progress, images)
 
 
 @app.command()
@@ -271,9 +280,23 @@ def logs(
     """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
     svc = service()
     out = sys.stdout.buffer
-    offset, current, ending = 0, None, False
+    offset, current, ending, lost = 0, None, False, False
     while True:
-        chunk = svc.read_log(run, layer, offset, attempt)
+        try:
+            chunk = svc.read_log(run, layer, offset, attempt)
+        except Unreachable as exc:
+            if not follow:
+                raise
+            if not lost:  # say it once; go on from the same offset when the host is back
+                err.print(f"orbit: {exc}; retrying (Ctrl-C stops following)", markup=False)
+                lost = True
+            if svc.refresh_run_status(run).current.state.terminal and attempt is None:
+                return  # gave up on the host: the run ended as host_unreachable
+            time.sleep(2)
+            continue
+        if lost:
+            err.print("orbit: reconnected; the log goes on", markup=False)
+            lost = False
         if current is not None and chunk.attempt.id != current:  # an automatic retry began
             out.write(f"--- attempt {chunk.attempt.number} ---\n".encode())
             offset, ending = 0, False

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from orbit.image_provenance import image_line
 from orbit.models import RunState
 from orbit.progress import Progress
 from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
@@ -54,6 +55,8 @@ def outcome(attempt: AttemptRecord) -> str:
         parts.append(f"{attempt.reason} ({attempt.reason.kind})")
     if attempt.exit_code is not None:
         parts.append(f"exit {attempt.exit_code}")
+    if attempt.unreachable and attempt.last_contact_at is not None:
+        parts.append(f"last contact {attempt.last_contact_at:%Y-%m-%d %H:%M:%S} UTC")
     return ", ".join(parts)
 
 
@@ -87,7 +90,11 @@ def run_json(
     bundles_dir: str,
     progress: Progress | None = None,
     provenance: dict[str, Any] | None = None,
+    images: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """`images`: attempt id -> runtime/image.json, for attempts that ran in a container."""
+    images = images or {}
+    attempts = [attempt_json(a) | {"image": images.get(a.id)} for a in run.attempts]
     return {
         "id": run.id,
         "state": run.state.value,
@@ -100,7 +107,7 @@ def run_json(
         "replay_of": run.replay_of,
         "request": run.request,
         "submission": run.submission,
-        "attempts": [attempt_json(a) for a in run.attempts],
+        "attempts": attempts,
         "progress": progress.model_dump(mode="json") if progress else None,
         "provenance": provenance,
         "dirty": is_dirty(provenance),
@@ -134,6 +141,7 @@ def show_run(
     bundles_dir: str,
     progress: Progress | None = None,
     provenance: dict[str, Any] | None = None,
+    images: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     a = run.current
     console.print(f"[bold]{run.id}[/bold]  {styled(run.state)}  {outcome(a)}")
@@ -149,6 +157,9 @@ def show_run(
     code = provenance_line(provenance)
     if code:
         rows.append(("code", code))
+    image = image_line((images or {}).get(a.id))
+    if image:
+        rows.append(("image", image))
     if run.replay_of:
         rows.append(("replays", run.replay_of))
     if a.message:

@@ -14,6 +14,10 @@ standard library. Files it writes:
 
 SIGTERM (or SIGINT, SIGHUP) asks for a graceful stop: the task's process group gets SIGTERM,
 then SIGKILL after the job's stop_grace_s. runtime/stop_request.json, if present, says why.
+
+With a docker launch mode (job.json's launch_mode.kind), the task and the precheck run in a
+container through scripts/docker_run.sh, a stop is scripts/docker_stop.sh, and the image that
+ran is recorded in runtime/image.json: see scripts/orbit_docker.py.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class Wrapper:
         self.grace = 10.0
         self.signal_reason = "cancelled"
         self.audit: subprocess.Popen[bytes] | None = None
+        self.docker: Any = None  # orbit_docker.DockerLaunch, for a docker launch mode
         os.makedirs(self.runtime, exist_ok=True)
         os.makedirs(self.artifacts, exist_ok=True)
 
@@ -102,7 +107,8 @@ class Wrapper:
     def on_stop_signal(self, signum: int, _frame: Any) -> None:
         if self.stop_at is not None:
             return
-        self.stop_at = time.monotonic() + self.grace
+        margin = self.docker.stop_margin_s if self.docker is not None else 0.0
+        self.stop_at = time.monotonic() + self.grace + margin  # docker stop kills at the grace
         # INT and HUP are a person at (or closing) a terminal; a TERM that ORBIT did not explain
         # in runtime/stop_request.json is the machine going away: spot preemption, shutdown.
         self.signal_reason = "preempted" if signum == signal.SIGTERM else "cancelled"
@@ -110,6 +116,11 @@ class Wrapper:
         self.signal_task(signal.SIGTERM)
 
     def signal_task(self, sig: int) -> None:
+        if self.docker is not None:  # the task is a container: docker stops it, not a signal
+            if sig != signal.SIGKILL:
+                self.docker.stop()
+                return
+            self.docker.kill()
         if self.child is None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -149,11 +160,20 @@ class Wrapper:
         )
         argv = [str(a) for a in job["entrypoint"]]
         self.started_at = now()
+        if (job.get("launch_mode") or {}).get("kind") == "docker":
+            self.docker = load_docker(self.bundle).DockerLaunch(self.bundle, job, env, self.log)
+            failure = self.docker.prepare()  # the image, before anything runs in it
+            if failure is not None:
+                return self.finish("failed", **failure)
+            if self.stop_at is not None:  # stopped while the image was being pulled
+                return self.finish("terminated", reason=self.stop_reason())
         failure = self.precheck(job, env, workdir)
         if failure is not None:
             return self.finish("failed", **failure)
         if self.stop_at is not None:
             return self.finish("terminated", reason=self.stop_reason())
+        if self.docker is not None:
+            argv = self.docker.task_argv()  # the entrypoint, inside the container
         self.start_audit()
         self.log(f"starting task in {workdir}: {argv!r}")
         with open(os.path.join(self.artifacts, "training.log"), "ab") as out:
@@ -178,12 +198,16 @@ class Wrapper:
                 )
         if self.stop_at is not None:  # a stop that came while the task was being started
             self.signal_task(signal.SIGTERM)
-        self.status("running", task_pid=self.child.pid, started_at=self.started_at)
+        container = {"container": self.docker.name} if self.docker is not None else {}
+        self.status("running", task_pid=self.child.pid, started_at=self.started_at, **container)
         code = self.wait()
+        ended = self.docker.outcome(code) if self.docker is not None else None
         self.signal_task(signal.SIGKILL)  # nothing of the task outlives it
         self.log(f"task exited with {code}")
         if self.stop_at is not None:
             return self.finish("terminated", reason=self.stop_reason(), **self.exit_fields(code))
+        if ended is not None:  # docker's own failure, or the kernel's OOM kill
+            return self.finish("failed", **ended)
         if code == 0:
             return self.finish("succeeded", exit_code=0)
         reason = "task_exit_nonzero" if code > 0 else "task_killed"
@@ -198,13 +222,16 @@ class Wrapper:
         script = os.path.join(self.bundle, "scripts", "orbit_precheck.py")
         if not os.path.exists(script):
             return None
-        self.log(f"precheck with {interpreter}")
+        self.log(f"precheck with {interpreter}" + (" in the image" if self.docker else ""))
         # the task's own folder comes first on its path (python puts a script's folder there)
         env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [workdir, env.get("PYTHONPATH")])))
+        argv = [interpreter, script, "--bundle", self.bundle]
+        if self.docker is not None:
+            argv = self.docker.precheck_argv()  # in the container, with the image's interpreter
         try:
             # in its own group, held as the child, so that a stop interrupts it too
             proc = self.child = subprocess.Popen(
-                [interpreter, script, "--bundle", self.bundle],
+                argv,
                 cwd=workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -227,6 +254,13 @@ class Wrapper:
             code, self.child = (self.child.returncode if self.child else None), None
         if self.stop_at is not None:
             return None  # stopped while prechecking: the caller ends the attempt as terminated
+        critical = bool(spec.get("critical_imports"))
+        verdict = self.docker.precheck_verdict(code, stderr, critical) if self.docker else None
+        if verdict is not None:  # docker's own exit codes, not the precheck's
+            self.log(verdict["log"])
+            with open(os.path.join(self.artifacts, "runtime-precheck.log"), "a") as f:
+                f.write(verdict["log"] + "\n")
+            return verdict["failure"]  # type: ignore[no-any-return]
         report = read_json(os.path.join(self.runtime, "precheck.json")) or {}
         if code == 0:
             self.log("precheck passed")
@@ -287,6 +321,8 @@ class Wrapper:
             try:
                 return self.child.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
+                if self.docker is not None and self.stop_at is not None and not self.killed:
+                    self.docker.poll_stop()
                 if (
                     self.stop_at is not None
                     and not self.killed
@@ -305,6 +341,8 @@ class Wrapper:
         return str(request.get("reason", self.signal_reason))
 
     def finish(self, state: str, **fields: Any) -> int:
+        if self.docker is not None:
+            self.docker.finish()  # whatever happened, no container of the attempt is left
         self.stop_audit()
         try:
             self.write_manifest()
@@ -340,6 +378,17 @@ class Wrapper:
         write_json(
             os.path.join(self.artifacts, "manifest.json"), {"schema_version": 1, "files": files}
         )
+
+
+def load_docker(bundle: str) -> Any:
+    """scripts/orbit_docker.py, which bundles with a docker launch mode carry: imported only
+    then, so that a host-process run needs nothing but this file."""
+    scripts = os.path.join(bundle, "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import orbit_docker  # type: ignore[import-not-found]
+
+    return orbit_docker
 
 
 def detach(bundle: str) -> None:

@@ -19,6 +19,7 @@ from orbit.models import NAME_PATTERN, FailureReason, RunHandle, RunState
 from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.states import check_move
 from orbit.store.db import WRITE, make_engine, migrate
+from orbit.store.host_table import HostTable
 from orbit.store.tables import AttemptRow, EventRow, ExperimentRow, RunRow
 
 # pg_advisory_xact_lock key ("ORBITAUD") serialising appends to the audit chain on PostgreSQL
@@ -50,6 +51,7 @@ class Store:
         self._writes = sessionmaker(
             self.engine.execution_options(**{WRITE: True}), expire_on_commit=False
         )
+        self.hosts = HostTable(self)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -328,12 +330,47 @@ class Store:
         return True
 
     def set_handle(self, attempt_id: str, handle: RunHandle) -> None:
+        """Where the launched attempt is; launching it was a contact with its host."""
+        now = utcnow()
         with self._tx() as s:
             s.execute(
                 update(AttemptRow)
                 .where(AttemptRow.id == attempt_id)
-                .values(handle=handle.model_dump(mode="json"), updated_at=utcnow())
+                .values(handle=handle.model_dump(mode="json"), updated_at=now, last_contact_at=now)
             )
+
+    def record_contact(
+        self, attempt_id: str, *, reachable: bool, actor: str, message: str | None = None
+    ) -> None:
+        """Whether the attempt's host answered just now. Not a state change: an unreachable
+        host's attempt keeps its state, with reason host_unreachable and the time of the last
+        contact, until it answers again or the service gives up on it. Only the first miss and
+        the first contact after one are audited."""
+        now = utcnow()
+        with self._tx() as s:
+            row = s.get(AttemptRow, attempt_id)
+            if row is None:
+                raise NotFound(f"unknown attempt '{attempt_id}'")
+            if RunState(row.state).terminal:
+                return
+            if reachable:
+                if row.unreachable_since is not None:
+                    self._event(s, actor, "host.reachable", run_id=row.run_id, attempt_id=row.id)
+                    row.reason, row.message = None, None
+                row.last_contact_at, row.unreachable_since = now, None
+            else:
+                if row.unreachable_since is None:
+                    self._event(
+                        s,
+                        actor,
+                        "host.unreachable",
+                        run_id=row.run_id,
+                        attempt_id=row.id,
+                        message=message,
+                    )
+                    row.unreachable_since = now
+                row.reason = FailureReason.HOST_UNREACHABLE.value
+                row.message = message
 
     def request_cancel(self, attempt_id: str, actor: str) -> None:
         with self._tx() as s:
@@ -394,6 +431,8 @@ class Store:
             updated_at=_aware(row.updated_at),
             started_at=_aware(row.started_at),
             finished_at=_aware(row.finished_at),
+            last_contact_at=_aware(row.last_contact_at),
+            unreachable_since=_aware(row.unreachable_since),
         )
 
     def get_attempt(self, attempt_id: str) -> AttemptRecord:

@@ -52,7 +52,19 @@ class AttemptRow(Base):
     updated_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    # the last time its host answered, and since when it has not (SSH hosts)
+    last_contact_at: Mapped[datetime | None]
+    unreachable_since: Mapped[datetime | None]
     __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", unique=True),)
+
+
+class HostRow(Base):
+    __tablename__ = "hosts"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    spec: Mapped[dict[str, Any]]  # orbit.hosts.HostSpec
+    facts: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # orbit.hosts.HostFacts
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
 
 
 class EventRow(Base):
