@@ -5,28 +5,13 @@ driven through the `orbit` CLI."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-
-import pytest
 
 from orbit.docker_host import plane_id
 from tests.backends.test_ssh_host_process import orbit, orbit_json
 from tests.dockerd import Dockerd
 from tests.helpers import write_spec
 from tests.sshd import SshdFactory
-
-
-@pytest.fixture
-def env(orbit_home: Path, tmp_path: Path, sshd_factory: SshdFactory) -> dict[str, str]:
-    return {
-        **os.environ,
-        "ORBIT_HOME": str(orbit_home),
-        "ORBIT_DATABASE_URL": f"sqlite:///{tmp_path / 'orbit.db'}",
-        "ORBIT_SSH_CONFIG": str(sshd_factory.config),
-        "ORBIT_SSH_TIMEOUT": "2",
-        "COLUMNS": "200",
-    }
 
 
 def test_a_container_run_on_an_ssh_host_and_the_sweep_at_hosts_check(

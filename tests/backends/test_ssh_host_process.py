@@ -24,19 +24,6 @@ from tests.sshd import SshdFactory, SshServer
 ORBIT = [sys.executable, "-m", "orbit"]
 
 
-@pytest.fixture
-def env(orbit_home: Path, tmp_path: Path, sshd_factory: SshdFactory) -> dict[str, str]:
-    """SQLite is enough here: the store is tested on both databases elsewhere; this is SSH."""
-    return {
-        **os.environ,
-        "ORBIT_HOME": str(orbit_home),
-        "ORBIT_DATABASE_URL": f"sqlite:///{tmp_path / 'orbit.db'}",
-        "ORBIT_SSH_CONFIG": str(sshd_factory.config),
-        "ORBIT_SSH_TIMEOUT": "2",
-        "COLUMNS": "200",
-    }
-
-
 def orbit(
     env: dict[str, str], *args: str, check: bool = True, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
