@@ -14,7 +14,7 @@ class Settings:
     home: Path
     database_url: str
     ssh_config: Path | None = None  # ORBIT_SSH_CONFIG: an ssh config file instead of ~/.ssh/config
-    ssh_timeout_s: float = 15.0  # ORBIT_SSH_TIMEOUT: connect timeout; silence 3x this is a drop
+    ssh_timeout_s: float = 15.0  # ORBIT_SSH_TIMEOUT: to connect, and silence that means a drop
 
     @property
     def bundles_dir(self) -> Path:

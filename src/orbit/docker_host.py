@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import subprocess
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,8 +117,26 @@ def check_docker_request(request: ExecutionRequest, facts: DockerFacts, where: s
 
 def plane_id(work_dir: Path) -> str:
     """This control plane, as a label value: several ORBIT homes may share one Docker daemon,
-    and a sweep by one must never remove another's containers."""
-    return hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:16]
+    and a sweep by one must never remove another's containers. A random id made once and kept
+    in the work dir (a path's hash would be the same on two laptops with the same user name);
+    where it cannot be written, the path's hash."""
+    path = work_dir / ".orbit-plane-id"
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:16]
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:  # another process made it first: theirs is the one
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:16]
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(uuid.uuid4().hex[:16] + "\n")
+    return path.read_text(encoding="utf-8").strip()
 
 
 @dataclass(frozen=True)

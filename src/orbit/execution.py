@@ -40,7 +40,8 @@ class ExecutionService:
         return cls(
             [
                 LocalHostProcessBackend(settings.work_dir),
-                LocalDockerBackend(settings.work_dir),  # the same placement, task in a container
+                # the same placement, the task in a container
+                LocalDockerBackend(settings.work_dir, live=directory.active_attempts),
                 SshHostProcessBackend(directory, ssh),
                 SshDockerBackend(directory, ssh, plane=plane_id(settings.work_dir)),
             ]

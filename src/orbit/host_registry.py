@@ -49,7 +49,7 @@ class HostRegistry:
         host = self.store.hosts.set_facts(name, facts, self.actor)
         swept = None
         if facts.docker and facts.docker != "client only" and self.sweep is not None:
-            swept = self.sweep(host, self.store.hosts.active_attempts(name))
+            swept = self.sweep(host, self.store.hosts.active_attempts())
             if swept.removed:
                 self.store.record_event(
                     self.actor,

@@ -74,7 +74,7 @@ class HostRecord(Record):
 # host without python3. One `key=value` per line; a GPU per `gpu=` line.
 CHECK_SCRIPT = r"""
 w="$1"; py="$2"
-case "$w" in /*) ;; *) w="$HOME/$w" ;; esac
+case "$w" in /*) ;; "~") w="$HOME" ;; "~/"*) w="$HOME/${w#"~/"}" ;; *) w="$HOME/$w" ;; esac
 echo "work_dir=$w"
 echo "kernel=$(uname -sr 2>/dev/null)"
 [ -r /etc/os-release ] && (. /etc/os-release && echo "os=$PRETTY_NAME")
@@ -92,7 +92,9 @@ fi
 if command -v docker >/dev/null 2>&1; then
   v=$(docker version --format '{{.Server.Version}}' 2>/dev/null)
   echo "docker=${v:-client only}"
-  docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"nvidia"' && echo docker_nvidia=1
+  # --gpus works with an nvidia runtime, or with NVIDIA's prestart hook alone
+  { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia ||
+    command -v nvidia-container-runtime-hook >/dev/null 2>&1; } && echo docker_nvidia=1
 fi
 command -v rsync >/dev/null 2>&1 && echo rsync=1
 exit 0
@@ -181,6 +183,11 @@ def check_request(host: HostRecord, request: ExecutionRequest) -> None:
     if request.launch_mode.kind == "docker":
         if facts.docker is None:
             raise Refused(f"host '{host.name}' has no docker {when}")
+        if facts.docker == "client only":
+            raise Refused(
+                f"host '{host.name}' has the docker CLI but no daemon answered it {when}: start "
+                "docker there (or add the login user to the docker group), then check again"
+            )
         if wanted and not facts.docker_nvidia:
             raise Refused(
                 f"host '{host.name}' has no NVIDIA container runtime {when}, and the request "

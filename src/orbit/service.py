@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import tempfile
@@ -18,7 +19,7 @@ from orbit.backends.ssh_host_process import SshDockerBackend
 from orbit.bundle import FrozenBundle, freeze_bundle
 from orbit.config import Settings
 from orbit.docker_host import SweepResult
-from orbit.errors import InvalidInput, NoBackend, NotFound, Refused, Unreachable
+from orbit.errors import InvalidInput, NoBackend, NotFound, OrbitError, Refused, Unreachable
 from orbit.evidence import TAILS, WHOLE_FILES, Evidence
 from orbit.execution import ExecutionService
 from orbit.host_registry import HostRegistry
@@ -224,7 +225,10 @@ class CoreControlService:
                 bundle = self._bundle(run.bundle_digest)
             except NotFound as exc:
                 raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from None
-            handle = backend.launch(bundle, request, context)
+            try:
+                handle = backend.launch(bundle, request, context)
+            except (OrbitError, OSError) as exc:  # a backend's refusal or missing tool
+                raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
         except LaunchError as exc:
             self.store.move_attempt(
                 attempt.id, RunState.FAILED, actor=self.actor, reason=exc.reason, message=str(exc)
@@ -264,6 +268,13 @@ class CoreControlService:
             return self.store.get_run(run.id)
         if attempt.unreachable_since is not None or _contact_is_old(attempt):
             self.store.record_contact(attempt.id, reachable=True, actor="orbit")
+        if attempt.cancel_requested and attempt.unreachable_since and not status.state.terminal:
+            # a cancel asked for while the host did not answer is delivered now (a repeat is
+            # harmless: the wrapper is already stopping)
+            with contextlib.suppress(Unreachable):
+                self.execution.backend(attempt.backend_key).cancel(
+                    attempt.handle, FailureReason.CANCELLED
+                )
         if status.state in ALLOWED[attempt.state]:
             moved = self.store.move_attempt(
                 attempt.id,
@@ -282,15 +293,20 @@ class CoreControlService:
 
     def _unreachable(self, run: RunRecord, attempt: AttemptRecord, exc: Unreachable) -> None:
         """The host did not answer: the attempt keeps its state, marked host_unreachable with
-        the time of the last contact, until the host's unreachable_timeout_s has passed since
-        then; it then ends as terminated (host_unreachable), and the retry policy applies."""
+        the time of the last contact. Once every look for the host's unreachable_timeout_s has
+        failed (counted from the first failed look, so that a laptop that slept through the
+        night does not end a run on its first look back), it ends as terminated
+        (host_unreachable), and the retry policy applies."""
         self.store.record_contact(attempt.id, reachable=False, actor="orbit", message=str(exc))
         assert attempt.handle is not None
         timeout = float(attempt.handle.data.get("host", {}).get("unreachable_timeout_s", 600.0))
-        last = attempt.last_contact_at or attempt.started_at or attempt.created_at
-        silent = (datetime.now(UTC) - last).total_seconds()
+        since = attempt.unreachable_since
+        if since is None:
+            return  # the first failed look: only now does the clock start
+        silent = (datetime.now(UTC) - since).total_seconds()
         if silent < timeout:
             return
+        last = attempt.last_contact_at or attempt.created_at
         message = (
             f"host '{attempt.target}' unreachable for {silent:.0f}s (timeout {timeout:.0f}s; "
             f"last contact {last:%Y-%m-%d %H:%M:%S} UTC): {exc}"
@@ -393,13 +409,13 @@ class CoreControlService:
                 attempt.handle, FailureReason.CANCELLED
             )
         except Unreachable as exc:
-            # the control plane's record ends now; what the dead box still runs cannot be asked
-            self.store.move_attempt(
+            # kept as asked: delivered at the next contact, or the attempt ends when the host's
+            # unreachable timeout does (and, cancelled, is not retried)
+            self.store.record_contact(
                 attempt.id,
-                RunState.TERMINATED,
-                actor=self.actor,
-                reason=FailureReason.CANCELLED,
-                message=f"cancelled while its host was unreachable; it may still run there: {exc}",
+                reachable=False,
+                actor="orbit",
+                message=f"cancel requested; it reaches the host when the host answers: {exc}",
             )
             return self.store.get_run(run.id)
         grace = float(run.request.get("stop_grace_s", 10.0))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -45,6 +46,12 @@ class SshOptions:
         # the ORBIT home it serves
         folder = self.control_dir or Path(tempfile.gettempdir()) / "orbit-ssh"
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise OrbitError(
+                f"{folder}: the SSH control-socket folder must be yours alone (mode 0700); "
+                "remove it and try again"
+            )
         return folder / "%C"
 
 
@@ -58,12 +65,11 @@ def classify(spec: HostSpec, stderr: str) -> OrbitError:
     where = f"host '{spec.name}' ({spec.ssh}{f' port {spec.port}' if spec.port else ''})"
     if "Host key verification failed" in text or "HOST IDENTIFICATION HAS CHANGED" in text:
         port = f"-p {spec.port} " if spec.port else ""
-        address = spec.ssh.split("@")[-1]
         return SshAuthError(
             f"{where}: its host key is unknown or has changed, and ORBIT does not skip host key "
-            f"checks. Verify its fingerprint, then add it: ssh-keyscan {port}{address} >> "
-            f"~/.ssh/known_hosts (or connect once with ssh), or re-add the host with "
-            f"--accept-new-host-key to trust a key seen for the first time"
+            f"checks. Connect once with `ssh {port}{spec.ssh}`, check the fingerprint it shows "
+            "and accept it (or add it to known_hosts with ssh-keyscan and the host's address), "
+            "or re-add the host with --accept-new-host-key to trust a key seen for the first time"
         )
     if "Permission denied" in text or "Too many authentication failures" in text:
         return SshAuthError(
@@ -134,10 +140,11 @@ class Ssh:
         return proc
 
     def close(self) -> None:
-        """Close the shared connection now rather than when it has idled out: after a launch,
-        nothing of the run should keep an SSH connection open."""
+        """Let the shared connection go as soon as no one uses it, rather than when it has
+        idled out: after a launch nothing of the run keeps an SSH connection open. (`stop`, not
+        `exit`: another ORBIT command using the same connection finishes what it is doing.)"""
         subprocess.run(
-            [*self.ssh_argv(), "-O", "exit", "--", self.spec.ssh],
+            [*self.ssh_argv(), "-O", "stop", "--", self.spec.ssh],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=30,

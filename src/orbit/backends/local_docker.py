@@ -10,10 +10,12 @@ and sweeping ORBIT containers that no live attempt owns.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from orbit.backends.base import AttemptContext
 from orbit.backends.local_host_process import LocalHostProcessBackend
+from orbit.bundle import FrozenBundle
 from orbit.docker_host import (
     Runner,
     SweepResult,
@@ -31,10 +33,25 @@ from orbit.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
 class LocalDockerBackend(LocalHostProcessBackend):
     key = "local_docker"
 
-    def __init__(self, work_dir: Path, run: Runner = local_runner) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        run: Runner = local_runner,
+        live: Callable[[], set[str]] | None = None,
+    ) -> None:
         super().__init__(work_dir)
         self.run = run
         self.plane = plane_id(work_dir)
+        self.live = live  # the attempts of this control plane that have not ended
+
+    def launch(
+        self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
+    ) -> RunHandle:
+        """Before each launch (this machine's "next contact"), sweep the containers no live
+        attempt owns; a sweep that fails never stops the launch."""
+        if self.live is not None:
+            self.sweep(self.live())
+        return super().launch(bundle, request, attempt)
 
     def validate(self, request: ExecutionRequest) -> None:
         super().validate(request)  # this machine only
@@ -52,5 +69,6 @@ class LocalDockerBackend(LocalHostProcessBackend):
 
     def sweep(self, known_attempt_ids: Iterable[str]) -> SweepResult:
         """Stop and remove this control plane's containers whose attempt is not among the
-        live ones it knows (`orbit hosts check`); nothing else on the Docker host is touched."""
+        live ones it knows (before every launch here); nothing else on the Docker host is
+        touched."""
         return sweep_orphans(self.run, known_attempt_ids, plane=self.plane)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from orbit.artifacts import CollectResult, sha256_file, verify_manifest
 from orbit.backends.base import AttemptContext, LaunchError, LogLayer
-from orbit.bundle import FrozenBundle
+from orbit.bundle import FROZEN_PARTS, FrozenBundle
 from orbit.docker_host import Runner, SweepResult, remove_attempt_containers, sweep_orphans
 from orbit.errors import OrbitError, Refused, Unreachable
 from orbit.hosts import HostRecord, HostSpec, check_request
@@ -27,7 +27,6 @@ from orbit.runtime_state import parse_json, status_from_files
 from orbit.ssh import Ssh, SshOptions, stats_bytes
 
 READ_CHUNK = 1 << 20
-FROZEN_PARTS = ("job.json", "inputs", "scripts")
 
 
 class HostDirectory(Protocol):
@@ -35,7 +34,7 @@ class HostDirectory(Protocol):
 
     def find(self, name: str) -> HostRecord | None: ...
 
-    def active_attempts(self, name: str) -> set[str]: ...
+    def active_attempts(self, name: str | None = None) -> set[str]: ...
 
 
 class NoHosts:
@@ -44,7 +43,7 @@ class NoHosts:
     def find(self, name: str) -> HostRecord | None:
         return None
 
-    def active_attempts(self, name: str) -> set[str]:
+    def active_attempts(self, name: str | None = None) -> set[str]:
         return set()
 
 
@@ -102,37 +101,53 @@ class SshHostProcessBackend:
     def launch(
         self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
     ) -> RunHandle:
-        host = self.host(request.target, request.template_id)
-        ssh = Ssh(host.spec, self.options)
+        """Stage, copy into the attempt's folder, start. Until the start is asked for, a
+        failure is certain: nothing runs. If the host stops answering while the start is
+        under way, the attempt may have started: it is recorded at its known location, and
+        the next status probe tells (a wrapper that never started reads as runtime_lost)."""
         try:
-            staged = self.stage(ssh, bundle)
-            started = ssh.hostside(
-                "launch",
-                staged["work"],
-                bundle.digest,
-                attempt.attempt_id,
-                *(f"{k}={v}" for k, v in {**attempt.env(), **self.launch_env()}.items()),
-            )
-        except Unreachable as exc:
-            raise LaunchError(FailureReason.HOST_UNREACHABLE, str(exc)) from exc
-        except OrbitError as exc:
-            raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from exc
+            host = self.host(request.target, request.template_id)
+        except OrbitError as exc:  # e.g. the host was removed before an automatic retry
+            raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
+        ssh = Ssh(host.spec, self.options)
+        env = [f"{k}={v}" for k, v in {**attempt.env(), **self.launch_env()}.items()]
+        try:
+            try:
+                staged = self.stage(ssh, bundle)
+                prepared = ssh.hostside(
+                    "prepare", staged["work"], bundle.digest, attempt.attempt_id, timeout=3600
+                )
+            except Unreachable as exc:
+                raise LaunchError(FailureReason.HOST_UNREACHABLE, str(exc)) from exc
+            except OrbitError as exc:
+                raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from exc
+            if "error" in prepared:
+                raise LaunchError(
+                    FailureReason.STAGING_FAILED, f"host '{host.name}': {prepared['error']}"
+                )
+            location = str(prepared["location"])
+            try:
+                started = ssh.hostside("launch", location, *env)
+            except Unreachable as exc:
+                started = {"uncertain": str(exc)}
+            except OrbitError as exc:
+                raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
         finally:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
+            with contextlib.suppress(OSError, subprocess.SubprocessError, OrbitError):
                 ssh.close()
         if "error" in started:
-            reason = FailureReason.STAGING_FAILED if started.get("staging") else None
             raise LaunchError(
-                reason or FailureReason.LAUNCH_FAILED, f"host '{host.name}': {started['error']}"
+                FailureReason.LAUNCH_FAILED, f"host '{host.name}': {started['error']}"
             )
         return RunHandle(
             backend_key=self.key,
             target=host.name,
             attempt_id=attempt.attempt_id,
-            location=str(started["location"]),
+            location=location,
             data={
                 "host": host.spec.model_dump(mode="json"),  # found again if the host is removed
                 "pid": started.get("pid"),
+                "launch_uncertain": started.get("uncertain"),
                 "work_dir": staged["work"],
                 "staged_bytes": staged["sent"],
                 "staged_wire_bytes": staged["wire"],
@@ -193,6 +208,11 @@ class SshHostProcessBackend:
     # --- an attempt that was launched ----------------------------------------------------
 
     def _ssh(self, handle: RunHandle) -> Ssh:
+        """The host as registered now (its address may have changed since the launch), else
+        as it was at the launch."""
+        current = self.hosts.find(handle.target)
+        if current is not None:
+            return Ssh(current.spec, self.options)
         return Ssh(HostSpec.model_validate(handle.data["host"]), self.options)
 
     def status(self, handle: RunHandle) -> RunStatus:
@@ -208,8 +228,12 @@ class SshHostProcessBackend:
                 reason=FailureReason.RUNTIME_LOST,
                 message=f"{handle.location} is gone from host '{handle.target}'",
             )
+        if "error" in found:
+            raise Unreachable(f"host '{handle.target}': {found['error']}")
         return status_from_files(
-            parse_json(found.get("status")), parse_json(found.get("result")), bool(found["alive"])
+            parse_json(found.get("status")),
+            parse_json(found.get("result")),
+            bool(found.get("alive")),
         )
 
     def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
@@ -234,13 +258,14 @@ class SshHostProcessBackend:
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         """rsync artifacts/ here: incremental (files already here are skipped) and resumable
-        (a file cut off is continued, then its whole content checked), then every file is
+        (a file cut off is the basis of the next transfer: only what differs moves), then every
+        file is
         verified against artifacts/manifest.json. Each file rsync reports done is hashed
         while the next ones are still on the way."""
         ssh = self._ssh(handle)
         dest.mkdir(parents=True, exist_ok=True)
         argv = ssh.rsync_argv(
-            "--append-verify",
+            "--inplace",  # each file is written where it stays: hashed as soon as it is done
             "--out-format=>%b %n",  # %b: logged once the file is complete, not as it starts
             ssh.remote(f"{handle.location}/artifacts/"),
             f"{dest}/",
@@ -269,7 +294,11 @@ class SshHostProcessBackend:
                     f"{code}: {lines[-1] if lines else 'no message'}); run the same collect "
                     "again: it moves only what is missing"
                 )
-            taken = {name: future.result() for name, future in digests.items()}
+            taken = {
+                name: future.result()
+                for name, future in digests.items()
+                if future.exception() is None  # unreadable now: verify_manifest says why
+            }
         files = sum(1 for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
         found, problems = verify_manifest(dest, taken)
         return CollectResult(
@@ -298,7 +327,7 @@ class SshDockerBackend(SshHostProcessBackend):
     ) -> RunHandle:
         host = self.host(request.target, request.template_id)
         with contextlib.suppress(OrbitError):  # a sweep that fails must not stop a launch
-            self.sweep(host, self.hosts.active_attempts(host.name))
+            self.sweep(host, self.hosts.active_attempts())
         return super().launch(bundle, request, attempt)
 
     def status(self, handle: RunHandle) -> RunStatus:

@@ -28,7 +28,6 @@ from typing import Any
 
 COMPLETE = ".orbit-complete"
 FROZEN_PARTS = ("job.json", "inputs", "scripts")
-LIVE_PARTS = ("runtime", "artifacts")
 
 
 def _read_text(path: str) -> str | None:
@@ -152,28 +151,33 @@ def stage_abort(work: str, digest: str) -> dict[str, Any]:
     return {}
 
 
-def launch(work: str, digest: str, attempt_id: str, env: dict[str, str]) -> dict[str, Any]:
-    """Copy the cached bundle into the attempt's own folder (fresh, empty runtime/ and
-    artifacts/) and start its wrapper detached: a new session, its pid in runtime/pid."""
+def prepare(work: str, digest: str, attempt_id: str) -> dict[str, Any]:
+    """The attempt's own copy of the cached bundle, with fresh, empty runtime/ and artifacts/.
+    runtime/ is made last: a folder without it is a copy that never finished."""
     bundle = os.path.join(work, "bundles", digest)
     dest = os.path.join(work, "attempts", attempt_id)
     if not os.path.exists(os.path.join(bundle, COMPLETE)):
         return {"error": f"bundle {digest[:12]} is not staged in {bundle}"}
     if os.path.exists(dest):
-        return {"error": f"{dest} already exists: attempt {attempt_id} was launched before"}
+        return {"error": f"{dest} already exists: attempt {attempt_id} was prepared before"}
     try:
         os.makedirs(dest)
         shutil.copy2(os.path.join(bundle, "job.json"), os.path.join(dest, "job.json"))
         for part in ("inputs", "scripts"):
             shutil.copytree(os.path.join(bundle, part), os.path.join(dest, part), symlinks=True)
-        for part in LIVE_PARTS:
+        for part in ("artifacts", "runtime"):
             os.mkdir(os.path.join(dest, part))
     except OSError as exc:
         shutil.rmtree(dest, ignore_errors=True)
-        return {"error": f"copying the bundle into {dest}: {exc}", "staging": True}
-    wrapper = os.path.join(dest, "scripts", "orbit_wrapper.py")
+        return {"error": f"copying the bundle into {dest}: {exc}"}
+    return {"location": dest}
+
+
+def launch(attempt_dir: str, env: dict[str, str]) -> dict[str, Any]:
+    """Start the attempt's wrapper detached: a new session, its pid in runtime/pid."""
+    wrapper = os.path.join(attempt_dir, "scripts", "orbit_wrapper.py")
     proc = subprocess.run(
-        [sys.executable, wrapper, "--bundle", dest, "--detach"],
+        [sys.executable, wrapper, "--bundle", attempt_dir, "--detach"],
         env={**os.environ, **env},
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -181,9 +185,11 @@ def launch(work: str, digest: str, attempt_id: str, env: dict[str, str]) -> dict
         timeout=60,
     )
     if proc.returncode != 0:
-        detail = proc.stderr.strip() or _read_text(os.path.join(dest, "runtime", "wrapper.err"))
+        detail = proc.stderr.strip() or _read_text(
+            os.path.join(attempt_dir, "runtime", "wrapper.err")
+        )
         return {"error": f"the runtime wrapper did not start: {(detail or '')[-500:]}"}
-    return {"location": dest, "pid": int(proc.stdout.strip() or 0)}
+    return {"location": attempt_dir, "pid": int(proc.stdout.strip() or 0)}
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -207,9 +213,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         return stage_commit(args[0], args[1])
     if command == "stage-abort":
         return stage_abort(args[0], args[1])
+    if command == "prepare":
+        return prepare(args[0], args[1], args[2])
     if command == "launch":
-        env = dict(item.split("=", 1) for item in args[3:])
-        return launch(args[0], args[1], args[2], env)
+        return launch(args[0], dict(item.split("=", 1) for item in args[1:]))
     return {"error": f"unknown command {command!r}"}
 
 

@@ -91,20 +91,19 @@ class HostTable:
             )
         return self.get(name)
 
-    def active_attempts(self, name: str) -> set[str]:
-        """The attempts on this host that have not ended: the ones it may still be running."""
+    def active_attempts(self, name: str | None = None) -> set[str]:
+        """The attempts that have not ended (on host `name`, or anywhere): the ones that may
+        still be running. A container sweep keeps every one of them, wherever the store thinks
+        it runs: a host registered twice, or re-added under another name, is still one box."""
         from orbit.models import RunState
         from orbit.store.tables import AttemptRow
 
         live = [s.value for s in RunState if not s.terminal]
+        query = select(AttemptRow.id).where(AttemptRow.state.in_(live))
+        if name is not None:
+            query = query.where(AttemptRow.target == name)
         with self._store._sessions() as s:
-            return set(
-                s.scalars(
-                    select(AttemptRow.id).where(
-                        AttemptRow.target == name, AttemptRow.state.in_(live)
-                    )
-                )
-            )
+            return set(s.scalars(query))
 
     def remove(self, name: str, actor: str) -> None:
         with self._store._tx() as s:
