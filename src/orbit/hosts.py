@@ -16,8 +16,8 @@ class HostSpec(Strict):
     """A registered host. `ssh` is `user@address` or an alias from the user's ssh config, whose
     settings (port, key, proxy) keep working; the other fields override them when given."""
 
-    name: str = Field(pattern=NAME_PATTERN)
-    ssh: str = Field(min_length=1, max_length=255, pattern=r"^[^\s-][^\s]*$")
+    name: str
+    ssh: str
     port: int | None = Field(default=None, ge=1, le=65535)
     identity: str | None = None
     proxy_jump: str | None = None
@@ -27,11 +27,33 @@ class HostSpec(Strict):
     # trust a host key seen for the first time (never a changed one)
     accept_new_host_key: bool = False
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise ValueError(
+                "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("ssh")
+    @classmethod
+    def _destination(cls, value: str) -> str:
+        # never an option in disguise (`-oProxyCommand=...`): ssh would obey it
+        if not re.fullmatch(r"[^\s-][^\s]{0,254}", value):
+            raise ValueError(
+                "expected USER@ADDRESS or a Host alias from your ssh config (no spaces, not "
+                "starting with '-')"
+            )
+        return value
+
     @field_validator("identity", "proxy_jump", "work_dir", "python")
     @classmethod
     def _no_whitespace(cls, value: str | None) -> str | None:
         if value is not None and re.search(r"\s", value):
             raise ValueError("must not contain whitespace")
+        if value is not None and value.startswith("-"):
+            raise ValueError("must not start with '-'")
         return value
 
 

@@ -82,7 +82,7 @@ def hosts_add(
     ),
     as_json: bool = JSON,
 ) -> None:
-    """Register an SSH host. It is checked first (OS, python3, GPUs, disk, docker).
+    """Register an SSH host; it is checked over SSH first (OS, python3, GPUs, disk, docker).
 
     \b
     orbit hosts add h100-a --ssh root@203.0.113.7 --port 2222 --identity ~/.ssh/targon
@@ -151,10 +151,12 @@ def hosts_show(name: str = NAME, as_json: bool = JSON) -> None:
 
 @hosts_app.command("check")
 def hosts_check(name: str = NAME, as_json: bool = JSON) -> None:
-    """Probe a host over SSH now and record what it has: OS, python3, GPUs (nvidia-smi),
-    free disk in the work dir, docker. Submissions are validated against it. Where it has
-    docker, ORBIT's containers there that no live run owns are stopped and removed (others'
-    containers are never touched)."""
+    """Probe a host again and record what it has; sweep ORBIT's stray containers there.
+
+    It records OS, python3, GPUs (nvidia-smi), free disk in the work dir, docker and rsync;
+    submissions are validated against that. Where it has docker, ORBIT's containers there that
+    no live run owns are stopped and removed (others' containers are never touched).
+    """
     host, swept = service().hosts.check(name)
     removed = [c.name for c in swept.removed] if swept else []
     if as_json:
