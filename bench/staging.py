@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/sshd.py: t
 
 from tests.sshd import SshdFactory
 
-from orbit.backends.ssh_host_process import SshHostProcessBackend
+from orbit.backends.ssh_host_process import NoHosts, SshHostProcessBackend
 from orbit.bundle import freeze_bundle
 from orbit.hosts import HostSpec
 from orbit.models import JobSpec, LaunchMode, RunHandle
@@ -89,7 +89,7 @@ def main() -> int:
             server = factory(alias="bench-host")
             spec = HostSpec(name="bench-host", ssh=server.alias, work_dir=str(server.work_root))
             options = SshOptions(config_file=server.config, control_dir=scratch / "cm")
-            backend = SshHostProcessBackend(lambda _n: None, options)
+            backend = SshHostProcessBackend(NoHosts(), options)
             ssh = Ssh(spec, options)
             rsh = " ".join(ssh.ssh_argv())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import subprocess
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +28,7 @@ from orbit.runtime_state import parse_json, status_from_files
 from orbit.ssh import Ssh, SshOptions, stats_bytes
 
 READ_CHUNK = 1 << 20
+DOWN_MEMORY_S = 30.0  # within one command, a host that did not answer is not asked again
 
 
 class HostDirectory(Protocol):
@@ -72,6 +74,7 @@ class SshHostProcessBackend:
         self.hosts = hosts
         self.options = options
         self.plane = plane  # this control plane, as the containers' label says (docker)
+        self._down: dict[str, tuple[float, str]] = {}  # host -> (when, why) it did not answer
 
     def launch_env(self) -> dict[str, str]:
         """More environment for the wrapper, from a launch mode that needs it."""
@@ -207,6 +210,17 @@ class SshHostProcessBackend:
 
     # --- an attempt that was launched ----------------------------------------------------
 
+    def _hostside(self, handle: RunHandle, *args: str) -> dict[str, Any]:
+        """A hostside call for a launched attempt. Any failure to get an answer (a refused
+        key or a changed host key included) is Unreachable: the run is not lost for it."""
+        try:
+            found = self._ssh(handle).hostside(*args)
+        except OrbitError as exc:
+            self._down[handle.target] = (time.monotonic(), str(exc))
+            raise Unreachable(str(exc)) from exc
+        self._down.pop(handle.target, None)
+        return found
+
     def _ssh(self, handle: RunHandle) -> Ssh:
         """The host as registered now (its address may have changed since the launch), else
         as it was at the launch."""
@@ -216,12 +230,12 @@ class SshHostProcessBackend:
         return Ssh(HostSpec.model_validate(handle.data["host"]), self.options)
 
     def status(self, handle: RunHandle) -> RunStatus:
-        try:
-            found = self._ssh(handle).hostside("probe", handle.location, handle.attempt_id)
-        except Unreachable:
-            raise
-        except OrbitError as exc:  # a refused key, a changed host key: the run is not lost
-            raise Unreachable(str(exc)) from exc
+        # one command asks a dead host once: `runs list` with ten runs on it must not wait for
+        # ten connect timeouts
+        down = self._down.get(handle.target)
+        if down is not None and time.monotonic() - down[0] < DOWN_MEMORY_S:
+            raise Unreachable(down[1])
+        found = self._hostside(handle, "probe", handle.location, handle.attempt_id)
         if found.get("missing"):
             return RunStatus(
                 state=RunState.FAILED,
@@ -237,24 +251,24 @@ class SshHostProcessBackend:
         )
 
     def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
-        found = self._ssh(handle).hostside(
-            "read", f"{handle.location}/{layer.relpath}", str(offset), str(READ_CHUNK)
+        found = self._hostside(
+            handle, "read", f"{handle.location}/{layer.relpath}", str(offset), str(READ_CHUNK)
         )
         data = _decode(found.get("data")) or b""
         return data, offset + len(data)
 
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
-        found = self._ssh(handle).hostside(
-            "read", f"{handle.location}/{relpath}", "0", str(64 * READ_CHUNK)
+        found = self._hostside(
+            handle, "read", f"{handle.location}/{relpath}", "0", str(64 * READ_CHUNK)
         )
         return _decode(found.get("data"))
 
     def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
-        found = self._ssh(handle).hostside("tail", handle.location, pattern, str(max_bytes))
+        found = self._hostside(handle, "tail", handle.location, pattern, str(max_bytes))
         return {k: _decode(v) or b"" for k, v in dict(found.get("files") or {}).items()}
 
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
-        self._ssh(handle).hostside("cancel", handle.location, reason.value)
+        self._hostside(handle, "cancel", handle.location, reason.value)
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         """rsync artifacts/ here: incremental (files already here are skipped) and resumable
