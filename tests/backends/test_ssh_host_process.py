@@ -397,3 +397,24 @@ def test_a_cancel_while_the_host_is_away_is_delivered_when_it_answers(
     )
     assert ended["attempts"][0]["reason"] == "cancelled"
     assert len(ended["attempts"]) == 1  # a cancelled attempt is not retried
+
+
+def test_an_automatic_retry_to_a_removed_host_fails_instead_of_hanging(
+    env: dict[str, str], sshd_factory: SshdFactory, tmp_path: Path
+) -> None:
+    add_host(env, "h100-a", sshd_factory(alias="h100-a"))
+    spec = spec_for(tmp_path / "job", "h100-a", "sleep 300", retry={"max_retries": 1})
+    run = orbit_json(env, "submit", str(spec))
+    eventually(lambda: orbit_json(env, "status", run["id"])["state"] == "running")
+    orbit(env, "hosts", "remove", "h100-a")
+    # the box loses the wrapper: an infrastructure failure, so a retry is due, to a host that
+    # is no longer registered; the run still reads back through the handle's own copy
+    location = Path(run["attempts"][0]["handle"]["location"])
+    os.kill(int((location / "runtime" / "pid").read_text()), signal.SIGKILL)
+    ended = eventually(
+        lambda: (r := orbit_json(env, "status", run["id"]))["state"] == "failed" and r
+    )
+    first, second = ended["attempts"]
+    assert first["reason"] == "runtime_lost"
+    assert second["trigger"] == "auto_retry" and second["reason"] == "launch_failed"
+    assert "not a registered host" in second["message"]
