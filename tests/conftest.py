@@ -8,6 +8,7 @@ the PostgreSQL cases are skipped, unless ORBIT_REQUIRE_POSTGRES=1 (CI sets it), 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from orbit.config import Settings
 from orbit.execution import ExecutionService
 from orbit.service import CoreControlService
+from orbit.ssh import options_for
 from orbit.store import Store
 from orbit.tasks import TaskRegistry
 from orbit.templates import TemplateRegistry, default_search_path
@@ -74,15 +76,19 @@ def store(store_url: str) -> Iterator[Store]:
 
 
 @pytest.fixture
-def orbit_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private $ORBIT_HOME; also the cwd, so ./execution_templates/ is the test's own."""
+def orbit_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private $ORBIT_HOME; also the cwd, so ./execution_templates/ is the test's own. Its
+    SSH control-socket folder (short, so under /tmp rather than here) goes with it."""
     home = tmp_path / "orbit-home"
     home.mkdir()
     monkeypatch.setenv("ORBIT_HOME", str(home))
     monkeypatch.delenv("ORBIT_DATABASE_URL", raising=False)
     monkeypatch.setenv("ORBIT_ACTOR", "tester")
     monkeypatch.chdir(tmp_path)
-    return home
+    yield home
+    control = options_for(Settings(home=home.absolute(), database_url="")).control_dir
+    if control is not None:
+        shutil.rmtree(control, ignore_errors=True)
 
 
 @pytest.fixture
