@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 from orbit.evidence import Evidence
@@ -48,13 +49,12 @@ def _lines(text: str, n: int) -> tuple[str, ...]:
 
 def runtime_layer(ev: Evidence) -> LayerReport:
     q = "did the wrapper stage and start?"
+    report = partial(LayerReport, layer="runtime", question=q)
     log = ev.text("runtime/runtime.log")
     reason = ev.attempt.reason
     if ev.attempt.handle is None:
         verdict = Verdict.FAILED if ev.attempt.state.terminal else Verdict.PENDING
-        return LayerReport(
-            layer="runtime",
-            question=q,
+        return report(
             verdict=verdict,
             summary=ev.attempt.message or "the attempt was never launched",
         )
@@ -62,26 +62,20 @@ def runtime_layer(ev: Evidence) -> LayerReport:
     if reason is not None and (
         reason.kind is FailureKind.INFRASTRUCTURE or reason is FailureReason.IMAGE_NOT_FOUND
     ):
-        return LayerReport(
-            layer="runtime",
-            question=q,
+        return report(
             verdict=Verdict.FAILED,
             summary=f"{reason}: {ev.attempt.message or 'see runtime.log'}",
             details=_lines(log, 8),
         )
     if "wrapper started" not in log:
         verdict = Verdict.PENDING if not ev.attempt.state.terminal else Verdict.FAILED
-        return LayerReport(
-            layer="runtime",
-            question=q,
+        return report(
             verdict=verdict,
             summary="runtime.log has no start of the wrapper",
         )
     host = (ev.json("runtime/status.json") or {}).get("host", "?")
     image = image_line(ev.json("runtime/image.json"))  # a docker run: the image that ran
-    return LayerReport(
-        layer="runtime",
-        question=q,
+    return report(
         verdict=Verdict.OK,
         summary=f"wrapper started on {host}" + (f", image {image}" if image else ""),
         details=_lines(log, 4),
@@ -96,62 +90,50 @@ def _fork_problem(fork: dict[str, Any]) -> str:
 
 def precheck_layer(ev: Evidence) -> LayerReport:
     q = "are the declared dependencies the ones loaded?"
-    report = ev.json("runtime/precheck.json")
-    if report is None:
+    report = partial(LayerReport, layer="precheck", question=q)
+    found = ev.json("runtime/precheck.json")
+    if found is None:
         verdict = Verdict.PENDING if not ev.attempt.state.terminal else Verdict.ABSENT
-        return LayerReport(
-            layer="precheck", question=q, verdict=verdict, summary="no runtime/precheck.json"
-        )
-    imports = report.get("critical_imports", [])
-    forks = report.get("forks", [])
+        return report(verdict=verdict, summary="no runtime/precheck.json")
+    imports = found.get("critical_imports", [])
+    forks = found.get("forks", [])
     bad = [f"missing {i['name']}: {i.get('error')}" for i in imports if not i.get("ok")]
     bad += [_fork_problem(f) for f in forks if not f.get("ok")]
     if bad:
-        return LayerReport(
-            layer="precheck", question=q, verdict=Verdict.FAILED, summary=bad[0], details=tuple(bad)
-        )
+        return report(verdict=Verdict.FAILED, summary=bad[0], details=tuple(bad))
     good = [f"{i['name']} {i.get('version') or '?'} from {i.get('path')}" for i in imports]
-    python = report.get("python", {})
+    python = found.get("python", {})
     summary = (
         f"python {python.get('version')}; {len(imports)} critical imports, {len(forks)} forks ok"
     )
-    return LayerReport(
-        layer="precheck", question=q, verdict=Verdict.OK, summary=summary, details=tuple(good)
-    )
+    return report(verdict=Verdict.OK, summary=summary, details=tuple(good))
 
 
 def training_layer(ev: Evidence) -> LayerReport:
     q = "what did the task itself do?"
+    report = partial(LayerReport, layer="training", question=q)
     a = ev.attempt
     tail = _lines(ev.text("artifacts/training.log"), 10)
     if not a.state.terminal:
-        return LayerReport(
-            layer="training",
-            question=q,
+        return report(
             verdict=Verdict.PENDING,
             summary=f"the task is {a.state}",
             details=tail,
         )
     if a.state is RunState.SUCCEEDED:
-        return LayerReport(
-            layer="training",
-            question=q,
+        return report(
             verdict=Verdict.OK,
             summary="the task exited 0",
             details=tail,
         )
     if a.reason is not None and a.reason.kind is FailureKind.TASK:
         code = f"exit {a.exit_code}" if a.exit_code is not None else str(a.reason)
-        return LayerReport(
-            layer="training",
-            question=q,
+        return report(
             verdict=Verdict.FAILED,
             summary=f"the task failed ({code})",
             details=tail,
         )
-    return LayerReport(
-        layer="training",
-        question=q,
+    return report(
         verdict=Verdict.ABSENT,
         summary=f"the task did not finish on its own ({a.reason})",
         details=tail,
@@ -174,27 +156,22 @@ def _losses(tails: dict[str, bytes]) -> list[tuple[int | None, float]]:
 
 def progress_layer(ev: Evidence) -> LayerReport:
     q = "did the optimizer make progress?"
+    report = partial(LayerReport, layer="progress", question=q)
     tails = ev.matching("logging.jsonl")
     if not tails:
-        return LayerReport(
-            layer="progress",
-            question=q,
+        return report(
             verdict=Verdict.ABSENT,
             summary="no artifacts/**/logging.jsonl",
         )
     losses = _losses(tails)
     if not losses:
-        return LayerReport(
-            layer="progress",
-            question=q,
+        return report(
             verdict=Verdict.ABSENT,
             summary="logging.jsonl has no loss values",
         )
     if any(math.isnan(v) or math.isinf(v) for _, v in losses):
         step = next(s for s, v in losses if math.isnan(v) or math.isinf(v))
-        return LayerReport(
-            layer="progress",
-            question=q,
+        return report(
             verdict=Verdict.FAILED,
             summary=f"loss became NaN/inf (first at step {step})",
         )
@@ -205,7 +182,7 @@ def progress_layer(ev: Evidence) -> LayerReport:
     verdict = Verdict.OK if last < first or len(losses) < 3 else Verdict.WARNING
     if verdict is Verdict.WARNING:
         summary += " (not decreasing)"
-    return LayerReport(layer="progress", question=q, verdict=verdict, summary=summary)
+    return report(verdict=verdict, summary=summary)
 
 
 def _numbers(samples: list[dict[str, Any]], key: str) -> list[float]:
@@ -214,11 +191,10 @@ def _numbers(samples: list[dict[str, Any]], key: str) -> list[float]:
 
 def nvml_layer(ev: Evidence) -> LayerReport:
     q = "what were the GPUs doing?"
+    report = partial(LayerReport, layer="nvml", question=q)
     raw = ev.tails.get("artifacts/nvml-audit.jsonl")
     if raw is None:
-        return LayerReport(
-            layer="nvml",
-            question=q,
+        return report(
             verdict=Verdict.ABSENT,
             summary="no artifacts/nvml-audit.jsonl",
         )
@@ -229,18 +205,14 @@ def nvml_layer(ev: Evidence) -> LayerReport:
         except ValueError:
             continue
         if isinstance(record, dict) and record.get("nvml") == "unavailable":
-            return LayerReport(
-                layer="nvml",
-                question=q,
+            return report(
                 verdict=Verdict.ABSENT,
                 summary=f"no GPU audit: {record.get('reason', 'NVML unavailable')}",
             )
         if isinstance(record, dict) and "index" in record:
             per_gpu.setdefault(record["index"], []).append(record)
     if not per_gpu:
-        return LayerReport(
-            layer="nvml",
-            question=q,
+        return report(
             verdict=Verdict.ABSENT,
             summary="nvml-audit.jsonl holds no samples",
         )
@@ -259,16 +231,12 @@ def nvml_layer(ev: Evidence) -> LayerReport:
             f"peak memory {max(mems) if mems else '?'} MiB"
         )
     if idle:
-        return LayerReport(
-            layer="nvml",
-            question=q,
+        return report(
             verdict=Verdict.WARNING,
             summary=f"GPU {', '.join(idle)} stayed at 0% utilization",
             details=tuple(details),
         )
-    return LayerReport(
-        layer="nvml",
-        question=q,
+    return report(
         verdict=Verdict.OK,
         summary=f"{len(per_gpu)} GPU(s) sampled",
         details=tuple(details),

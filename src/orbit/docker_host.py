@@ -22,6 +22,7 @@ from orbit.docker_scripts import LABEL_ATTEMPT, LABEL_MANAGED, LABEL_NODE, LABEL
 from orbit.errors import Refused
 from orbit.launch_modes import docker_settings
 from orbit.models import ExecutionRequest
+from orbit.runtime.docker_launch import docker_endpoint as runtime_docker_endpoint
 
 Runner = Callable[[list[str]], tuple[int, str, str]]
 NVIDIA_HOOK = "nvidia-container-runtime-hook"  # what makes `--gpus` work without a runtime entry
@@ -42,12 +43,7 @@ def local_runner(argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]
 
 def docker_endpoint(env: Mapping[str, str] | None = None) -> str:
     """Where the Docker CLI goes, in words, for messages: DOCKER_HOST, else the default."""
-    env = os.environ if env is None else env
-    if env.get("DOCKER_HOST"):
-        return f"DOCKER_HOST={env['DOCKER_HOST']}"
-    if env.get("DOCKER_CONTEXT"):
-        return f"DOCKER_CONTEXT={env['DOCKER_CONTEXT']}"
-    return "the default Docker socket (unix:///var/run/docker.sock; set DOCKER_HOST for another)"
+    return runtime_docker_endpoint(os.environ if env is None else env)
 
 
 def _last_line(text: str) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from orbit.docker_host import SweepResult
-from orbit.errors import InvalidInput
 from orbit.hosts import HostFacts, HostRecord, HostSpec
 from orbit.models import RunState
 from orbit.ssh import SshOptions, probe_host
 from orbit.store import Store
+from orbit.store.host_table import already_exists
 
 Prober = Callable[[HostSpec, SshOptions], HostFacts]
 # stops and removes the ORBIT containers on a host that none of the given attempts owns
@@ -35,9 +35,7 @@ class HostRegistry:
         """Record a host. With `check` (the default) it is probed first, and a host that
         cannot be reached, refuses the key or has an unknown host key is not recorded."""
         if self.store.hosts.find(spec.name) is not None:  # before a probe that may be slow
-            raise InvalidInput(
-                f"host '{spec.name}' already exists (orbit hosts remove {spec.name} first)"
-            )
+            raise already_exists(spec.name)
         facts = self.probe(spec, self.options) if check else None
         return self.store.hosts.add(spec, facts, self.actor)
 

@@ -73,13 +73,14 @@ def classify(spec: HostSpec, stderr: str) -> OrbitError:
         )
     if "Permission denied" in text or "Too many authentication failures" in text:
         return SshAuthError(
-            f"{where} refused the key ({_last(stderr)}): check --identity, or the IdentityFile "
+            f"{where} refused the key ({last_line(stderr)}): check --identity, or the IdentityFile "
             "for it in your ssh config"
         )
-    return Unreachable(f"{where} is unreachable: {_last(stderr) or 'ssh failed'}")
+    return Unreachable(f"{where} is unreachable: {last_line(stderr) or 'ssh failed'}")
 
 
-def _last(stderr: str) -> str:
+def last_line(stderr: str) -> str:
+    """The line of ssh's or rsync's stderr that says what went wrong."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     useful = [line for line in lines if not line.startswith("Warning: Permanently added")]
     return (useful or lines or [""])[-1][:300]
@@ -155,7 +156,7 @@ class Ssh:
         proc = self.run([self.spec.python, "-", *args], stdin=_hostside_source(), timeout=timeout)
         out = proc.stdout.decode(errors="replace").strip()
         if proc.returncode == 127 or (proc.returncode != 0 and not out):
-            detail = _last(proc.stderr.decode(errors="replace"))
+            detail = last_line(proc.stderr.decode(errors="replace"))
             raise OrbitError(
                 f"host '{self.spec.name}': cannot run {self.spec.python} there "
                 f"(exit {proc.returncode}: {detail}); install python3 or set --python"
@@ -209,6 +210,6 @@ def probe_host(spec: HostSpec, options: SshOptions) -> HostFacts:
     if proc.returncode != 0:
         raise OrbitError(
             f"host '{spec.name}': the check failed (exit {proc.returncode}: "
-            f"{_last(proc.stderr.decode(errors='replace'))})"
+            f"{last_line(proc.stderr.decode(errors='replace'))})"
         )
     return parse_facts(proc.stdout.decode(errors="replace"), datetime.now(UTC))

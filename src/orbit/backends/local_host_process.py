@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from orbit.artifacts import CollectResult, verify_manifest
@@ -23,13 +20,6 @@ READ_CHUNK = 1 << 20
 def wrapper_alive(runtime: Path) -> bool:
     """Whether the attempt's wrapper still holds runtime/lock (see orbit.runtime.hostside)."""
     return hostside.wrapper_alive(str(runtime))
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
 
 
 class LocalHostProcessBackend:
@@ -59,30 +49,16 @@ class LocalHostProcessBackend:
             raise LaunchError(
                 FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}"
             ) from exc
-        env = {**os.environ, **attempt.env(), **self.launch_env()}  # the job's is in job.json
-        wrapper = attempt_dir / "scripts" / "orbit_wrapper.py"
-        try:
-            proc = subprocess.run(
-                [sys.executable, str(wrapper), "--bundle", str(attempt_dir), "--detach"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise LaunchError(FailureReason.LAUNCH_FAILED, f"starting the wrapper: {exc}") from exc
-        if proc.returncode != 0:
-            detail = proc.stderr.strip() or _read(attempt_dir / "runtime" / "wrapper.err") or ""
-            raise LaunchError(
-                FailureReason.LAUNCH_FAILED, f"the runtime wrapper did not start: {detail[-500:]}"
-            )
+        # the same start an SSH host makes; the job's own env is in job.json
+        started = hostside.launch(str(attempt_dir), {**attempt.env(), **self.launch_env()})
+        if "error" in started:
+            raise LaunchError(FailureReason.LAUNCH_FAILED, str(started["error"]))
         return RunHandle(
             backend_key=self.key,
             target="localhost",
             attempt_id=attempt.attempt_id,
             location=str(attempt_dir),
-            data={"pid": int(proc.stdout.strip() or 0)},
+            data={"pid": started["pid"]},
         )
 
     def status(self, handle: RunHandle) -> RunStatus:

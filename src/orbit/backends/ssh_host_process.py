@@ -25,7 +25,7 @@ from orbit.errors import OrbitError, Refused, Unreachable
 from orbit.hosts import HostRecord, HostSpec, check_request
 from orbit.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
 from orbit.runtime_state import parse_json, status_from_files
-from orbit.ssh import Ssh, SshOptions, stats_bytes
+from orbit.ssh import Ssh, SshOptions, last_line, stats_bytes
 
 READ_CHUNK = 1 << 20
 DOWN_MEMORY_S = 30.0  # within one command, a host that did not answer is not asked again
@@ -108,10 +108,7 @@ class SshHostProcessBackend:
         failure is certain: nothing runs. If the host stops answering while the start is
         under way, the attempt may have started: it is recorded at its known location, and
         the next status probe tells (a wrapper that never started reads as runtime_lost)."""
-        try:
-            host = self.host(request.target, request.template_id)
-        except OrbitError as exc:  # e.g. the host was removed before an automatic retry
-            raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
+        host = self.host(request.target, request.template_id)  # refused: launch_failed
         ssh = Ssh(host.spec, self.options)
         env = [f"{k}={v}" for k, v in {**attempt.env(), **self.launch_env()}.items()]
         try:
@@ -187,10 +184,8 @@ class SshHostProcessBackend:
     def _staging_failed(
         self, ssh: Ssh, bundle: FrozenBundle, work: str, proc: subprocess.CompletedProcess[str]
     ) -> None:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        detail = next((line for line in lines if "No space left" in line), None)
-        where = f"host '{ssh.spec.name}'"
-        if detail is not None:
+        where, last = f"host '{ssh.spec.name}'", last_line(proc.stderr) or "no message"
+        if "No space left" in proc.stderr:
             # a full disk: free what the partial transfer took rather than keep it for later
             ssh.hostside("stage-abort", work, bundle.digest)
             size = sum(f.stat().st_size for f in bundle.path.rglob("*") if f.is_file())
@@ -198,15 +193,13 @@ class SshHostProcessBackend:
                 f"{where}: no space left in {work} while staging the bundle "
                 f"({size / 2**20:.0f} MiB): free space there or choose another --work-dir"
             )
-        if proc.returncode == 255 or any("connection" in line.lower() for line in lines[-3:]):
+        tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
+        if proc.returncode == 255 or any("connection" in line.lower() for line in tail):
             raise Unreachable(
                 f"{where}: the connection broke while staging (rsync exit {proc.returncode}: "
-                f"{lines[-1] if lines else ''}); the next push continues where this one stopped"
+                f"{last}); the next push continues where this one stopped"
             )
-        raise OrbitError(
-            f"{where}: staging with rsync failed (exit {proc.returncode}: "
-            f"{lines[-1] if lines else 'no message'})"
-        )
+        raise OrbitError(f"{where}: staging with rsync failed (exit {proc.returncode}: {last})")
 
     # --- an attempt that was launched ----------------------------------------------------
 
@@ -273,9 +266,8 @@ class SshHostProcessBackend:
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         """rsync artifacts/ here: incremental (files already here are skipped) and resumable
         (a file cut off is the basis of the next transfer: only what differs moves), then every
-        file is
-        verified against artifacts/manifest.json. Each file rsync reports done is hashed
-        while the next ones are still on the way."""
+        file is verified against artifacts/manifest.json. Each file rsync reports done is
+        hashed while the next ones are still on the way."""
         ssh = self._ssh(handle)
         dest.mkdir(parents=True, exist_ok=True)
         argv = ssh.rsync_argv(
@@ -302,10 +294,9 @@ class SshHostProcessBackend:
             stderr = proc.stderr.read()
             code = proc.wait()
             if code != 0:
-                lines = [line for line in stderr.splitlines() if line.strip()]
                 raise Unreachable(
                     f"collecting from host '{handle.target}' was interrupted (rsync exit "
-                    f"{code}: {lines[-1] if lines else 'no message'}); run the same collect "
+                    f"{code}: {last_line(stderr) or 'no message'}); run the same collect "
                     "again: it moves only what is missing"
                 )
             taken = {

@@ -21,7 +21,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 DOCKER_RUN_FAILED = 125  # `docker run`'s own failure: the container did not start
@@ -44,13 +44,14 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def docker_endpoint(env: dict[str, str]) -> str:
-    """Where the Docker CLI will go, in words: the standard DOCKER_HOST, else its default."""
+def docker_endpoint(env: Mapping[str, str]) -> str:
+    """Where the Docker CLI will go, in words: the standard DOCKER_HOST, else its default.
+    (The control plane's orbit.docker_host says it with this same function.)"""
     if env.get("DOCKER_HOST"):
         return f"DOCKER_HOST={env['DOCKER_HOST']}"
     if env.get("DOCKER_CONTEXT"):
         return f"DOCKER_CONTEXT={env['DOCKER_CONTEXT']}"
-    return "the default Docker socket"
+    return "the default Docker socket (unix:///var/run/docker.sock; set DOCKER_HOST for another)"
 
 
 def last_line(text: str) -> str:

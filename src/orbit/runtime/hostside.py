@@ -176,14 +176,17 @@ def prepare(work: str, digest: str, attempt_id: str) -> dict[str, Any]:
 def launch(attempt_dir: str, env: dict[str, str]) -> dict[str, Any]:
     """Start the attempt's wrapper detached: a new session, its pid in runtime/pid."""
     wrapper = os.path.join(attempt_dir, "scripts", "orbit_wrapper.py")
-    proc = subprocess.run(
-        [sys.executable, wrapper, "--bundle", attempt_dir, "--detach"],
-        env={**os.environ, **env},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, wrapper, "--bundle", attempt_dir, "--detach"],
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"starting the wrapper: {exc}"}
     if proc.returncode != 0:
         detail = proc.stderr.strip() or _read_text(
             os.path.join(attempt_dir, "runtime", "wrapper.err")

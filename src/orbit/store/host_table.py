@@ -24,6 +24,10 @@ def _aware(value: datetime) -> datetime:
     return result
 
 
+def already_exists(name: str) -> InvalidInput:
+    return InvalidInput(f"host '{name}' already exists (orbit hosts remove {name} first)")
+
+
 class HostTable:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -53,10 +57,8 @@ class HostTable:
                 )
                 s.flush()
                 self._store._event(s, actor, "host.added", host=spec.name, ssh=spec.ssh)
-        except IntegrityError:
-            raise InvalidInput(
-                f"host '{spec.name}' already exists (orbit hosts remove {spec.name} first)"
-            ) from None
+        except IntegrityError:  # another add won the race
+            raise already_exists(spec.name) from None
         return self.get(spec.name)
 
     def find(self, name: str) -> HostRecord | None:
