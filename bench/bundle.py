@@ -11,9 +11,10 @@ removed at the end unless --keep: one large file of random bytes, and many small
 (1-8 KiB) spread over subfolders. For each input, with a warm page cache (every operation
 runs once untimed first), the median over --repeat runs of:
 
-    digest  orbit.bundle.compute_digest over an already frozen bundle
+    digest  orbit.core.execution.bundle.compute_digest over an already frozen bundle
             vs  `find DIR -type f -print0 | xargs -0 sha256sum` over the same bundle's files
-    freeze  orbit.bundle.freeze_bundle (copy the input folder into a new bundle, then digest)
+    freeze  orbit.core.execution.bundle.freeze_bundle (copy the input folder into a new bundle,
+            then digest)
             vs  `tar -cf - -C SRC . | tar -xf - -C DEST` (a plain copy of the same folder)
 
 Throughput is input bytes / seconds in MB/s (10^6 bytes) and input files / seconds; the
@@ -37,9 +38,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orbit.bundle import compute_digest, freeze_bundle
-from orbit.models import JobSpec, LaunchMode
-from orbit.tasks.base import StagedPath
+from orbit.core.execution.bundle import compute_digest, freeze_bundle
+from orbit.core.models import JobSpec, LaunchMode
+from orbit.core.tasks.base import StagedPath
 
 CHUNK = 16 << 20
 JOB = JobSpec(

@@ -40,12 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/sshd.py: t
 
 from tests.sshd import SshdFactory
 
-from orbit.backends.ssh_host_process import NoHosts, SshHostProcessBackend
-from orbit.bundle import freeze_bundle
-from orbit.hosts import HostSpec
-from orbit.models import JobSpec, LaunchMode, RunHandle
-from orbit.ssh import Ssh, SshOptions
-from orbit.tasks.base import StagedPath
+from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
+from orbit.core.execution.bundle import freeze_bundle
+from orbit.core.execution.ssh.hosts import HostSpec
+from orbit.core.execution.ssh.transport import Ssh, SshOptions
+from orbit.core.models import JobSpec, LaunchMode, RunHandle
+from orbit.core.tasks.base import StagedPath
 
 CHUNK = 16 << 20
 JOB = JobSpec(

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from orbit.config import Settings
-from orbit.execution import ExecutionService
-from orbit.service import CoreControlService
-from orbit.ssh import options_for
+from orbit.core.config import Settings
+from orbit.core.control.service import CoreControlService
+from orbit.core.execution.service import ExecutionService
+from orbit.core.execution.ssh.transport import options_for
+from orbit.core.tasks import TaskRegistry
+from orbit.core.templates import TemplateRegistry, default_search_path
 from orbit.store import Store
-from orbit.tasks import TaskRegistry
-from orbit.templates import TemplateRegistry, default_search_path
 
 pytest_plugins = [
     "tests.sshd",  # real sshd servers for the SSH backend: sshd_factory, sshd_server

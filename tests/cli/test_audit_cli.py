@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from orbit.audit_chain import verify_chain
-from orbit.models import RunState
-from orbit.records import AuditEvent
+from orbit.core.audit_chain import verify_chain
+from orbit.core.models import RunState
+from orbit.core.records import AuditEvent
 from orbit.store import Store
 
 ORBIT = [sys.executable, "-m", "orbit"]

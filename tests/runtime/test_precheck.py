@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from orbit.errors import InvalidInput
-from orbit.models import FailureKind, FailureReason, RunState, TaskSubmission
-from orbit.records import RunRecord
-from orbit.service import CoreControlService
+from orbit.core.control.service import CoreControlService
+from orbit.core.errors import InvalidInput
+from orbit.core.models import FailureKind, FailureReason, RunState, TaskSubmission
+from orbit.core.records import RunRecord
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 NO_PIP = "importlib.metadata (pip unavailable)"

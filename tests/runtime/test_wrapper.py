@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from orbit.backends.local_host_process import LocalHostProcessBackend, wrapper_alive
-from orbit.bundle import create_bundle_archive, extract_bundle_archive, freeze_bundle
-from orbit.models import FailureKind, FailureReason, JobSpec, LaunchMode, RunHandle, RunState
-from orbit.runtime_state import parse_json, status_from_files
-from orbit.tasks.base import StagedPath
+from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend, wrapper_alive
+from orbit.core.execution.bundle import create_bundle_archive, extract_bundle_archive, freeze_bundle
+from orbit.core.execution.runtime_state import parse_json, status_from_files
+from orbit.core.models import FailureKind, FailureReason, JobSpec, LaunchMode, RunHandle, RunState
+from orbit.core.tasks.base import StagedPath
 from tests.helpers import group_alive, process_alive
 
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -17,10 +17,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, inspect, text
 
-from orbit.audit_chain import canonical_at, check_chain, event_hash, verify_chain
-from orbit.errors import InvalidInput
-from orbit.models import RunState
-from orbit.records import AuditEvent
+from orbit.core.audit_chain import canonical_at, check_chain, event_hash, verify_chain
+from orbit.core.errors import InvalidInput
+from orbit.core.models import RunState
+from orbit.core.records import AuditEvent
 from orbit.store import Store
 from orbit.store.db import HEAD_REVISION, alembic_config, current_revision, make_engine
 from orbit.store.tables import Base

@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import inspect, text
 
 import orbit.store.repository as repository
-from orbit.errors import IllegalTransition, InvalidInput, NotFound
-from orbit.models import FailureReason, RunState
-from orbit.records import AttemptRecord, AuditEvent, RunRecord
+from orbit.core.errors import IllegalTransition, InvalidInput, NotFound
+from orbit.core.models import FailureReason, RunState
+from orbit.core.records import AttemptRecord, AuditEvent, RunRecord
 from orbit.store import Store
 from orbit.store.db import HEAD_REVISION
 

@@ -14,7 +14,6 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from orbit import __version__
-from orbit.backends.base import LogLayer
 from orbit.cli import forensics, render
 from orbit.cli.common import (
     ATTEMPT,
@@ -29,14 +28,15 @@ from orbit.cli.common import (
     settings,
 )
 from orbit.cli.hosts import hosts_app
-from orbit.errors import OrbitError, Unreachable
-from orbit.image_provenance import attempt_images
-from orbit.models import RunState
-from orbit.overrides import parse_overrides
-from orbit.progress import Progress
-from orbit.records import RunRecord
-from orbit.sources import is_dirty
-from orbit.spec import load_spec, parse_sets, to_submission
+from orbit.core.errors import OrbitError, Unreachable
+from orbit.core.execution.backends.base import LogLayer
+from orbit.core.execution.docker.image_provenance import attempt_images
+from orbit.core.execution.sources import is_dirty
+from orbit.core.models import RunState
+from orbit.core.overrides import parse_overrides
+from orbit.core.records import RunRecord
+from orbit.core.spec import load_spec, parse_sets, to_submission
+from orbit.forensics.progress import Progress
 
 app = typer.Typer(
     help=__doc__,

@@ -8,9 +8,9 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from orbit.config import Settings
-from orbit.service import CoreControlService
-from orbit.sources import read_provenance
+from orbit.core.config import Settings
+from orbit.core.control.service import CoreControlService
+from orbit.core.execution.sources import read_provenance
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

@@ -7,8 +7,8 @@ from rich.table import Table
 
 from orbit.cli import render
 from orbit.cli.common import ATTEMPT, JSON, RUN, console, service
-from orbit.diagnose import Verdict, inspect_run
-from orbit.rundiff import diff_runs
+from orbit.forensics.diagnose import Verdict, inspect_run
+from orbit.forensics.rundiff import diff_runs
 
 VERDICT_STYLE = {
     Verdict.OK: "green",

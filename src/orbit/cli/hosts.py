@@ -10,8 +10,8 @@ from rich.table import Table
 
 from orbit.cli import render
 from orbit.cli.common import JSON, console, err, service
-from orbit.errors import InvalidInput, describe_validation_error
-from orbit.hosts import HostRecord, HostSpec, describe_facts
+from orbit.core.errors import InvalidInput, describe_validation_error
+from orbit.core.execution.ssh.hosts import HostRecord, HostSpec, describe_facts
 
 hosts_app = typer.Typer(
     help="SSH hosts that runs can target: add one, then submit with --set target=NAME.",

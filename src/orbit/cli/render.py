@@ -9,12 +9,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from orbit.image_provenance import image_line
-from orbit.models import RunState
-from orbit.progress import Progress
-from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
-from orbit.sources import is_dirty
-from orbit.templates import TemplateSource
+from orbit.core.execution.docker.image_provenance import image_line
+from orbit.core.execution.sources import is_dirty
+from orbit.core.models import RunState
+from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
+from orbit.core.templates import TemplateSource
+from orbit.forensics.progress import Progress
 
 STATE_STYLE = {
     RunState.SUCCEEDED: "green",

@@ -46,7 +46,7 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def docker_endpoint(env: Mapping[str, str]) -> str:
     """Where the Docker CLI will go, in words: the standard DOCKER_HOST, else its default.
-    (The control plane's orbit.docker_host says it with this same function.)"""
+    (The control plane's orbit.core.execution.docker.host says it with this same function.)"""
     if env.get("DOCKER_HOST"):
         return f"DOCKER_HOST={env['DOCKER_HOST']}"
     if env.get("DOCKER_CONTEXT"):

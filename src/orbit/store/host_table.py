@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from orbit.errors import InvalidInput, NotFound
-from orbit.hosts import HostFacts, HostRecord, HostSpec
+from orbit.core.errors import InvalidInput, NotFound
+from orbit.core.execution.ssh.hosts import HostFacts, HostRecord, HostSpec
 from orbit.store.tables import HostRow
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class HostTable:
         """The attempts that have not ended (on host `name`, or anywhere): the ones that may
         still be running. A container sweep keeps every one of them, wherever the store thinks
         it runs: a host registered twice, or re-added under another name, is still one box."""
-        from orbit.models import RunState
+        from orbit.core.models import RunState
         from orbit.store.tables import AttemptRow
 
         live = [s.value for s in RunState if not s.terminal]

@@ -13,11 +13,11 @@ from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from orbit.audit_chain import ChainCheck, canonical_data, check_chain, event_hash
-from orbit.errors import InvalidInput, NotFound
-from orbit.models import NAME_PATTERN, FailureReason, RunHandle, RunState
-from orbit.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
-from orbit.states import check_move
+from orbit.core.audit_chain import ChainCheck, canonical_data, check_chain, event_hash
+from orbit.core.errors import InvalidInput, NotFound
+from orbit.core.models import NAME_PATTERN, FailureReason, RunHandle, RunState
+from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
+from orbit.core.states import check_move
 from orbit.store.db import WRITE, make_engine, migrate
 from orbit.store.host_table import HostTable
 from orbit.store.tables import AttemptRow, EventRow, ExperimentRow, RunRow

@@ -61,8 +61,10 @@ class AttemptRow(Base):
 class HostRow(Base):
     __tablename__ = "hosts"
     name: Mapped[str] = mapped_column(String(128), primary_key=True)
-    spec: Mapped[dict[str, Any]]  # orbit.hosts.HostSpec
-    facts: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # orbit.hosts.HostFacts
+    spec: Mapped[dict[str, Any]]  # orbit.core.execution.ssh.hosts.HostSpec
+    facts: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON
+    )  # orbit.core.execution.ssh.hosts.HostFacts
     created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(128))
 
@@ -76,7 +78,7 @@ class EventRow(Base):
     run_id: Mapped[str | None] = mapped_column(String(40), index=True)
     attempt_id: Mapped[str | None] = mapped_column(String(48))
     data: Mapped[dict[str, Any]]
-    # the hash chain (orbit.audit_chain): each event names the one before it, so a fork (two
+    # the hash chain (orbit.core.audit_chain): each event names the one before it, so a fork (two
     # events after the same one) is refused by the unique index as well as by the writers' lock
     prev_hash: Mapped[str | None] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))

@@ -1,5 +1,0 @@
-"""Execution backends, one module per `f"{placement}_{launch_mode}"` key."""
-
-from orbit.backends.base import AttemptContext, ExecutionBackend, LaunchError, LogLayer
-
-__all__ = ["AttemptContext", "ExecutionBackend", "LaunchError", "LogLayer"]

@@ -1,0 +1,105 @@
+"""`local_host_process`: the attempt runs on this machine as a detached process."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from orbit.core.errors import Refused
+from orbit.core.execution.artifacts import CollectResult, verify_manifest
+from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer
+from orbit.core.execution.bundle import FrozenBundle, copy_frozen
+from orbit.core.execution.runtime_state import parse_json, status_from_files
+from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
+from orbit.runtime import hostside
+
+LOCAL_TARGETS = {None, "localhost", "local"}
+READ_CHUNK = 1 << 20
+
+
+def wrapper_alive(runtime: Path) -> bool:
+    """Whether the attempt's wrapper still holds runtime/lock (see orbit.runtime.hostside)."""
+    return hostside.wrapper_alive(str(runtime))
+
+
+class LocalHostProcessBackend:
+    key = "local_host_process"
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+
+    def validate(self, request: ExecutionRequest) -> None:
+        if request.target not in LOCAL_TARGETS:
+            raise Refused(
+                f"target '{request.target}' is not this machine: the '{request.template_id}' "
+                "template runs locally (use a template with an ssh placement for other hosts)"
+            )
+
+    def launch_env(self) -> dict[str, str]:
+        """More environment for the wrapper, from a launch mode that needs it."""
+        return {}
+
+    def launch(
+        self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
+    ) -> RunHandle:
+        attempt_dir = self.work_dir / attempt.attempt_id
+        try:
+            copy_frozen(bundle.path, attempt_dir)
+        except OSError as exc:
+            raise LaunchError(
+                FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}"
+            ) from exc
+        # the same start an SSH host makes; the job's own env is in job.json
+        started = hostside.launch(str(attempt_dir), {**attempt.env(), **self.launch_env()})
+        if "error" in started:
+            raise LaunchError(FailureReason.LAUNCH_FAILED, str(started["error"]))
+        return RunHandle(
+            backend_key=self.key,
+            target="localhost",
+            attempt_id=attempt.attempt_id,
+            location=str(attempt_dir),
+            data={"pid": started["pid"]},
+        )
+
+    def status(self, handle: RunHandle) -> RunStatus:
+        # the same probe an SSH host runs: it also kills a task its dead wrapper left behind
+        found = hostside.probe(handle.location, handle.attempt_id)
+        return status_from_files(
+            parse_json(found.get("status")),
+            parse_json(found.get("result")),
+            found.get("alive", False),
+        )
+
+    def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
+        data = hostside.read_from(str(Path(handle.location) / layer.relpath), offset, READ_CHUNK)
+        return data or b"", offset + len(data or b"")
+
+    def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
+        return hostside.read_from(str(Path(handle.location) / relpath), 0, -1)
+
+    def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
+        return hostside.tail(handle.location, pattern, max_bytes)
+
+    def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
+        hostside.cancel(handle.location, reason.value)
+
+    def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
+        source = Path(handle.location) / "artifacts"
+        dest.mkdir(parents=True, exist_ok=True)
+        files = size = 0
+        for path in sorted(source.rglob("*")):
+            if path.is_symlink() or not path.is_file():
+                continue
+            target = dest / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+            files += 1
+            size += path.stat().st_size
+        found, problems = verify_manifest(dest)
+        return CollectResult(
+            dest=dest,
+            files=files,
+            bytes=size,
+            verified=found and not problems,
+            problems=tuple(problems),
+        )

@@ -1,0 +1,352 @@
+"""`ssh_host_process`: the attempt runs detached on a registered SSH host.
+
+Staging is content-addressed: the frozen parts of a bundle go with rsync into the host's
+bundles/DIGEST/, so pushing an unchanged bundle again (a retry, a replay) sends nothing. Each
+attempt gets its own copy under attempts/ATTEMPT_ID/ and its wrapper starts in a new session;
+the SSH connection ends there. Status is rebuilt each time from runtime/ files read over SSH.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+from orbit.core.errors import OrbitError, Refused, Unreachable
+from orbit.core.execution.artifacts import CollectResult, sha256_file, verify_manifest
+from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer
+from orbit.core.execution.bundle import FROZEN_PARTS, FrozenBundle
+from orbit.core.execution.docker.host import (
+    Runner,
+    SweepResult,
+    remove_attempt_containers,
+    sweep_orphans,
+)
+from orbit.core.execution.runtime_state import parse_json, status_from_files
+from orbit.core.execution.ssh.hosts import HostRecord, HostSpec, check_request
+from orbit.core.execution.ssh.transport import Ssh, SshOptions, last_line, stats_bytes
+from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
+
+READ_CHUNK = 1 << 20
+DOWN_MEMORY_S = 30.0  # within one command, a host that did not answer is not asked again
+
+
+class HostDirectory(Protocol):
+    """What the SSH backends ask the control plane about hosts (the store's host table)."""
+
+    def find(self, name: str) -> HostRecord | None: ...
+
+    def active_attempts(self, name: str | None = None) -> set[str]: ...
+
+
+class NoHosts:
+    """A control plane without a host registry: no target is a registered host."""
+
+    def find(self, name: str) -> HostRecord | None:
+        return None
+
+    def active_attempts(self, name: str | None = None) -> set[str]:
+        return set()
+
+
+def ssh_runner(ssh: Ssh) -> Runner:
+    """Run an argv on the SSH host: (exit code, stdout, stderr), as the Docker sweep wants."""
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        proc = ssh.run(argv)
+        return (
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )
+
+    return run
+
+
+def _decode(value: Any) -> bytes | None:
+    return None if value is None else base64.b64decode(value)
+
+
+class SshHostProcessBackend:
+    key = "ssh_host_process"
+
+    def __init__(self, hosts: HostDirectory, options: SshOptions, plane: str = "") -> None:
+        self.hosts = hosts
+        self.options = options
+        self.plane = plane  # this control plane, as the containers' label says (docker)
+        self._down: dict[str, tuple[float, str]] = {}  # host -> (when, why) it did not answer
+
+    def launch_env(self) -> dict[str, str]:
+        """More environment for the wrapper, from a launch mode that needs it."""
+        return {}
+
+    # --- before the store is written ------------------------------------------------------
+
+    def host(self, target: str | None, template_id: str) -> HostRecord:
+        if not target:
+            raise Refused(
+                f"template '{template_id}' runs on a registered SSH host: give one with "
+                "--set target=NAME (see 'orbit hosts list'; add one with 'orbit hosts add')"
+            )
+        found = self.hosts.find(target)
+        if found is None:
+            raise Refused(
+                f"target '{target}' is not a registered host (see 'orbit hosts list'; "
+                f"add it with 'orbit hosts add {target} --ssh USER@ADDRESS')"
+            )
+        return found
+
+    def validate(self, request: ExecutionRequest) -> None:
+        check_request(self.host(request.target, request.template_id), request)
+
+    # --- launch ---------------------------------------------------------------------------
+
+    def launch(
+        self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
+    ) -> RunHandle:
+        """Stage, copy into the attempt's folder, start. Until the start is asked for, a
+        failure is certain: nothing runs. If the host stops answering while the start is
+        under way, the attempt may have started: it is recorded at its known location, and
+        the next status probe tells (a wrapper that never started reads as runtime_lost)."""
+        host = self.host(request.target, request.template_id)  # refused: launch_failed
+        ssh = Ssh(host.spec, self.options)
+        env = [f"{k}={v}" for k, v in {**attempt.env(), **self.launch_env()}.items()]
+        try:
+            try:
+                staged = self.stage(ssh, bundle)
+                prepared = ssh.hostside(
+                    "prepare", staged["work"], bundle.digest, attempt.attempt_id, timeout=3600
+                )
+            except Unreachable as exc:
+                raise LaunchError(FailureReason.HOST_UNREACHABLE, str(exc)) from exc
+            except OrbitError as exc:
+                raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from exc
+            if "error" in prepared:
+                raise LaunchError(
+                    FailureReason.STAGING_FAILED, f"host '{host.name}': {prepared['error']}"
+                )
+            location = str(prepared["location"])
+            try:
+                started = ssh.hostside("launch", location, *env)
+            except Unreachable as exc:
+                started = {"uncertain": str(exc)}
+            except OrbitError as exc:
+                raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
+        finally:
+            with contextlib.suppress(OSError, subprocess.SubprocessError, OrbitError):
+                ssh.close()
+        if "error" in started:
+            raise LaunchError(
+                FailureReason.LAUNCH_FAILED, f"host '{host.name}': {started['error']}"
+            )
+        return RunHandle(
+            backend_key=self.key,
+            target=host.name,
+            attempt_id=attempt.attempt_id,
+            location=location,
+            data={
+                "host": host.spec.model_dump(mode="json"),  # found again if the host is removed
+                "pid": started.get("pid"),
+                "launch_uncertain": started.get("uncertain"),
+                "work_dir": staged["work"],
+                "staged_bytes": staged["sent"],
+                "staged_wire_bytes": staged["wire"],
+                "bundle_cached": staged["cached"],
+            },
+        )
+
+    def stage(self, ssh: Ssh, bundle: FrozenBundle) -> dict[str, Any]:
+        """The bundle's frozen parts into the host's bundles/DIGEST/; nothing is sent when the
+        host has it already. A transfer that breaks off is continued by the next push."""
+        found = ssh.hostside("stage-check", ssh.spec.work_dir, bundle.digest)
+        if "error" in found:
+            raise OrbitError(f"host '{ssh.spec.name}': {found['error']}")
+        work = str(found["work"])
+        if found["cached"]:
+            return {"work": work, "sent": 0, "wire": 0, "cached": True}
+        sources = [str(bundle.path / part) for part in FROZEN_PARTS]
+        dest = ssh.remote(f"{work}/{found['partial']}/")
+        proc = subprocess.run(
+            ssh.rsync_argv("--delete", *sources, dest), capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            self._staging_failed(ssh, bundle, work, proc)
+        done = ssh.hostside("stage-commit", work, bundle.digest)
+        if "error" in done:
+            raise OrbitError(f"host '{ssh.spec.name}': {done['error']}")
+        return {
+            "work": work,
+            "sent": stats_bytes(proc.stdout, "Literal data"),  # payload, not protocol
+            "wire": stats_bytes(proc.stdout, "Total bytes sent"),
+            "cached": False,
+        }
+
+    def _staging_failed(
+        self, ssh: Ssh, bundle: FrozenBundle, work: str, proc: subprocess.CompletedProcess[str]
+    ) -> None:
+        where, last = f"host '{ssh.spec.name}'", last_line(proc.stderr) or "no message"
+        if "No space left" in proc.stderr:
+            # a full disk: free what the partial transfer took rather than keep it for later
+            ssh.hostside("stage-abort", work, bundle.digest)
+            size = sum(f.stat().st_size for f in bundle.path.rglob("*") if f.is_file())
+            raise OrbitError(
+                f"{where}: no space left in {work} while staging the bundle "
+                f"({size / 2**20:.0f} MiB): free space there or choose another --work-dir"
+            )
+        tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
+        if proc.returncode == 255 or any("connection" in line.lower() for line in tail):
+            raise Unreachable(
+                f"{where}: the connection broke while staging (rsync exit {proc.returncode}: "
+                f"{last}); the next push continues where this one stopped"
+            )
+        raise OrbitError(f"{where}: staging with rsync failed (exit {proc.returncode}: {last})")
+
+    # --- an attempt that was launched ----------------------------------------------------
+
+    def _hostside(self, handle: RunHandle, *args: str) -> dict[str, Any]:
+        """A hostside call for a launched attempt. Any failure to get an answer (a refused
+        key or a changed host key included) is Unreachable: the run is not lost for it."""
+        try:
+            found = self._ssh(handle).hostside(*args)
+        except OrbitError as exc:
+            self._down[handle.target] = (time.monotonic(), str(exc))
+            raise Unreachable(str(exc)) from exc
+        self._down.pop(handle.target, None)
+        return found
+
+    def _ssh(self, handle: RunHandle) -> Ssh:
+        """The host as registered now (its address may have changed since the launch), else
+        as it was at the launch."""
+        current = self.hosts.find(handle.target)
+        if current is not None:
+            return Ssh(current.spec, self.options)
+        return Ssh(HostSpec.model_validate(handle.data["host"]), self.options)
+
+    def status(self, handle: RunHandle) -> RunStatus:
+        # one command asks a dead host once: `runs list` with ten runs on it must not wait for
+        # ten connect timeouts
+        down = self._down.get(handle.target)
+        if down is not None and time.monotonic() - down[0] < DOWN_MEMORY_S:
+            raise Unreachable(down[1])
+        found = self._hostside(handle, "probe", handle.location, handle.attempt_id)
+        if found.get("missing"):
+            return RunStatus(
+                state=RunState.FAILED,
+                reason=FailureReason.RUNTIME_LOST,
+                message=f"{handle.location} is gone from host '{handle.target}'",
+            )
+        if "error" in found:
+            raise Unreachable(f"host '{handle.target}': {found['error']}")
+        return status_from_files(
+            parse_json(found.get("status")),
+            parse_json(found.get("result")),
+            bool(found.get("alive")),
+        )
+
+    def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
+        found = self._hostside(
+            handle, "read", f"{handle.location}/{layer.relpath}", str(offset), str(READ_CHUNK)
+        )
+        data = _decode(found.get("data")) or b""
+        return data, offset + len(data)
+
+    def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
+        found = self._hostside(
+            handle, "read", f"{handle.location}/{relpath}", "0", str(64 * READ_CHUNK)
+        )
+        return _decode(found.get("data"))
+
+    def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
+        found = self._hostside(handle, "tail", handle.location, pattern, str(max_bytes))
+        return {k: _decode(v) or b"" for k, v in dict(found.get("files") or {}).items()}
+
+    def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
+        self._hostside(handle, "cancel", handle.location, reason.value)
+
+    def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
+        """rsync artifacts/ here: incremental (files already here are skipped) and resumable
+        (a file cut off is the basis of the next transfer: only what differs moves), then every
+        file is verified against artifacts/manifest.json. Each file rsync reports done is
+        hashed while the next ones are still on the way."""
+        ssh = self._ssh(handle)
+        dest.mkdir(parents=True, exist_ok=True)
+        argv = ssh.rsync_argv(
+            "--inplace",  # each file is written where it stays: hashed as soon as it is done
+            "--out-format=>%b %n",  # %b: logged once the file is complete, not as it starts
+            ssh.remote(f"{handle.location}/artifacts/"),
+            f"{dest}/",
+        )
+        digests: dict[str, Future[str]] = {}
+        with (
+            ThreadPoolExecutor(max_workers=1) as hasher,
+            subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            ) as proc,
+        ):
+            assert proc.stdout is not None and proc.stderr is not None
+            stats = []
+            for line in proc.stdout:
+                name = line.rstrip("\n").partition(" ")[2]
+                if line.startswith(">") and name and not name.endswith("/"):
+                    digests[name] = hasher.submit(sha256_file, dest / name)
+                else:
+                    stats.append(line)
+            stderr = proc.stderr.read()
+            code = proc.wait()
+            if code != 0:
+                raise Unreachable(
+                    f"collecting from host '{handle.target}' was interrupted (rsync exit "
+                    f"{code}: {last_line(stderr) or 'no message'}); run the same collect "
+                    "again: it moves only what is missing"
+                )
+            taken = {
+                name: future.result()
+                for name, future in digests.items()
+                if future.exception() is None  # unreadable now: verify_manifest says why
+            }
+        files = sum(1 for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
+        found, problems = verify_manifest(dest, taken)
+        return CollectResult(
+            dest=dest,
+            files=files,
+            bytes=stats_bytes("".join(stats), "Literal data"),  # only what moved
+            verified=found and not problems,
+            problems=tuple(problems),
+        )
+
+
+class SshDockerBackend(SshHostProcessBackend):
+    """`ssh_docker`: the same placement, the task in a container on the host's Docker (the
+    wrapper there calls the bundle's scripts/docker_run.sh). Here: validation against the
+    host's last check, the containers of an attempt whose wrapper vanished, and the sweep of
+    ORBIT containers on the host that no live attempt owns, at every launch there (the host's
+    next contact) and at `orbit hosts check`."""
+
+    key = "ssh_docker"
+
+    def launch_env(self) -> dict[str, str]:
+        return {"ORBIT_PLANE": self.plane}
+
+    def launch(
+        self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
+    ) -> RunHandle:
+        host = self.host(request.target, request.template_id)
+        with contextlib.suppress(OrbitError):  # a sweep that fails must not stop a launch
+            self.sweep(host, self.hosts.active_attempts())
+        return super().launch(bundle, request, attempt)
+
+    def status(self, handle: RunHandle) -> RunStatus:
+        found = super().status(handle)
+        if found.reason is FailureReason.RUNTIME_LOST:  # nothing else will remove it now
+            remove_attempt_containers(ssh_runner(self._ssh(handle)), handle.attempt_id)
+        return found
+
+    def sweep(self, host: HostRecord, known_attempt_ids: Iterable[str]) -> SweepResult:
+        return sweep_orphans(
+            ssh_runner(Ssh(host.spec, self.options)), known_attempt_ids, plane=self.plane
+        )

@@ -1,0 +1,392 @@
+"""The bundle: the frozen directory that is a run's contract, its digest, and its archive.
+
+    bundle/
+      job.json    the job spec            \
+      inputs/     staged data, workdir     > frozen: the digest covers these
+      scripts/    the runtime wrapper     /
+      runtime/    execution-plane state   \\  live: per attempt, never in the digest
+      artifacts/  task outputs            /  nor in the archive that travels
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tarfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path, PurePosixPath
+
+from orbit.core.errors import InvalidInput
+from orbit.core.execution.docker.scripts import write_docker_scripts
+from orbit.core.models import JobSpec
+from orbit.core.tasks.base import StagedPath
+from orbit.runtime.vendor import nvml_module_source
+
+FROZEN_PARTS = ("job.json", "inputs", "scripts")
+LIVE_PARTS = ("runtime", "artifacts")
+# Never staged from a user's folder: caches, environments and VCS internals.
+IGNORED_NAMES = frozenset(
+    {
+        ".git",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "orbit-artifacts",
+    }  # what `orbit collect` brought back must not ride into the next bundle
+)
+IGNORE_FILE = ".orbitignore"  # in a staged folder: one glob a line, like .gitignore's simple form
+WRAPPER_FILES = {
+    "wrapper.py": "orbit_wrapper.py",
+    "run.sh": "run.sh",
+    "precheck.py": "orbit_precheck.py",
+    "nvml_audit.py": "orbit_nvml.py",
+}
+_SMALL_FILE = 1 << 20
+
+
+@dataclass(frozen=True)
+class FrozenBundle:
+    digest: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One frozen path, as the digest and the archive see it."""
+
+    relpath: str  # POSIX, relative to the bundle root
+    kind: str  # "d" folder, "f" file, "l" symlink
+    executable: bool = False
+    link_target: str = ""
+
+
+# --- digest -----------------------------------------------------------------------------------
+
+
+def frozen_entries(bundle_dir: Path) -> list[Entry]:
+    """Every frozen path in canonical order (bytewise by path), folders included."""
+    entries: list[Entry] = []
+    root = os.fspath(bundle_dir)
+
+    def visit(rel: str, path: str, mode: int) -> None:
+        if stat.S_ISLNK(mode):
+            entries.append(Entry(rel, "l", link_target=os.readlink(path)))
+        elif stat.S_ISDIR(mode):
+            entries.append(Entry(rel, "d"))
+            with os.scandir(path) as it:
+                children = sorted(it, key=lambda e: os.fsencode(e.name))
+            for child in children:
+                visit(f"{rel}/{child.name}", child.path, child.stat(follow_symlinks=False).st_mode)
+        elif stat.S_ISREG(mode):
+            entries.append(Entry(rel, "f", executable=bool(mode & 0o111)))
+        else:
+            raise InvalidInput(f"{path}: special files cannot be part of a bundle")
+
+    for part in FROZEN_PARTS:
+        path = os.path.join(root, part)
+        if part == "job.json" or os.path.exists(path):
+            visit(part, path, os.lstat(path).st_mode)
+    return entries
+
+
+def _hash_small(path: str) -> str | None:
+    """sha256 of a file's content in one read, or None for a file over _SMALL_FILE."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > _SMALL_FILE:
+            return None
+        h = hashlib.sha256(os.read(fd, size))
+        while chunk := os.read(fd, _SMALL_FILE):  # a short read, or the file grew
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def hash_file(path: str | os.PathLike[str]) -> str:
+    path = os.fspath(path)
+    digest = _hash_small(path)
+    if digest is not None:
+        return digest
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def compute_digest(bundle_dir: Path, workers: int = 4) -> str:
+    """sha256 over (kind, path, executable bit, content hash / link target) of every frozen path.
+
+    Mtimes, owners and permission bits other than "executable" play no part, so the same
+    content gives the same digest on every machine. Small files are hashed in this thread:
+    their cost is system calls and interpreter work under the GIL, where threads only add
+    lock hand-offs (slower, not faster; see bench/bundle.py). Files over _SMALL_FILE go to a
+    few threads, since hashlib releases the GIL while it hashes a large buffer.
+    """
+    entries = frozen_entries(bundle_dir)
+    root = os.fspath(bundle_dir)
+    hashes: dict[str, str] = {}
+    large: dict[str, Future[str]] = {}
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # starts threads only on submit
+        for e in entries:
+            if e.kind == "f":
+                path = os.path.join(root, e.relpath)
+                digest = _hash_small(path)
+                if digest is None:
+                    large[e.relpath] = pool.submit(hash_file, path)
+                else:
+                    hashes[e.relpath] = digest
+        hashes.update((rel, future.result()) for rel, future in large.items())
+    outer = hashlib.sha256()
+    for e in entries:
+        detail = (
+            hashes[e.relpath] + (":x" if e.executable else ":-") if e.kind == "f" else e.link_target
+        )
+        outer.update(b"\0".join((e.kind.encode(), os.fsencode(e.relpath), os.fsencode(detail))))
+        outer.update(b"\n")
+    return outer.hexdigest()
+
+
+# --- freeze -----------------------------------------------------------------------------------
+
+
+def canonical_json(job: JobSpec) -> str:
+    return json.dumps(job.model_dump(mode="json"), sort_keys=True, indent=2) + "\n"
+
+
+def _copy_file(src: Path, dest: Path) -> None:
+    shutil.copyfile(src, dest, follow_symlinks=False)
+    executable = bool(src.stat().st_mode & 0o111)
+    os.chmod(dest, 0o755 if executable else 0o644)
+
+
+def read_ignore_file(root: Path) -> tuple[str, ...]:
+    """Patterns from `root/.orbitignore`: blank lines and `#` comments skipped."""
+    try:
+        lines = (root / IGNORE_FILE).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return ()
+    return tuple(
+        line.strip().strip("/") for line in lines if line.strip() and not line.startswith("#")
+    )
+
+
+def _ignored(root: Path, path: Path, patterns: tuple[str, ...]) -> bool:
+    if path.name in IGNORED_NAMES or path.name.endswith(".pyc"):
+        return True
+    rel = path.relative_to(root).as_posix()
+    return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(path.name, p) for p in patterns)
+
+
+def _copy_tree(root: Path, src: Path, dest: Path, patterns: tuple[str, ...] = ()) -> None:
+    """Copy a staged folder; links must stay inside it, special files are refused, and what
+    IGNORED_NAMES or the folder's .orbitignore names is left out."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with os.scandir(src) as it:
+        children = list(it)
+    for child in children:
+        if _ignored(root, Path(child.path), patterns):
+            continue
+        path = Path(child.path)
+        if child.is_symlink():
+            target = os.readlink(path)
+            resolved = (path.parent / target).resolve()
+            if os.path.isabs(target) or not resolved.is_relative_to(root):
+                raise InvalidInput(
+                    f"{path}: symlink points outside the staged folder ({target}); "
+                    "copy the file in or stage the folder it points into"
+                )
+            os.symlink(target, dest / child.name)
+        elif child.is_dir(follow_symlinks=False):
+            _copy_tree(root, path, dest / child.name, patterns)
+        elif child.is_file(follow_symlinks=False):
+            _copy_file(path, dest / child.name)
+        else:
+            raise InvalidInput(f"{path}: special files (sockets, fifos, devices) cannot be staged")
+
+
+def stage_inputs(inputs_dir: Path, staged: Iterable[StagedPath]) -> None:
+    for item in staged:
+        dest = inputs_dir / item.dest
+        if item.source.is_dir():
+            root = item.source.resolve()
+            _copy_tree(root, root, dest, read_ignore_file(root))
+        elif item.source.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _copy_file(item.source, dest)
+        else:
+            raise InvalidInput(f"{item.source}: no such file or folder to stage")
+
+
+def write_scripts(scripts_dir: Path, job: JobSpec | None = None) -> None:
+    """The wrapper and its sidecars; with a docker launch mode, its generated launch scripts."""
+    scripts_dir.mkdir(parents=True, exist_ok=True)
+    package = resources.files("orbit.runtime")
+    for name, dest_name in WRAPPER_FILES.items():
+        dest = scripts_dir / dest_name
+        dest.write_bytes((package / name).read_bytes())
+        os.chmod(dest, 0o755)
+    pynvml = nvml_module_source()  # nvidia-ml-py's one-file binding, so the audit needs no pip
+    if pynvml is not None:
+        (scripts_dir / "pynvml.py").write_bytes(pynvml)
+        os.chmod(scripts_dir / "pynvml.py", 0o644)
+    if job is not None and job.launch_mode.kind == "docker":
+        write_docker_scripts(scripts_dir, job)
+
+
+def freeze_bundle(
+    job: JobSpec,
+    staged: Iterable[StagedPath],
+    cache_root: Path,
+    add_inputs: Callable[[Path], None] | None = None,
+) -> FrozenBundle:
+    """Build the bundle in a scratch folder, digest it, and move it into the per-digest cache.
+
+    `add_inputs(inputs_dir)` may place more (pinned sources, provenance) before the digest.
+    The same job and inputs give the same digest and so the same cached folder. On any error
+    the scratch folder is removed: nothing half-written is left behind.
+    """
+    cache_root.mkdir(parents=True, exist_ok=True)
+    scratch = cache_root / f".tmp-{uuid.uuid4().hex}"
+    try:
+        scratch.mkdir()
+        (scratch / "job.json").write_text(canonical_json(job), encoding="utf-8")
+        inputs = scratch / "inputs"
+        inputs.mkdir()
+        stage_inputs(inputs, staged)
+        (inputs / job.workdir).mkdir(parents=True, exist_ok=True)
+        if add_inputs is not None:
+            add_inputs(inputs)
+        write_scripts(scratch / "scripts", job)
+        digest = compute_digest(scratch)
+        final = cache_root / digest
+        try:
+            scratch.rename(final)
+        except OSError:
+            if not (final / "job.json").is_file():
+                raise
+            shutil.rmtree(scratch)  # the same content is cached already
+        return FrozenBundle(digest=digest, path=final)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+
+
+def load_job(bundle_dir: Path) -> JobSpec:
+    return JobSpec.model_validate_json((bundle_dir / "job.json").read_text(encoding="utf-8"))
+
+
+def copy_frozen(bundle_dir: Path, dest: Path) -> None:
+    """An attempt's own copy of the frozen parts, with fresh, empty runtime/ and artifacts/."""
+    dest.mkdir(parents=True)
+    shutil.copy2(bundle_dir / "job.json", dest / "job.json")
+    for part in ("inputs", "scripts"):
+        shutil.copytree(bundle_dir / part, dest / part, symlinks=True)
+    for part in LIVE_PARTS:
+        (dest / part).mkdir()
+
+
+# --- archive ----------------------------------------------------------------------------------
+
+
+def create_bundle_archive(bundle_dir: Path, dest: Path) -> Path:
+    """A tar of the frozen parts only: no runtime/ or artifacts/ ride along on a retry.
+
+    Entries are sorted, with zero mtimes and owners, so the same bundle gives the same bytes.
+    """
+    with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
+        for e in frozen_entries(bundle_dir):
+            info = tarfile.TarInfo(e.relpath)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if e.kind == "d":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif e.kind == "l":
+                info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, e.link_target
+                tar.addfile(info)
+            else:
+                path = bundle_dir / e.relpath
+                info.size, info.mode = path.stat().st_size, 0o755 if e.executable else 0o644
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+    return dest
+
+
+class UnsafeArchive(InvalidInput):
+    """An archive member that would write outside the bundle or create a special file."""
+
+
+def _check_member(member: tarfile.TarInfo, names: set[str], links: set[str]) -> None:
+    name = member.name
+    parts = PurePosixPath(name).parts
+    for n in range(1, len(parts)):
+        if "/".join(parts[:n]) in links:
+            raise UnsafeArchive(f"archive member '{name}': its path passes through a link")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise UnsafeArchive(f"archive member '{name}': absolute paths are refused")
+    if ".." in parts:
+        raise UnsafeArchive(f"archive member '{name}': '..' in a path is refused")
+    if parts and parts[0] not in FROZEN_PARTS:
+        raise UnsafeArchive(
+            f"archive member '{name}': a bundle archive holds only {', '.join(FROZEN_PARTS)}"
+        )
+    if member.issym():
+        target = member.linkname
+        joined = os.path.normpath(os.path.join(os.path.dirname(name), target))
+        if os.path.isabs(target) or joined == ".." or joined.startswith("../"):
+            raise UnsafeArchive(f"archive member '{name}': link to '{target}' leaves the bundle")
+    elif member.islnk():
+        if member.linkname not in names:
+            raise UnsafeArchive(
+                f"archive member '{name}': hard link to '{member.linkname}' outside the bundle"
+            )
+    elif not (member.isreg() or member.isdir()):
+        raise UnsafeArchive(f"archive member '{name}': special files are refused")
+
+
+def iter_checked_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    names: set[str] = set()
+    links: set[str] = set()
+    members = tar.getmembers()
+    for member in members:
+        _check_member(member, names, links)
+        names.add(member.name)
+        if member.issym():
+            links.add(member.name.rstrip("/"))
+    yield from members
+
+
+def extract_bundle_archive(archive: Path, dest: Path, expected_digest: str | None = None) -> Path:
+    """Extract into `dest` (which must not exist). Every member is checked before anything is
+    written; an unsafe archive, or one whose digest is not `expected_digest`, leaves nothing
+    behind."""
+    if dest.exists():
+        raise InvalidInput(f"{dest}: already exists; extraction needs a fresh folder")
+    scratch = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = list(iter_checked_members(tar))
+            scratch.mkdir(parents=True)
+            tar.extractall(scratch, members=members, filter="data")
+        if expected_digest is not None and compute_digest(scratch) != expected_digest:
+            raise InvalidInput(f"{archive}: content does not match bundle {expected_digest[:12]}")
+        for part in LIVE_PARTS:
+            (scratch / part).mkdir(exist_ok=True)
+        scratch.rename(dest)
+    except tarfile.TarError as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise InvalidInput(f"{archive}: not a readable bundle archive: {exc}") from None
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return dest

@@ -1,0 +1,2 @@
+"""The docker launch mode: generated scripts, Docker host facts and the orphan sweep, image
+provenance."""

@@ -1,0 +1,1 @@
+"""SSH rental hosts: what a host is and has (hosts), and the ssh/rsync transport."""

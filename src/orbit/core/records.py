@@ -1,0 +1,79 @@
+"""What the control service hands to its callers (CLI, HTTP, web page): plain frozen records."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from orbit.core.models import FailureReason, Record, RunHandle, RunState
+
+
+class ExperimentRecord(Record):
+    id: str
+    name: str
+    created_at: datetime
+    run_count: int = 0
+
+
+class AttemptRecord(Record):
+    id: str
+    run_id: str
+    number: int
+    state: RunState
+    reason: FailureReason | None
+    target: str | None
+    backend_key: str
+    trigger: str  # submit | auto_retry | retry
+    handle: RunHandle | None
+    exit_code: int | None
+    message: str | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_contact_at: datetime | None = None  # its host last answered (SSH hosts)
+    unreachable_since: datetime | None = None  # its host has not answered since
+
+    @property
+    def unreachable(self) -> bool:
+        return self.unreachable_since is not None and not self.state.terminal
+
+
+class RunRecord(Record):
+    id: str
+    experiment_id: str
+    experiment_name: str
+    task_type: str
+    template_id: str
+    bundle_digest: str
+    submission: dict[str, Any]
+    request: dict[str, Any]  # the resolved ExecutionRequest
+    created_at: datetime
+    created_by: str
+    replay_of: str | None = None  # the run whose bundle this one replays
+    attempts: tuple[AttemptRecord, ...]
+
+    @property
+    def current(self) -> AttemptRecord:
+        return self.attempts[-1]
+
+    @property
+    def state(self) -> RunState:
+        """A run's state is its current attempt's: a retry opens a new attempt, and no
+        terminal state is ever rewritten."""
+        return self.current.state
+
+
+class AuditEvent(Record):
+    """One event of the audit trail, chained to the one before it (see orbit.core.audit_chain)."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    run_id: str | None
+    attempt_id: str | None
+    data: dict[str, Any]
+    prev_hash: str | None  # the previous event's `hash`; none for the very first event
+    hash: str  # sha256 over this event's content and `prev_hash`

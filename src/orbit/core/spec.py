@@ -1,0 +1,60 @@
+"""SPEC.yaml, the file `orbit submit` takes, and `--set key=value` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from orbit.core.errors import InvalidInput, describe_validation_error
+from orbit.core.models import NAME_PATTERN, RetryPolicy, Strict, TaskSubmission
+from orbit.core.overrides import merge, parse_overrides
+from orbit.core.yamlio import load_yaml_mapping, parse_scalar
+
+
+class SubmitSpec(Strict):
+    experiment: str = Field(pattern=NAME_PATTERN)
+    task_type: str
+    template: str
+    task: dict[str, Any]
+    overrides: dict[str, Any] = {}
+    retry: RetryPolicy = RetryPolicy()
+
+
+def parse_sets(sets: list[str]) -> dict[str, Any]:
+    """`["resources.gpu_count=2", "target=h100-a"]` -> `{"resources": {"gpu_count": 2}, ...}`."""
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise InvalidInput(f"--set {item!r}: expected key=value, e.g. --set target=h100-a")
+        nested: Any = parse_scalar(value)
+        for part in reversed(parts):
+            nested = {part: nested}
+        out = merge(out, nested)
+    return out
+
+
+def load_spec(path: Path, sets: list[str] | None = None) -> SubmitSpec:
+    data = load_yaml_mapping(path)
+    try:
+        spec = SubmitSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_error(str(path), exc)) from None
+    if sets:
+        spec = spec.model_copy(update={"overrides": merge(spec.overrides, parse_sets(sets))})
+    return spec
+
+
+def to_submission(spec: SubmitSpec, source: str, allow_dirty: bool = False) -> TaskSubmission:
+    return TaskSubmission(
+        experiment_id=spec.experiment,
+        task_type=spec.task_type,
+        task_request=spec.task,
+        template_id=spec.template,
+        overrides=parse_overrides(spec.overrides, f"{source}: overrides"),
+        retry=spec.retry,
+        allow_dirty=allow_dirty,
+    )

@@ -1,0 +1,88 @@
+"""The task registry: built-in plugins plus whatever the `orbit.tasks` entry points add."""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from orbit.core.errors import InvalidInput, NotFound, describe_validation_error
+from orbit.core.tasks.base import COMMON_KEYS, IMPORT_NAME, CommonTaskFields, ShapedTask, TaskPlugin
+
+ENTRY_POINT_GROUP = "orbit.tasks"
+
+
+Loader = type[TaskPlugin] | EntryPoint
+
+
+def _discover() -> dict[str, Loader]:
+    """Built-ins, then the entry points, which stay unloaded until their type is asked for:
+    one broken third-party plugin must not break every other task type."""
+    from orbit.core.tasks.command import CommandTask
+    from orbit.core.tasks.python import PythonTask
+
+    found: dict[str, Loader] = {"command": CommandTask, "python": PythonTask}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        builtin = found.get(ep.name)
+        if (
+            not isinstance(builtin, type)
+            or ep.value != f"{builtin.__module__}:{builtin.__qualname__}"
+        ):
+            found[ep.name] = ep
+    return found
+
+
+class TaskRegistry:
+    def __init__(self, plugins: dict[str, type[TaskPlugin]] | None = None) -> None:
+        self._plugins: dict[str, Loader] = dict(plugins) if plugins is not None else _discover()
+
+    def names(self) -> list[str]:
+        return sorted(self._plugins)
+
+    def plugin(self, task_type: str) -> TaskPlugin:
+        try:
+            plugin = self._plugins[task_type]
+        except KeyError:
+            known = ", ".join(self.names())
+            raise NotFound(f"unknown task type '{task_type}' (known: {known})") from None
+        if isinstance(plugin, EntryPoint):
+            try:
+                plugin = self._plugins[task_type] = plugin.load()
+            except Exception as exc:
+                raise InvalidInput(
+                    f"task type '{task_type}': its plugin {plugin.value} "
+                    f"(entry point group {ENTRY_POINT_GROUP}) failed to load: {exc}"
+                ) from None
+        return plugin()  # outside the try: a KeyError of the plugin's own is not "unknown"
+
+    def shape(self, task_type: str, raw: dict[str, Any], base_dir: Path, source: str) -> ShapedTask:
+        """Validate `raw` with the plugin's model and shape it. Errors name `task.<field>`.
+        The fields every task shares (CommonTaskFields) are not the plugin's to see."""
+        plugin = self.plugin(task_type)
+        own = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
+        request = _validate(plugin.request_model, own, source)
+        return plugin.shape(request, base_dir)
+
+    @staticmethod
+    def common_fields(raw: dict[str, Any], source: str) -> CommonTaskFields:
+        shared = {k: v for k, v in raw.items() if k in COMMON_KEYS}
+        common = _validate(CommonTaskFields, shared, source)
+        assert isinstance(common, CommonTaskFields)
+        for index, name in enumerate(common.critical_imports):
+            if not re.match(IMPORT_NAME, name):
+                raise InvalidInput(
+                    f"{source}: task.critical_imports.{index}: '{name}' is not an import name "
+                    "(expected e.g. torch, transformers, swift)"
+                )
+        return common
+
+
+def _validate(model: type[BaseModel], data: dict[str, Any], source: str) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        line = describe_validation_error(source, exc)
+        raise InvalidInput(line.replace(f"{source}: ", f"{source}: task.", 1)) from None

@@ -1,0 +1,78 @@
+"""Execution templates: named YAML files. Built-ins ship in the package; users add their own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from orbit.core.errors import InvalidInput, NotFound, describe_validation_error
+from orbit.core.execution.launch_modes import check_launch_mode
+from orbit.core.models import ExecutionTemplate
+from orbit.core.yamlio import load_yaml_mapping
+
+
+@dataclass(frozen=True)
+class TemplateSource:
+    template: ExecutionTemplate
+    path: str  # the file it was read from
+
+
+def builtin_dir() -> Path:
+    return Path(str(resources.files("orbit.core") / "builtin_templates"))
+
+
+def default_search_path(home_templates: Path, cwd: Path) -> list[Path]:
+    """Later folders win: built-ins, then ./execution_templates/, then $ORBIT_HOME/templates/."""
+    return [builtin_dir(), cwd / "execution_templates", home_templates]
+
+
+def load_template_file(path: Path) -> ExecutionTemplate:
+    data = load_yaml_mapping(path)
+    try:
+        template = ExecutionTemplate.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_error(str(path), exc)) from None
+    check_launch_mode(template.launch_mode, str(path))  # a typo in a docker setting names the file
+    return template
+
+
+class TemplateRegistry:
+    """Templates by id (the file's name). A file is read only when its id is asked for, so one
+    broken template breaks that template alone, not every command."""
+
+    def __init__(self, folders: Iterable[Path]) -> None:
+        self._paths: dict[str, Path] = {}
+        self._loaded: dict[str, TemplateSource] = {}
+        for folder in folders:
+            if folder.is_dir():
+                for path in sorted(folder.glob("*.y*ml")):
+                    self._paths[path.stem] = path
+
+    def ids(self) -> list[str]:
+        return sorted(self._paths)
+
+    def source(self, template_id: str) -> TemplateSource:
+        if template_id in self._loaded:
+            return self._loaded[template_id]
+        try:
+            path = self._paths[template_id]
+        except KeyError:
+            known = ", ".join(self.ids()) or "none"
+            raise NotFound(f"unknown template '{template_id}' (known: {known})") from None
+        template = load_template_file(path)
+        if template.id != path.stem:
+            raise InvalidInput(
+                f"{path}: id: '{template.id}' must match the file name '{path.stem}'"
+            )
+        self._loaded[template_id] = TemplateSource(template, str(path))
+        return self._loaded[template_id]
+
+    def get(self, template_id: str) -> ExecutionTemplate:
+        return self.source(template_id).template
+
+    def all(self) -> list[TemplateSource]:
+        return [self.source(i) for i in self.ids()]

@@ -1,0 +1,2 @@
+"""Reading what a run left behind: the evidence files, `inspect` (which layer went wrong),
+`diff` (what differs between two runs) and progress from logging.jsonl."""

@@ -1,0 +1,86 @@
+"""Training progress from `artifacts/**/logging.jsonl`, the JSON-lines form trainers such as
+ms-swift and HF Trainer log in. Pure: it reads the tail bytes a backend hands it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orbit.core.models import Record
+
+PROGRESS_GLOB = "artifacts/**/logging.jsonl"
+TAIL_BYTES = 64 * 1024
+
+
+class Progress(Record):
+    file: str
+    step: int | None = None
+    max_steps: int | None = None
+    loss: float | None = None
+    epoch: float | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.step is not None:
+            parts.append(f"step {self.step}" + (f"/{self.max_steps}" if self.max_steps else ""))
+        if self.epoch is not None:
+            parts.append(f"epoch {self.epoch:g}")
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        return ", ".join(parts)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _step(record: dict[str, Any]) -> tuple[int | None, int | None]:
+    """`step` or `global_step`, or ms-swift's `"global_step/max_steps": "10/100"`."""
+    both = record.get("global_step/max_steps")
+    if isinstance(both, str) and "/" in both:
+        head, _, tail = both.partition("/")
+        if head.strip().isdigit() and tail.strip().isdigit():
+            return int(head), int(tail)
+    for key in ("step", "global_step"):
+        value = _number(record.get(key))
+        if value is not None:
+            max_steps = _number(record.get("max_steps"))
+            return int(value), int(max_steps) if max_steps else None
+    return None, None
+
+
+def parse_tail(file: str, tail: bytes) -> Progress | None:
+    """The newest line that says a step or a loss. Torn first or last lines are skipped."""
+    latest: Progress | None = None
+    for line in reversed(tail.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        step, max_steps = _step(record)
+        loss = _number(record.get("loss", record.get("train_loss")))
+        if step is None and loss is None:
+            continue
+        if latest is None:
+            latest = Progress(
+                file=file,
+                step=step,
+                max_steps=max_steps,
+                loss=loss,
+                epoch=_number(record.get("epoch")),
+            )
+        if latest.loss is None and loss is not None:  # eval lines carry no training loss
+            latest = latest.model_copy(update={"loss": loss})
+        if latest.loss is not None:
+            break
+    return latest
+
+
+def latest_progress(tails: dict[str, bytes]) -> Progress | None:
+    """Across every logging.jsonl: the one furthest along."""
+    found = [p for name, tail in sorted(tails.items()) if (p := parse_tail(name, tail))]
+    return max(found, key=lambda p: p.step or 0, default=None)

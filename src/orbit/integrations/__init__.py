@@ -1,0 +1,2 @@
+"""Black-box upstreams (ms-swift, torchrun, model servers): called as they are, never patched;
+each run keeps a thin manifest beside the upstream's own raw outputs."""

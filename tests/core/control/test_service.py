@@ -1,0 +1,238 @@
+"""CoreControlService end to end on this machine: real store, real detached processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from orbit.core.control.service import CoreControlService
+from orbit.core.errors import InvalidInput, NotFound, Refused
+from orbit.core.models import (
+    ExecutionOverrides,
+    FailureReason,
+    RetryPolicy,
+    RunState,
+    TaskSubmission,
+)
+from tests.helpers import eventually, group_alive
+
+
+def submission(command: str | list[str] = "echo hello", **fields: object) -> TaskSubmission:
+    data: dict[str, object] = {
+        "experiment_id": "exp",
+        "task_type": "command",
+        "task_request": {"command": command},
+        "template_id": "local",
+    }
+    data.update(fields)
+    return TaskSubmission.model_validate(data)
+
+
+def submit(service: CoreControlService, tmp_path: Path, *args: object, **kw: object):  # type: ignore[no-untyped-def]
+    return service.submit_task(submission(*args, **kw), base_dir=tmp_path)  # type: ignore[arg-type]
+
+
+def test_a_run_executes_detached_and_its_outputs_are_read_back(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    script = (
+        'echo "to stdout"; echo "to stderr" >&2; '
+        'mkdir -p "$ORBIT_ARTIFACTS_DIR/checkpoints"; '
+        'echo w > "$ORBIT_ARTIFACTS_DIR/checkpoints/c.bin"; '
+        'echo "$ORBIT_RUN_ID $ORBIT_ATTEMPT_ID" > "$ORBIT_ARTIFACTS_DIR/ids.txt"'
+    )
+    run = submit(service, tmp_path, script)
+    assert run.current.state is RunState.SUBMITTED
+    done = service.wait_for(run.id, timeout_s=20, poll_s=0.05)
+    assert done.state is RunState.SUCCEEDED
+    assert done.current.exit_code == 0
+    assert done.current.started_at is not None and done.current.finished_at is not None
+    log = service.read_log(run.id, layer=_training()).data.decode()
+    assert "to stdout" in log and "to stderr" in log
+    dest = tmp_path / "collected"
+    result = service.collect_run_artifacts(run.id, dest)
+    assert result.verified and not result.problems
+    assert (dest / "checkpoints" / "c.bin").read_text() == "w\n"
+    assert (dest / "ids.txt").read_text().split() == [run.id, f"{run.id}-1"]
+    actions = [e.action for e in service.audit(run.id)]
+    assert actions[:4] == ["run.created", "attempt.created", "attempt.state", "run.submitted"]
+    assert "run.collected" in actions
+
+
+def _training():  # type: ignore[no-untyped-def]
+    from orbit.core.execution.backends.base import LogLayer
+
+    return LogLayer.TRAINING
+
+
+def test_the_bundle_holds_no_run_identity_and_is_shared_by_equal_submissions(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    first = submit(service, tmp_path, "true")
+    second = submit(service, tmp_path, "true")
+    assert first.id != second.id
+    assert first.bundle_digest == second.bundle_digest
+    job = json.loads((service.bundles_dir / first.bundle_digest / "job.json").read_text())
+    assert first.id not in json.dumps(job) and "localhost" not in json.dumps(job)
+    assert job["entrypoint"] == ["bash", "-c", "true"]
+    other = submit(service, tmp_path, "false")
+    assert other.bundle_digest != first.bundle_digest
+
+
+def test_refusals_write_nothing_to_the_store(service: CoreControlService, tmp_path: Path) -> None:
+    with pytest.raises(
+        NotFound, match=r"unknown template 'nope' \(known: local, local-docker, .*targon-rental"
+    ):
+        submit(service, tmp_path, template_id="nope")
+    with pytest.raises(Refused, match=r"override 'target' is not allowed by template 'local'"):
+        submit(service, tmp_path, overrides=ExecutionOverrides(target="h100-a"))
+    with pytest.raises(Refused, match="target 'h100-a' is not a registered host"):
+        submit(
+            service,
+            tmp_path,
+            template_id="targon-rental-host",
+            overrides=ExecutionOverrides(target="h100-a"),
+        )
+    with pytest.raises(NotFound, match="unknown task type 'nope'"):
+        submit(service, tmp_path, task_type="nope")
+    with pytest.raises(InvalidInput, match=r"task\.command"):
+        service.submit_task(
+            submission(task_request={"command": 5}),
+            base_dir=tmp_path,  # type: ignore[arg-type]
+        )
+    assert service.list_runs() == []
+    assert service.list_experiments() == []
+    assert service.audit() == []
+
+
+def test_a_vanished_wrapper_is_an_infrastructure_failure_and_is_retried(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    # attempt 1 hangs; attempt 2 succeeds at once
+    script = 'case "$ORBIT_ATTEMPT_ID" in *-1) sleep 60;; esac; echo done'
+    run = submit(service, tmp_path, script)
+    location = Path(run.current.handle.location)  # type: ignore[union-attr]
+    eventually(lambda: service.refresh_run_status(run.id).state is RunState.RUNNING)
+    wrapper_pid = int((location / "runtime" / "pid").read_text())
+    task_pid = json.loads((location / "runtime" / "status.json").read_text())["task_pid"]
+    os.kill(wrapper_pid, signal.SIGKILL)
+    done = service.wait_for(run.id, timeout_s=20, poll_s=0.05)
+    first, second = done.attempts
+    assert first.state is RunState.FAILED
+    assert first.reason is FailureReason.RUNTIME_LOST
+    assert second.trigger == "auto_retry" and second.state is RunState.SUCCEEDED
+    assert done.state is RunState.SUCCEEDED
+    eventually(lambda: not group_alive(task_pid), timeout=5)  # the orphaned task is gone
+
+
+def test_task_exits_are_retried_only_when_listed(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    plain = service.wait_for(submit(service, tmp_path, "exit 3").id, timeout_s=20, poll_s=0.05)
+    assert [a.state for a in plain.attempts] == [RunState.FAILED]
+    assert plain.current.reason is FailureReason.TASK_EXIT_NONZERO
+    assert plain.current.exit_code == 3
+
+    listed = submit(
+        service, tmp_path, "exit 3", retry=RetryPolicy(max_retries=2, on_exit_codes=(3,))
+    )
+    listed = service.wait_for(listed.id, timeout_s=30, poll_s=0.05)
+    while len(listed.attempts) < 3 or not listed.state.terminal:
+        listed = service.wait_for(listed.id, timeout_s=30, poll_s=0.05)
+    assert [a.trigger for a in listed.attempts] == ["submit", "auto_retry", "auto_retry"]
+    assert all(a.exit_code == 3 for a in listed.attempts)
+    assert listed.state is RunState.FAILED
+
+
+def test_cancel_stops_the_task_gracefully_and_is_never_retried(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    marker = tmp_path / "got-term"
+    script = f"trap 'echo term > {marker}; exit 0' TERM; echo ready; sleep 60 & wait"
+    run = submit(service, tmp_path, script)
+    eventually(lambda: b"ready" in service.read_log(run.id, _training()).data)
+    done = service.cancel_run(run.id)
+    assert done.state is RunState.TERMINATED
+    assert done.current.reason is FailureReason.CANCELLED
+    assert len(done.attempts) == 1
+    assert marker.read_text() == "term\n"
+    assert "run.cancel_requested" in [e.action for e in service.audit(run.id)]
+
+
+def test_retry_pushes_the_same_bundle_as_a_new_attempt(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    run = service.wait_for(
+        submit(service, tmp_path, "echo once; exit 1").id, timeout_s=20, poll_s=0.05
+    )
+    assert run.state is RunState.FAILED
+    with pytest.raises(Refused, match="would change the bundle"):
+        service.retry_run(
+            run.id, ExecutionOverrides.model_validate({"resources": {"cpu_count": 2}})
+        )
+    with pytest.raises(Refused, match="override 'target' is not allowed"):
+        service.retry_run(run.id, ExecutionOverrides(target="elsewhere"))
+    again = service.retry_run(run.id)
+    assert [a.trigger for a in again.attempts] == ["submit", "retry"]
+    assert again.bundle_digest == run.bundle_digest
+    again = service.wait_for(run.id, timeout_s=20, poll_s=0.05)
+    a1, a2 = (Path(a.handle.location) for a in again.attempts)  # type: ignore[union-attr]
+    assert a1 != a2
+    # each attempt has its own runtime/ and artifacts/: nothing of attempt 1 rides along
+    assert (a2 / "artifacts" / "training.log").read_text() == "once\n"
+    assert (a1 / "artifacts" / "training.log").read_text() == "once\n"
+    active = submit(service, tmp_path, "sleep 30")
+    with pytest.raises(Refused, match="cancel it before retrying"):
+        service.retry_run(active.id)
+    service.cancel_run(active.id)
+
+
+def test_collect_reports_files_that_differ_from_the_manifest(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    run = submit(service, tmp_path, 'echo data > "$ORBIT_ARTIFACTS_DIR/out.txt"')
+    run = service.wait_for(run.id, timeout_s=20, poll_s=0.05)
+    (Path(run.current.handle.location) / "artifacts" / "out.txt").write_text("tampered\n")  # type: ignore[union-attr]
+    result = service.collect_run_artifacts(run.id, tmp_path / "dest")
+    assert not result.verified
+    assert result.problems == ("out.txt: size 9, expected 5",)
+
+
+def test_retry_says_so_when_the_bundle_left_the_cache(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    import shutil
+
+    run = service.wait_for(submit(service, tmp_path, "exit 1").id, timeout_s=20, poll_s=0.05)
+    shutil.rmtree(service.bundles_dir / run.bundle_digest)
+    with pytest.raises(NotFound, match="no longer in the cache"):
+        service.retry_run(run.id)
+    assert len(service.get_run(run.id).attempts) == 1
+
+
+def test_replay_is_a_new_run_of_the_same_bundle(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    original = service.wait_for(submit(service, tmp_path, "echo hi").id, timeout_s=20, poll_s=0.05)
+    replay = service.wait_for(service.replay_run(original.id).id, timeout_s=20, poll_s=0.05)
+    assert replay.id != original.id
+    assert replay.replay_of == original.id
+    assert replay.bundle_digest == original.bundle_digest
+    assert replay.state is RunState.SUCCEEDED
+    assert len(service.get_run(original.id).attempts) == 1  # the original is left as it was
+    assert "run.replayed" in [e.action for e in service.audit(replay.id)]
+    with pytest.raises(Refused, match="would change the bundle"):
+        service.replay_run(original.id, ExecutionOverrides.model_validate({"stop_grace_s": 1}))
+
+
+def test_secret_looking_env_is_never_frozen(service: CoreControlService, tmp_path: Path) -> None:
+    with pytest.raises(Refused, match="env HF_TOKEN: looks like a secret"):
+        service.submit_task(
+            submission(task_request={"command": "true", "env": {"HF_TOKEN": "hf_x"}}),
+            base_dir=tmp_path,
+        )
+    assert service.list_runs() == []
