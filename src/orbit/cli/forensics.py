@@ -3,30 +3,26 @@
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 
-from orbit.cli import render
-from orbit.cli.common import ATTEMPT, JSON, RUN, console, service
-from orbit.forensics.diagnose import Verdict, inspect_run
-from orbit.forensics.rundiff import diff_runs
+from orbit.cli.common import ATTEMPT, JSON, RUN, console, print_json, service
 
-VERDICT_STYLE = {
-    Verdict.OK: "green",
-    Verdict.FAILED: "bold red",
-    Verdict.WARNING: "yellow",
-    Verdict.PENDING: "cyan",
-    Verdict.ABSENT: "dim",
+VERDICT_STYLE = {  # by orbit.forensics.diagnose.Verdict
+    "ok": "green",
+    "failed": "bold red",
+    "warning": "yellow",
+    "pending": "cyan",
+    "absent": "dim",
 }
 
 
 def inspect(run: str = RUN, attempt: int | None = ATTEMPT, as_json: bool = JSON) -> None:
     """Walk the layered logs (runtime, precheck, training, progress, nvml) and say at which
     layer the run first went wrong."""
-    found = inspect_run(service().evidence(run, attempt))
+    found = service().inspect_run(run, attempt)
     if as_json:
         data = found.model_dump(mode="json")
         data["first_wrong"] = found.first_wrong.layer if found.first_wrong else None
-        render.print_json(data)
+        print_json(data)
         return
     console.print(f"[bold]{found.run_id}[/bold] attempt {found.attempt}  {found.state}")
     for report in found.layers:
@@ -52,19 +48,17 @@ def diff(
 ) -> None:
     """What differs between two runs: task request, template and overrides, env (secret
     values never shown), dependency versions and paths, git commits, GPUs, host."""
-    a, b = service().evidence(run_a), service().evidence(run_b)
-    differences = diff_runs(a, b)
+    from orbit.cli import render
+
+    found = service().diff_runs(run_a, run_b)
+    a, b, differences = found.a, found.b, found.differences
     if as_json:
-        render.print_json(
-            {"a": a.run.id, "b": b.run.id, "differences": [d.model_dump() for d in differences]}
-        )
+        print_json({"a": a, "b": b, "differences": [d.model_dump() for d in differences]})
         return
     if not differences:
-        console.print(f"{a.run.id} and {b.run.id}: no differences")
+        console.print(f"{a} and {b}: no differences")
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("FIELD", a.run.id, b.run.id):
-        table.add_column(column, overflow="fold")
+    table = render.table("FIELD", a, b, keep=("FIELD",))
     for d in differences:
         table.add_row(d.key, d.a or "-", d.b or "-")
     console.print(table)

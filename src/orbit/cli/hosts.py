@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from pydantic import ValidationError
-from rich.table import Table
 
-from orbit.cli import render
-from orbit.cli.common import JSON, console, err, service
-from orbit.core.errors import InvalidInput, describe_validation_error
-from orbit.core.execution.ssh.hosts import HostRecord, HostSpec, describe_facts
+from orbit.cli.common import JSON, console, err, print_json, service
+
+if TYPE_CHECKING:
+    from orbit.core.hosts import HostRecord
 
 hosts_app = typer.Typer(
     help="SSH hosts that runs can target: add one, then submit with --set target=NAME.",
@@ -25,6 +23,8 @@ def host_json(host: HostRecord) -> dict[str, Any]:
 
 
 def show_host(host: HostRecord) -> None:
+    from orbit.cli.render import describe_facts
+
     spec = host.spec
     console.print(f"[bold]{spec.name}[/bold]  ssh {spec.ssh}", soft_wrap=True)
     rows = [
@@ -89,6 +89,11 @@ def hosts_add(
     orbit hosts add box --ssh my-alias          # everything else from ~/.ssh/config
     orbit submit spec.yaml --set target=h100-a  # with the targon-rental-host template
     """
+    from pydantic import ValidationError
+
+    from orbit.core.errors import InvalidInput, describe_validation_error
+    from orbit.core.hosts import HostSpec
+
     try:
         spec = HostSpec(
             name=name,
@@ -103,9 +108,9 @@ def hosts_add(
         )
     except ValidationError as exc:
         raise InvalidInput(describe_validation_error("hosts add", exc)) from None
-    host = service().hosts.add(spec, check=check)
+    host = service().add_host(spec, check=check)
     if as_json:
-        render.print_json(host_json(host))
+        print_json(host_json(host))
         return
     console.print(f"added host {host.name}", markup=False)
     show_host(host)
@@ -114,13 +119,13 @@ def hosts_add(
 @hosts_app.command("list")
 def hosts_list(as_json: bool = JSON) -> None:
     """List registered hosts with what their last check found."""
-    hosts = service().hosts.all()
+    from orbit.cli import render
+
+    hosts = service().list_hosts()
     if as_json:
-        render.print_json([host_json(h) for h in hosts])
+        print_json([host_json(h) for h in hosts])
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("NAME", "SSH", "GPUS", "PYTHON", "DISK FREE", "CHECKED"):
-        table.add_column(column, overflow="fold")
+    table = render.table("NAME", "SSH", "GPUS", "PYTHON", "DISK FREE", "CHECKED", keep=("NAME",))
     for h in hosts:
         f = h.facts
         ssh = h.spec.ssh + (f":{h.spec.port}" if h.spec.port else "")
@@ -142,9 +147,9 @@ def hosts_list(as_json: bool = JSON) -> None:
 @hosts_app.command("show")
 def hosts_show(name: str = NAME, as_json: bool = JSON) -> None:
     """One host: how it is reached and what its last check found."""
-    host = service().hosts.get(name)
+    host = service().get_host(name)
     if as_json:
-        render.print_json(host_json(host))
+        print_json(host_json(host))
     else:
         show_host(host)
 
@@ -157,10 +162,10 @@ def hosts_check(name: str = NAME, as_json: bool = JSON) -> None:
     submissions are validated against that. Where it has docker, ORBIT's containers there that
     no live run owns are stopped and removed (others' containers are never touched).
     """
-    host, swept = service().hosts.check(name)
-    removed = [c.name for c in swept.removed] if swept else []
+    checked = service().check_host(name)
+    host, removed = checked.host, list(checked.removed_containers)
     if as_json:
-        render.print_json(host_json(host) | {"removed_containers": removed})
+        print_json(host_json(host) | {"removed_containers": removed})
         return
     show_host(host)
     if removed:
@@ -168,16 +173,14 @@ def hosts_check(name: str = NAME, as_json: bool = JSON) -> None:
             f"removed {len(removed)} ORBIT container(s) no live run owns: {', '.join(removed)}",
             markup=False,
         )
-    for problem in swept.errors if swept else ():
+    for problem in checked.sweep_errors:
         err.print(f"orbit: the container sweep failed: {problem}", markup=False)
 
 
 @hosts_app.command("remove")
 def hosts_remove(name: str = NAME) -> None:
     """Forget a host. Runs on it are not touched and can still be followed and collected."""
-    svc = service()
-    active = svc.hosts.active_runs(name)
-    svc.hosts.remove(name)
+    active = service().remove_host(name)
     console.print(f"removed host {name}", markup=False)
     if active:
         err.print(

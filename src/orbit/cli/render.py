@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from orbit.core.execution.docker.image_provenance import image_line
-from orbit.core.execution.sources import is_dirty
+from orbit.core.control.views import RunView, SubmitPlan, TemplateView
+from orbit.core.hosts import HostFacts
 from orbit.core.models import RunState
-from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
-from orbit.core.templates import TemplateSource
-from orbit.forensics.progress import Progress
+from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord
+from orbit.forensics.diagnose import image_line
 
 STATE_STYLE = {
     RunState.SUCCEEDED: "green",
@@ -22,10 +20,6 @@ STATE_STYLE = {
     RunState.TERMINATED: "yellow",
     RunState.RUNNING: "cyan",
 }
-
-
-def print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, sort_keys=False, default=str))
 
 
 def when(value: datetime | None) -> str:
@@ -66,7 +60,7 @@ def attempt_json(a: AttemptRecord) -> dict[str, Any]:
     return data
 
 
-def provenance_line(provenance: dict[str, Any] | None) -> str | None:
+def provenance_line(provenance: dict[str, Any] | None, dirty: bool) -> str | None:
     """One line on where the code came from; DIRTY first, wherever it is shown."""
     if not provenance:
         return None
@@ -82,67 +76,71 @@ def provenance_line(provenance: dict[str, Any] | None) -> str | None:
             f"{source.get('path')} @ {str(source.get('commit'))[:12]}"
             + (" (dirty)" if source.get("dirty") else "")
         )
-    return ("DIRTY: " if is_dirty(provenance) else "") + ", ".join(parts)
+    return ("DIRTY: " if dirty else "") + ", ".join(parts)
 
 
-def run_json(
-    run: RunRecord,
-    bundles_dir: str,
-    progress: Progress | None = None,
-    provenance: dict[str, Any] | None = None,
-    images: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """`images`: attempt id -> runtime/image.json, for attempts that ran in a container."""
-    images = images or {}
-    attempts = [attempt_json(a) | {"image": images.get(a.id)} for a in run.attempts]
+def run_json(view: RunView) -> dict[str, Any]:
+    """A run as JSON, with its bundle path, progress, provenance and the image each attempt
+    ran in a container."""
+    run = view.run
+    attempts = [attempt_json(a) | {"image": view.images.get(a.id)} for a in run.attempts]
     return {
         "id": run.id,
         "state": run.state.value,
         "experiment": {"id": run.experiment_id, "name": run.experiment_name},
         "task_type": run.task_type,
         "template_id": run.template_id,
-        "bundle": {"digest": run.bundle_digest, "path": f"{bundles_dir}/{run.bundle_digest}"},
+        "bundle": {"digest": run.bundle_digest, "path": view.bundle_path},
         "created_at": run.created_at.isoformat(),
         "created_by": run.created_by,
         "replay_of": run.replay_of,
         "request": run.request,
         "submission": run.submission,
         "attempts": attempts,
-        "progress": progress.model_dump(mode="json") if progress else None,
-        "provenance": provenance,
-        "dirty": is_dirty(provenance),
+        "progress": view.progress.model_dump(mode="json") if view.progress else None,
+        "provenance": view.provenance,
+        "dirty": view.dirty,
     }
 
 
-def runs_table(runs: list[RunRecord], dirty: set[str] | frozenset[str] = frozenset()) -> Table:
-    table = Table(box=None, header_style="bold")
-    for column in ("RUN", "EXPERIMENT", "STATE", "TASK", "TEMPLATE", "TRY", "CREATED", "OUTCOME"):
-        # ids and states are what people copy and scan for: never cut them
-        table.add_column(
-            column, no_wrap=column in ("RUN", "STATE", "TRY", "CREATED"), overflow="fold"
-        )
-    for run in runs:
-        table.add_row(
+def table(*columns: str, keep: tuple[str, ...] = ()) -> Table:
+    """A borderless table. The `keep` columns (ids, states: what people copy and scan for) are
+    never cut; the others wrap between words and end in an ellipsis rather than split a word."""
+    out = Table(box=None, header_style="bold")
+    for column in columns:
+        out.add_column(column, no_wrap=column in keep, overflow="ellipsis")
+    return out
+
+
+def runs_table(views: tuple[RunView, ...]) -> Table:
+    out = table(
+        "RUN",
+        "EXPERIMENT",
+        "STATE",
+        "TASK",
+        "TEMPLATE",
+        "TRY",
+        "CREATED",
+        "OUTCOME",
+        keep=("RUN", "STATE", "TRY", "CREATED"),
+    )
+    for view in views:
+        run = view.run
+        out.add_row(
             run.id,
             run.experiment_name,
-            styled(run.state) + (" [yellow]dirty[/yellow]" if run.id in dirty else ""),
+            styled(run.state) + (" [yellow]dirty[/yellow]" if view.dirty else ""),
             run.task_type,
             run.template_id,
             str(run.current.number),
             ago(run.created_at),
             outcome(run.current),
         )
-    return table
+    return out
 
 
-def show_run(
-    console: Console,
-    run: RunRecord,
-    bundles_dir: str,
-    progress: Progress | None = None,
-    provenance: dict[str, Any] | None = None,
-    images: dict[str, dict[str, Any]] | None = None,
-) -> None:
+def show_run(console: Console, view: RunView) -> None:
+    run, progress = view.run, view.progress
     a = run.current
     console.print(f"[bold]{run.id}[/bold]  {styled(run.state)}  {outcome(a)}")
     rows = [
@@ -150,14 +148,14 @@ def show_run(
         ("task", run.task_type),
         ("template", run.template_id),
         ("bundle", run.bundle_digest),
-        ("cached at", f"{bundles_dir}/{run.bundle_digest}"),
+        ("cached at", view.bundle_path),
         ("created", f"{when(run.created_at)} by {run.created_by}"),
         ("target", a.target or "-"),
     ]
-    code = provenance_line(provenance)
+    code = provenance_line(view.provenance, view.dirty)
     if code:
         rows.append(("code", code))
-    image = image_line((images or {}).get(a.id))
+    image = image_line(view.images.get(a.id))
     if image:
         rows.append(("image", image))
     if run.replay_of:
@@ -170,11 +168,12 @@ def show_run(
         rows.append(("location", f"{a.handle.target}:{a.handle.location}"))
     for key, value in rows:
         console.print(f"  {key:<10} {value}", highlight=False, markup=False, soft_wrap=True)
-    table = Table(box=None, header_style="bold", title="attempts", title_justify="left")
-    for column in ("#", "STATE", "TRIGGER", "TARGET", "STARTED", "FINISHED", "OUTCOME"):
-        table.add_column(column)
+    attempts = table(
+        "#", "STATE", "TRIGGER", "TARGET", "STARTED", "FINISHED", "OUTCOME", keep=("#", "STATE")
+    )
+    attempts.title, attempts.title_justify = "attempts", "left"
     for attempt in run.attempts:
-        table.add_row(
+        attempts.add_row(
             str(attempt.number),
             styled(attempt.state),
             attempt.trigger,
@@ -183,35 +182,77 @@ def show_run(
             when(attempt.finished_at),
             outcome(attempt),
         )
-    console.print(table)
+    console.print(attempts)
 
 
-def templates_table(sources: list[TemplateSource]) -> Table:
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "PLACEMENT", "LAUNCH", "DESCRIPTION"):
-        table.add_column(column)
-    for src in sources:
-        t = src.template
-        table.add_row(t.id, t.placement.kind, t.launch_mode.kind, t.description)
-    return table
+def placement_name(view: TemplateView) -> str:
+    kind = view.template.placement.kind
+    return kind if kind == view.canonical_placement else f"{kind} (= {view.canonical_placement})"
+
+
+def templates_table(views: list[TemplateView]) -> Table:
+    out = table("ID", "PLACEMENT", "LAUNCH", "DESCRIPTION", keep=("ID",))
+    for view in views:
+        t = view.template
+        out.add_row(t.id, placement_name(view), t.launch_mode.kind, t.description)
+    return out
 
 
 def experiments_table(experiments: list[ExperimentRecord]) -> Table:
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "RUNS", "CREATED"):
-        table.add_column(column)
+    out = table("ID", "NAME", "RUNS", "CREATED", keep=("ID", "NAME"))
     for e in experiments:
-        table.add_row(e.id, e.name, str(e.run_count), when(e.created_at))
-    return table
+        out.add_row(e.id, e.name, str(e.run_count), when(e.created_at))
+    return out
 
 
 def audit_table(events: list[AuditEvent]) -> Table:
-    table = Table(box=None, header_style="bold")
-    for column in ("#", "AT", "ACTOR", "ACTION", "RUN", "DETAIL"):
-        table.add_column(column)
+    out = table("#", "AT", "ACTOR", "ACTION", "RUN", "DETAIL", keep=("#", "AT", "ACTION"))
     for e in events:
         detail = " ".join(f"{k}={v}" for k, v in e.data.items())
-        table.add_row(
+        out.add_row(
             str(e.id), when(e.at), e.actor, e.action, e.attempt_id or e.run_id or "-", detail
         )
-    return table
+    return out
+
+
+def describe_facts(facts: HostFacts) -> list[tuple[str, str]]:
+    """The facts as label/value rows for people."""
+    gpus = ", ".join(f"{g.index}: {g.name} ({g.memory_mib} MiB)" for g in facts.gpus) or (
+        "none (nvidia-smi found no GPU)" if facts.nvidia_smi else "none (no nvidia-smi)"
+    )
+    free = facts.disk_free_bytes
+    return [
+        ("checked", f"{facts.checked_at:%Y-%m-%d %H:%M:%S} UTC"),
+        ("os", facts.os or "?"),
+        ("kernel", facts.kernel or "?"),
+        (
+            "python3",
+            f"{facts.python_version} at {facts.python_path}" if facts.python_path else "MISSING",
+        ),
+        ("gpus", gpus),
+        ("work dir", facts.work_dir or "?"),
+        ("disk free", "?" if free is None else f"{free / 2**30:.1f} GiB"),
+        ("docker", (facts.docker or "none") + (" (nvidia runtime)" if facts.docker_nvidia else "")),
+        ("rsync", "yes" if facts.rsync else "MISSING"),
+    ]
+
+
+def show_plan(console: Console, plan: SubmitPlan) -> None:
+    """What `submit --dry-run` found: what would run, where, from which bundle."""
+    job = plan.job
+    env = sorted(job.get("env", {}))
+    resources = ", ".join(f"{k}={v}" for k, v in job.get("resources", {}).items())
+    rows = [
+        ("experiment", plan.experiment),
+        ("task", plan.task_type),
+        ("entrypoint", " ".join(job.get("entrypoint", []))),
+        ("env", ", ".join(env) if env else "-"),
+        ("resources", resources),
+        ("template", plan.template_id),
+        ("backend", plan.backend_key),
+        ("target", plan.target or "-"),
+        ("bundle", f"{plan.bundle_digest} ({plan.bundle_files} files, {plan.bundle_bytes} bytes)"),
+    ]
+    console.print("[bold]dry run[/bold]: nothing was submitted or written")
+    for key, value in rows:
+        console.print(f"  {key:<10} {value}", highlight=False, markup=False, soft_wrap=True)

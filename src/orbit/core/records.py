@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from orbit.core.models import FailureReason, Record, RunHandle, RunState
@@ -77,3 +78,13 @@ class AuditEvent(Record):
     data: dict[str, Any]
     prev_hash: str | None  # the previous event's `hash`; none for the very first event
     hash: str  # sha256 over this event's content and `prev_hash`
+
+
+class CollectResult(Record):
+    """What `collect` brought back, and whether every file matched the manifest."""
+
+    dest: Path
+    files: int = 0
+    bytes: int = 0
+    verified: bool = False
+    problems: tuple[str, ...] = ()

@@ -1,11 +1,74 @@
-"""The table of allowed state moves. Pure: the store's `move_attempt` is the only writer."""
+"""Run states, failure reasons and the table of allowed moves. Pure and stdlib-only (the CLI
+reads these words without loading pydantic); the store's `move_attempt` is the only writer."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 
 from orbit.core.errors import IllegalTransition
-from orbit.core.models import FailureReason, RunState
+
+
+class RunState(StrEnum):
+    PREPARED = "prepared"
+    SUBMITTED = "submitted"
+    PROVISIONING = "provisioning"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TERMINATED = "terminated"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.TERMINATED})
+
+
+class FailureKind(StrEnum):
+    INFRASTRUCTURE = "infrastructure"  # the box, the transport, ORBIT's own runtime
+    TASK = "task"  # the task's own doing
+    USER = "user"  # a person asked for it
+    ENVIRONMENT = "environment"  # the node's software is not what the job declared
+
+
+class FailureReason(StrEnum):
+    """The closed set of reasons an attempt ends other than in success."""
+
+    NODE_LOST = "node_lost"
+    HOST_UNREACHABLE = "host_unreachable"
+    STAGING_FAILED = "staging_failed"
+    LAUNCH_FAILED = "launch_failed"
+    RUNTIME_LOST = "runtime_lost"
+    PREEMPTED = "preempted"
+    TASK_EXIT_NONZERO = "task_exit_nonzero"
+    TASK_KILLED = "task_killed"
+    CANCELLED = "cancelled"
+    DEPENDENCY_MISSING = "dependency_missing"
+    DEPENDENCY_MISMATCH = "dependency_mismatch"
+    IMAGE_NOT_FOUND = "image_not_found"  # a docker launch's image is not on the host, nor pulled
+
+    @property
+    def kind(self) -> FailureKind:
+        return _REASON_KINDS[self]
+
+
+_REASON_KINDS = {
+    FailureReason.NODE_LOST: FailureKind.INFRASTRUCTURE,
+    FailureReason.HOST_UNREACHABLE: FailureKind.INFRASTRUCTURE,
+    FailureReason.STAGING_FAILED: FailureKind.INFRASTRUCTURE,
+    FailureReason.LAUNCH_FAILED: FailureKind.INFRASTRUCTURE,
+    FailureReason.RUNTIME_LOST: FailureKind.INFRASTRUCTURE,
+    FailureReason.PREEMPTED: FailureKind.INFRASTRUCTURE,
+    FailureReason.TASK_EXIT_NONZERO: FailureKind.TASK,
+    FailureReason.TASK_KILLED: FailureKind.TASK,
+    FailureReason.CANCELLED: FailureKind.USER,
+    FailureReason.DEPENDENCY_MISSING: FailureKind.ENVIRONMENT,
+    FailureReason.DEPENDENCY_MISMATCH: FailureKind.ENVIRONMENT,
+    FailureReason.IMAGE_NOT_FOUND: FailureKind.ENVIRONMENT,
+}
 
 S = RunState
 _ENDINGS = frozenset({S.SUCCEEDED, S.FAILED, S.TERMINATED})

@@ -10,9 +10,8 @@ from enum import StrEnum
 from functools import partial
 from typing import Any
 
-from orbit.core.execution.docker.image_provenance import image_line
 from orbit.core.models import FailureKind, FailureReason, Record, RunState
-from orbit.forensics.evidence import Evidence
+from orbit.forensics.evidence import IMAGE_FILE, Evidence
 from orbit.forensics.progress import _step as step_of
 
 
@@ -47,6 +46,17 @@ def _lines(text: str, n: int) -> tuple[str, ...]:
     return tuple(line for line in text.splitlines()[-n:])
 
 
+def image_line(image: dict[str, Any] | None) -> str | None:
+    """`ref @ sha256:0123456789ab` (with the registry digest when the image has one)."""
+    if not image:
+        return None
+    line = f"{image.get('ref')} @ {str(image.get('id'))[:19]}"
+    digests = image.get("repo_digests") or []
+    if digests:
+        line += f" ({digests[0]})"
+    return line
+
+
 def runtime_layer(ev: Evidence) -> LayerReport:
     q = "did the wrapper stage and start?"
     report = partial(LayerReport, layer="runtime", question=q)
@@ -74,7 +84,7 @@ def runtime_layer(ev: Evidence) -> LayerReport:
             summary="runtime.log has no start of the wrapper",
         )
     host = (ev.json("runtime/status.json") or {}).get("host", "?")
-    image = image_line(ev.json("runtime/image.json"))  # a docker run: the image that ran
+    image = image_line(ev.json(IMAGE_FILE))  # a docker run: the image that ran
     return report(
         verdict=Verdict.OK,
         summary=f"wrapper started on {host}" + (f", image {image}" if image else ""),

@@ -8,13 +8,16 @@ from typing import Any
 
 from orbit.core.records import AttemptRecord, RunRecord
 
+# which container image an attempt ran (docker launch mode), written by the wrapper before the
+# container started
+IMAGE_FILE = "runtime/image.json"
 WHOLE_FILES = (
     "job.json",
     "runtime/status.json",
     "runtime/result.json",
     "runtime/runtime.log",
     "runtime/precheck.json",
-    "runtime/image.json",  # the container image that ran (docker launch mode)
+    IMAGE_FILE,
     "inputs/.orbit/provenance.json",
 )
 TAILS = {

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from orbit.core.errors import InvalidInput, NotFound
-from orbit.core.execution.ssh.hosts import HostFacts, HostRecord, HostSpec
+from orbit.core.hosts import HostFacts, HostRecord, HostSpec
 from orbit.store.tables import HostRow
 
 if TYPE_CHECKING:

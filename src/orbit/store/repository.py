@@ -339,6 +339,50 @@ class Store:
                 .values(handle=handle.model_dump(mode="json"), updated_at=now, last_contact_at=now)
             )
 
+    def record_launch(self, attempt_id: str, handle: RunHandle, *, actor: str, **data: Any) -> bool:
+        """The attempt was launched: its handle and the move prepared -> submitted, with both
+        events, in one compare-and-set. False when the attempt had already left prepared (a
+        reconciler judged it meanwhile): the handle is then not recorded."""
+        now = utcnow()
+        with self._tx() as s:
+            row = s.get(AttemptRow, attempt_id)
+            if row is None:
+                raise NotFound(f"unknown attempt '{attempt_id}'")
+            check_move(RunState.PREPARED, RunState.SUBMITTED, None)
+            result = s.execute(
+                update(AttemptRow)
+                .where(AttemptRow.id == attempt_id, AttemptRow.state == RunState.PREPARED.value)
+                .values(
+                    state=RunState.SUBMITTED.value,
+                    handle=handle.model_dump(mode="json"),
+                    updated_at=now,
+                    last_contact_at=now,
+                )
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                return False
+            self._event(
+                s,
+                actor,
+                "attempt.state",
+                run_id=row.run_id,
+                attempt_id=attempt_id,
+                **{"from": RunState.PREPARED.value, "to": RunState.SUBMITTED.value},
+            )
+            self._event(
+                s,
+                actor,
+                "run.submitted",
+                run_id=row.run_id,
+                attempt_id=attempt_id,
+                backend=handle.backend_key,
+                target=handle.target,
+                location=handle.location,
+                **data,
+            )
+        return True
+
     def record_contact(
         self, attempt_id: str, *, reachable: bool, actor: str, message: str | None = None
     ) -> None:
@@ -512,6 +556,12 @@ class Store:
             if limit is not None:
                 query = query.limit(limit)
             return self._run_records(s, list(s.scalars(query).all()))
+
+    def count_runs(
+        self, *, experiment_id: str | None = None, states: set[RunState] | None = None
+    ) -> int:
+        """How many runs `list_runs` would give without a limit."""
+        return len(self.list_runs(experiment_id=experiment_id, states=states))
 
     def list_events(
         self, *, run_id: str | None = None, limit: int | None = None

@@ -1,2 +1,20 @@
 """The control plane: CoreControlService, the one API that the CLI, the HTTP server, the
-Python client and the web page call, and the records it hands back."""
+Python client and the web page call (`api.ControlAPI`), and the records it hands back
+(`views`). `connect` gives a client the control plane its settings name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orbit.core.config import Settings
+    from orbit.core.control.api import ControlAPI
+
+
+def connect(settings: Settings) -> ControlAPI:
+    """The control plane in this process (embedded: the store in $ORBIT_HOME or at
+    ORBIT_DATABASE_URL). Imported on use, so that a command that never reaches the control
+    plane (`--help`) does not pay for loading it."""
+    from orbit.core.control.service import CoreControlService
+
+    return CoreControlService.from_settings(settings)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from orbit.core.execution.docker.host import SweepResult
-from orbit.core.execution.ssh.hosts import HostFacts, HostRecord, HostSpec
 from orbit.core.execution.ssh.transport import SshOptions, probe_host
+from orbit.core.hosts import HostFacts, HostRecord, HostSpec
 from orbit.core.models import RunState
 from orbit.store import Store
 from orbit.store.host_table import already_exists

@@ -5,17 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from orbit.core.records import CollectResult
 
-@dataclass(frozen=True)
-class CollectResult:
-    dest: Path
-    files: int = 0
-    bytes: int = 0
-    verified: bool = False
-    problems: tuple[str, ...] = field(default_factory=tuple)
+__all__ = ["CollectResult", "sha256_file", "verify_manifest"]
 
 
 def sha256_file(path: Path) -> str:

@@ -13,6 +13,23 @@ if TYPE_CHECKING:
     from orbit.core.execution.backends.ssh_host_process import HostDirectory
 
 
+# Other names a placement kind is known by -> its canonical name. `targon_rental` is what ORBIT's
+# original write-up calls a registered SSH rental host; templates written with it run unchanged.
+PLACEMENT_ALIASES = {"targon_rental": "ssh"}
+
+
+def canonical_placement(kind: str) -> str:
+    return PLACEMENT_ALIASES.get(kind, kind)
+
+
+def canonical_key(key: str) -> str:
+    """`targon_rental_host_process` -> `ssh_host_process`: an alias's key names the same code."""
+    for alias, canonical in PLACEMENT_ALIASES.items():
+        if key.startswith(alias + "_"):
+            return canonical + key[len(alias) :]
+    return key
+
+
 class ExecutionService:
     def __init__(self, backends: Iterable[ExecutionBackend]) -> None:
         self._backends = {b.key: b for b in backends}
@@ -22,7 +39,7 @@ class ExecutionService:
 
     def backend(self, key: str) -> ExecutionBackend:
         try:
-            return self._backends[key]
+            return self._backends[canonical_key(key)]
         except KeyError:
             known = ", ".join(self.keys())
             raise NoBackend(f"no backend for {key} yet (available: {known})") from None

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from orbit.cli import render
+from orbit.core.control.views import RunView
 from orbit.core.errors import InvalidInput
 from orbit.core.execution.bundle import freeze_bundle
 from orbit.core.execution.docker.host import DockerFacts
@@ -271,10 +272,11 @@ def test_inspect_puts_a_missing_image_in_the_runtime_layer() -> None:
 def test_runs_show_names_the_image_that_ran() -> None:
     ev = evidence("run-e", image("repo/train:1", "4"), None)
     images = {ev.attempt.id: image("repo/train:1", "4")}
+    view = RunView(run=ev.run, bundle_path="/cache/d", images=images)
     console = Console(width=200, record=True)
-    render.show_run(console, ev.run, "/cache", images=images)
+    render.show_run(console, view)
     assert "image      repo/train:1 @ sha256:444444444444 (repo/train@sha256:4)" in (
         console.export_text()
     )
-    data = render.run_json(ev.run, "/cache", images=images)
+    data = render.run_json(view)
     assert data["attempts"][0]["image"]["id"] == "sha256:" + "4" * 64

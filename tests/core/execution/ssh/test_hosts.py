@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from orbit.core.errors import Refused
-from orbit.core.execution.ssh.hosts import HostRecord, HostSpec, check_request, parse_facts
+from orbit.core.execution.ssh.hosts import check_request, parse_facts
+from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.models import ExecutionRequest, LaunchMode, Placement, Resources
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)

@@ -4,22 +4,13 @@ it reconstructs an attempt's state from the bundle's runtime/ files each time.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from orbit.core.execution.artifacts import CollectResult
 from orbit.core.execution.bundle import FrozenBundle
+from orbit.core.layers import LogLayer as LogLayer
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
-
-
-class LogLayer(StrEnum):
-    RUNTIME = "runtime"  # did the wrapper stage and start?
-    TRAINING = "training"  # the task's stdout and stderr
-
-    @property
-    def relpath(self) -> str:
-        return {"runtime": "runtime/runtime.log", "training": "artifacts/training.log"}[self.value]
+from orbit.core.records import CollectResult
 
 
 @dataclass(frozen=True)

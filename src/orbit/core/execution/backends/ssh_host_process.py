@@ -28,8 +28,9 @@ from orbit.core.execution.docker.host import (
     sweep_orphans,
 )
 from orbit.core.execution.runtime_state import parse_json, status_from_files
-from orbit.core.execution.ssh.hosts import HostRecord, HostSpec, check_request
+from orbit.core.execution.ssh.hosts import check_request
 from orbit.core.execution.ssh.transport import Ssh, SshOptions, last_line, stats_bytes
+from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
 
 READ_CHUNK = 1 << 20

@@ -1,96 +1,14 @@
-"""SSH hosts: what `orbit hosts add` records, what `orbit hosts check` finds there, and the
-pure checks that refuse a request a host cannot serve. No I/O here."""
+"""What `orbit hosts check` finds on an SSH host (the probe script and its parser), and the
+pure check that refuses a request a host cannot serve. No I/O here."""
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
 
-from pydantic import Field, field_validator
-
 from orbit.core.errors import Refused
-from orbit.core.models import NAME_PATTERN, ExecutionRequest, Record, Strict
-
-
-class HostSpec(Strict):
-    """A registered host. `ssh` is `user@address` or an alias from the user's ssh config, whose
-    settings (port, key, proxy) keep working; the other fields override them when given."""
-
-    name: str
-    ssh: str
-    port: int | None = Field(default=None, ge=1, le=65535)
-    identity: str | None = None
-    proxy_jump: str | None = None
-    work_dir: str = Field(default=".orbit-work", min_length=1)  # relative: under the login's home
-    python: str = Field(default="python3", min_length=1)
-    unreachable_timeout_s: float = Field(default=600.0, ge=0)
-    # trust a host key seen for the first time (never a changed one)
-    accept_new_host_key: bool = False
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not re.fullmatch(NAME_PATTERN, value):
-            raise ValueError(
-                "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
-            )
-        return value
-
-    @field_validator("ssh")
-    @classmethod
-    def _destination(cls, value: str) -> str:
-        # never an option in disguise (`-oProxyCommand=...`): ssh would obey it
-        if not re.fullmatch(r"[^\s-][^\s]{0,254}", value):
-            raise ValueError(
-                "expected USER@ADDRESS or a Host alias from your ssh config (no spaces, not "
-                "starting with '-')"
-            )
-        return value
-
-    @field_validator("identity", "proxy_jump", "work_dir", "python")
-    @classmethod
-    def _no_whitespace(cls, value: str | None) -> str | None:
-        if value is not None and re.search(r"\s", value):
-            raise ValueError("must not contain whitespace")
-        if value is not None and value.startswith("-"):
-            raise ValueError("must not start with '-'")
-        return value
-
-
-class GpuInfo(Record):
-    index: int
-    name: str
-    memory_mib: int | None = None
-    uuid: str | None = None
-
-
-class HostFacts(Record):
-    """What `orbit hosts check` found, as of `checked_at`."""
-
-    checked_at: datetime
-    os: str | None = None
-    kernel: str | None = None
-    python_path: str | None = None
-    python_version: str | None = None
-    nvidia_smi: bool = False
-    gpus: tuple[GpuInfo, ...] = ()
-    work_dir: str | None = None  # absolute, on the host
-    disk_free_bytes: int | None = None
-    docker: str | None = None  # the server's version, or "client only"
-    docker_nvidia: bool = False  # an NVIDIA container runtime is registered
-    rsync: bool = False
-
-
-class HostRecord(Record):
-    spec: HostSpec
-    facts: HostFacts | None = None
-    created_at: datetime
-    created_by: str
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
+from orbit.core.hosts import GpuInfo, HostFacts, HostRecord
+from orbit.core.models import ExecutionRequest
 
 # Runs on the host with `sh -s -- WORK_DIR PYTHON`: POSIX sh only, so that it also reports a
 # host without python3. One `key=value` per line; a GPU per `gpu=` line.
@@ -215,25 +133,3 @@ def check_request(host: HostRecord, request: ExecutionRequest) -> None:
                 f"host '{host.name}' has no NVIDIA container runtime {when}, and the request "
                 f"asks for {wanted} GPU(s) inside a container"
             )
-
-
-def describe_facts(facts: HostFacts) -> list[tuple[str, str]]:
-    """The facts as label/value rows for people."""
-    gpus = ", ".join(f"{g.index}: {g.name} ({g.memory_mib} MiB)" for g in facts.gpus) or (
-        "none (nvidia-smi found no GPU)" if facts.nvidia_smi else "none (no nvidia-smi)"
-    )
-    free = facts.disk_free_bytes
-    return [
-        ("checked", f"{facts.checked_at:%Y-%m-%d %H:%M:%S} UTC"),
-        ("os", facts.os or "?"),
-        ("kernel", facts.kernel or "?"),
-        (
-            "python3",
-            f"{facts.python_version} at {facts.python_path}" if facts.python_path else "MISSING",
-        ),
-        ("gpus", gpus),
-        ("work dir", facts.work_dir or "?"),
-        ("disk free", "?" if free is None else f"{free / 2**30:.1f} GiB"),
-        ("docker", (facts.docker or "none") + (" (nvidia runtime)" if facts.docker_nvidia else "")),
-        ("rsync", "yes" if facts.rsync else "MISSING"),
-    ]

@@ -23,7 +23,8 @@ from typing import Any
 
 from orbit.core.config import Settings
 from orbit.core.errors import OrbitError, Unreachable
-from orbit.core.execution.ssh.hosts import CHECK_SCRIPT, HostFacts, HostSpec, parse_facts
+from orbit.core.execution.ssh.hosts import CHECK_SCRIPT, parse_facts
+from orbit.core.hosts import HostFacts, HostSpec
 
 CONTROL_PERSIST_S = 30
 

@@ -1,0 +1,93 @@
+"""`orbit logs`: a run's layered logs, or their live stream."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import typer
+
+from orbit.cli.common import ATTEMPT, RUN, err, service
+from orbit.core.layers import LogLayer
+
+
+def logs(
+    run: str = RUN,
+    follow: bool = typer.Option(
+        False,
+        "--follow",
+        "-f",
+        help="Keep printing until the run ends; then say how it ended (exit 1 unless it "
+        "succeeded).",
+    ),
+    layer: LogLayer = typer.Option(
+        LogLayer.TRAINING,
+        "--layer",
+        "-l",
+        help="training: the task's output; runtime: the wrapper's own steps.",
+    ),
+    attempt: int | None = ATTEMPT,
+) -> None:
+    """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
+    from orbit.core.errors import Unreachable
+
+    svc = service()
+    out = sys.stdout.buffer
+    offset, current, lost = 0, None, False
+    while True:
+        try:
+            chunk = svc.read_log(run, layer, offset, attempt)
+        except Unreachable as exc:
+            if not follow:
+                raise
+            if not lost:  # say it once; go on from the same offset when the host is back
+                err.print(f"orbit: {exc}; retrying (Ctrl-C stops following)", markup=False)
+                lost = True
+            if svc.refresh_run_status(run).current.state.terminal and attempt is None:
+                break  # gave up on the host: the run ended as host_unreachable
+            time.sleep(2)
+            continue
+        if lost:
+            err.print("orbit: reconnected; the log goes on", markup=False)
+            lost = False
+        if current is not None and chunk.attempt_id != current:  # an automatic retry began
+            out.write(f"--- attempt {chunk.attempt} ---\n".encode())
+            offset, current = 0, chunk.attempt_id
+            continue
+        current = chunk.attempt_id
+        out.write(chunk.data)
+        out.flush()
+        offset = chunk.offset
+        if chunk.data:
+            continue
+        if not follow:
+            return
+        if chunk.ended:  # it had ended before this read: everything it wrote has been read
+            record = svc.refresh_run_status(run)
+            # the current attempt is followed into retries; an earlier one only to its own end
+            if attempt is not None or record.current.id == current:
+                break
+            continue
+        svc.refresh_run_status(run)
+        time.sleep(0.5)
+    ended(run, attempt)
+
+
+def ended(run: str, attempt: int | None) -> None:
+    """After --follow: one line on stderr saying how the followed attempt ended; exit 1 unless
+    it succeeded."""
+    from orbit.cli import render
+
+    record = service().get_run(run)
+    followed = record.current
+    if attempt is not None:
+        followed = next(a for a in record.attempts if a.number == attempt)
+    outcome = render.outcome(followed)
+    err.print(
+        f"orbit: {record.id} attempt {followed.number} {followed.state}"
+        + (f": {outcome}" if outcome else ""),
+        markup=False,
+        highlight=False,
+    )
+    if followed.state != "succeeded":
+        raise typer.Exit(1)

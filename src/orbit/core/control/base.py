@@ -1,0 +1,63 @@
+"""What every part of the control service shares: its collaborators and a few lookups."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from pathlib import Path
+
+from orbit.core.control.host_registry import HostRegistry
+from orbit.core.errors import InvalidInput, NotFound
+from orbit.core.execution.bundle import FrozenBundle
+from orbit.core.execution.service import ExecutionService
+from orbit.core.records import AttemptRecord, ExperimentRecord, RunRecord
+from orbit.core.tasks import TaskRegistry
+from orbit.core.templates import TemplateRegistry
+from orbit.store import Store
+
+
+def current_actor() -> str:
+    try:
+        return os.environ.get("ORBIT_ACTOR") or getpass.getuser()
+    except Exception:  # no passwd entry for this uid (containers)
+        return f"uid:{os.getuid()}"
+
+
+class ServiceBase:
+    """The store, the execution plane, the registries, the bundle cache and who is acting."""
+
+    store: Store
+    execution: ExecutionService
+    templates: TemplateRegistry
+    tasks: TaskRegistry
+    bundles_dir: Path
+    actor: str
+    hosts: HostRegistry
+
+    def _bundle(self, digest: str) -> FrozenBundle:
+        path = self.bundles_dir / digest
+        if not (path / "job.json").is_file():
+            raise NotFound(f"bundle {digest[:12]} is no longer in the cache at {path}")
+        return FrozenBundle(digest=digest, path=path)
+
+    @staticmethod
+    def _attempt(run: RunRecord, number: int | None) -> AttemptRecord:
+        if number is None:
+            return run.current
+        for attempt in run.attempts:
+            if attempt.number == number:
+                return attempt
+        raise NotFound(f"run {run.id} has no attempt {number} (it has {len(run.attempts)})")
+
+    def _experiment(self, name_or_id: str) -> ExperimentRecord:
+        """Find or create; two submits racing to create the same one both get it."""
+        found = self.store.find_experiment(name_or_id)
+        if found is not None:
+            return found
+        try:
+            return self.store.create_experiment(name_or_id, self.actor)
+        except InvalidInput:
+            found = self.store.find_experiment(name_or_id)
+            if found is None:
+                raise
+            return found

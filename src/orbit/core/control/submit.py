@@ -1,0 +1,148 @@
+"""Submitting, in DESIGN's order: validate and shape with the task plugin, resolve the template
+and apply the overrides, freeze the bundle, route it to its backend, record the handle, audit.
+Everything that can be refused is refused before the store is written."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from orbit.core.control.lifecycle import Lifecycle
+from orbit.core.control.views import SubmitPlan
+from orbit.core.errors import Refused
+from orbit.core.execution.bundle import FrozenBundle, freeze_bundle
+from orbit.core.execution.sources import (
+    parse_sources,
+    place_sources,
+    snapshot_workdir,
+    stage_source,
+    write_provenance,
+)
+from orbit.core.models import (
+    ExecutionRequest,
+    ExecutionTemplate,
+    JobSpec,
+    PrecheckSpec,
+    TaskSubmission,
+)
+from orbit.core.overrides import resolve
+from orbit.core.records import RunRecord
+from orbit.core.secret_names import looks_secret
+from orbit.core.tasks.base import CommonTaskFields, ShapedTask
+
+
+@dataclass(frozen=True)
+class _Shaped:
+    """A submission validated, shaped and resolved: everything but the frozen bundle."""
+
+    shaped: ShapedTask
+    common: CommonTaskFields
+    template: ExecutionTemplate
+    request: ExecutionRequest
+    job: JobSpec
+
+
+class Submitting(Lifecycle):
+    def submit_task(
+        self, submission: TaskSubmission, *, base_dir: Path, source: str = "submission"
+    ) -> RunRecord:
+        """Freeze and launch a run. `experiment_id` may be a name: an unknown one is created."""
+        prepared = self._prepare(submission, base_dir, source)
+        bundle = self._freeze(prepared, base_dir, submission.allow_dirty, self.bundles_dir)
+        experiment = self._experiment(submission.experiment_id)
+        frozen = submission.model_copy(update={"experiment_id": experiment.id})
+        run = self.store.create_run(
+            experiment_id=experiment.id,
+            task_type=submission.task_type,
+            template_id=prepared.template.id,
+            bundle_digest=bundle.digest,
+            submission=frozen.model_dump(mode="json", exclude_unset=False),
+            request=prepared.request.model_dump(mode="json"),
+            target=prepared.request.target,
+            backend_key=prepared.request.backend_key,
+            actor=self.actor,
+        )
+        self._launch(run, run.current, prepared.request)
+        return self.store.get_run(run.id)
+
+    def plan_submission(
+        self, submission: TaskSubmission, *, base_dir: Path, source: str = "submission"
+    ) -> SubmitPlan:
+        """What `submit` would run and where, without writing anything: the bundle is frozen
+        in a scratch cache (for its digest) and removed again; the store is not touched."""
+        prepared = self._prepare(submission, base_dir, source)
+        self.bundles_dir.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".dry-run-", dir=self.bundles_dir.parent))
+        try:
+            bundle = self._freeze(prepared, base_dir, submission.allow_dirty, scratch)
+            files = [p for p in bundle.path.rglob("*") if p.is_file()]
+            size = sum(p.stat().st_size for p in files)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return SubmitPlan(
+            experiment=submission.experiment_id,
+            task_type=submission.task_type,
+            template_id=prepared.template.id,
+            backend_key=prepared.request.backend_key,
+            target=prepared.request.target,
+            request=prepared.request.model_dump(mode="json"),
+            job=prepared.job.model_dump(mode="json"),
+            bundle_digest=bundle.digest,
+            bundle_files=len(files),
+            bundle_bytes=size,
+        )
+
+    def _prepare(self, submission: TaskSubmission, base_dir: Path, source: str) -> _Shaped:
+        shaped = self.tasks.shape(submission.task_type, submission.task_request, base_dir, source)
+        common = self.tasks.common_fields(submission.task_request, source)
+        template = self.templates.get(submission.template_id)
+        request = resolve(template, submission.overrides)
+        self.execution.backend(request.backend_key).validate(request)
+        job = JobSpec(
+            task_type=submission.task_type,
+            template_id=template.id,
+            launch_mode=request.launch_mode,
+            entrypoint=shaped.entrypoint,
+            workdir=shaped.workdir,
+            env={**request.runtime_env, **shaped.env},
+            resources=request.resources,
+            stop_grace_s=request.stop_grace_s,
+            precheck=PrecheckSpec(
+                interpreter=shaped.interpreter, critical_imports=tuple(common.critical_imports)
+            ),
+            task_request={**shaped.request, **common.model_dump(exclude_defaults=True)},
+        )
+        for key in job.env:
+            if looks_secret(key):
+                raise Refused(
+                    f"env {key}: looks like a secret, and ORBIT never freezes secret values into "
+                    "a bundle or the store; set it in the environment where the run executes "
+                    "(a local run inherits the shell's environment)"
+                )
+        return _Shaped(shaped, common, template, request, job)
+
+    def _freeze(
+        self, prepared: _Shaped, base_dir: Path, allow_dirty: bool, cache: Path
+    ) -> FrozenBundle:
+        """Stage pinned git sources (refusing dirty checkouts unless allowed), snapshot the
+        workdir's git state, and freeze it all with its provenance into one bundle."""
+        shaped, common = prepared.shaped, prepared.common
+        specs = parse_sources(
+            common.sources, reserved=[shaped.workdir, *(s.dest for s in shaped.staged)]
+        )
+        workdirs = [s.source for s in shaped.staged if s.dest == shaped.workdir]
+        workdir = snapshot_workdir(workdirs[0]) if workdirs else None
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".tmp-src-") as scratch:
+            sources = [
+                stage_source(spec, index, base_dir, Path(scratch), allow_dirty)
+                for index, spec in enumerate(specs)
+            ]
+
+            def add_inputs(inputs: Path) -> None:
+                place_sources(inputs, sources)
+                write_provenance(inputs, sources, workdir)
+
+            return freeze_bundle(prepared.job, shaped.staged, cache, add_inputs)
