@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from orbit.store import Store
 from tests.helpers import eventually, write_spec
@@ -46,7 +47,7 @@ def test_submit_runs_detached_and_everything_reads_back(
     submitted = orbit_json(env, "submit", str(spec))
     run_id = submitted["id"]
     # the CLI has exited; the run goes on without it
-    assert submitted["state"] in {"submitted", "starting", "running"}
+    assert submitted["state"] in {"submitted", "running"}
     followed = orbit(env, "logs", run_id, "--follow")
     assert followed.stdout == "started\nfinished\n"
     shown = orbit_json(env, "runs", "show", run_id)
@@ -99,9 +100,22 @@ def test_templates_and_experiments(env: dict[str, str], tmp_path: Path) -> None:
     ids = [t["id"] for t in orbit_json(env, "templates", "list")]
     assert {"local", "targon-rental-host"} <= set(ids)
     shown = orbit_json(env, "templates", "show", "targon-rental-host")
-    assert shown["placement"]["kind"] == "ssh" and shown["path"].endswith("targon-rental-host.yaml")
+    assert shown["placement"]["kind"] == "targon_rental"
+    assert shown["canonical_placement"] == "ssh"
+    assert shown["path"].endswith("targon-rental-host.yaml")
+    # piped, `templates show` prints the file as written, with where it came from as comments:
+    # valid YAML whatever its line lengths
+    raw = orbit(env, "templates", "show", "targon-rental-host").stdout
+    assert "# placement 'targon_rental' is accepted as another name for 'ssh'" in raw
+    assert yaml.safe_load(raw) == yaml.safe_load(Path(shown["path"]).read_text(encoding="utf-8"))
+    long = "x" * 300
+    (tmp_path / "execution_templates").mkdir()
+    (tmp_path / "execution_templates" / "wide.yaml").write_text(
+        f"id: wide\ndescription: {long}\nplacement: {{kind: local}}\n"
+        "launch_mode: {kind: host_process}\n"
+    )
+    assert yaml.safe_load(orbit(env, "templates", "show", "wide").stdout)["description"] == long
     user_dir = tmp_path / "execution_templates"  # the tests run with tmp_path as cwd
-    user_dir.mkdir()
     (user_dir / "local.yaml").write_text(
         "id: local\nplacement: {kind: local}\nlaunch_mode: {kind: host_process}\n"
     )
@@ -245,3 +259,52 @@ def test_a_dirty_workdir_is_marked_wherever_the_run_is_shown(
     assert "DIRTY" in orbit(env, "runs", "show", run["id"]).stdout
     assert "dirty" in orbit(env, "runs", "list").stdout
     assert "DIRTY" in orbit(env, "status", run["id"]).stdout
+
+
+def test_submit_dry_run_shows_what_would_run_and_writes_nothing(
+    env: dict[str, str], tmp_path: Path, orbit_home: Path
+) -> None:
+    spec = write_spec(
+        tmp_path,
+        task={"command": ["python3", "-c", "print(1)"], "env": {"MODE": "fast"}},
+        overrides={"resources": {"cpu_count": 2}},
+    )
+    plan = orbit(env, "submit", str(spec), "--dry-run").stdout
+    assert "nothing was submitted" in plan
+    for expected in ("python3 -c print(1)", "MODE", "cpu_count=2", "local_host_process"):
+        assert expected in plan, plan
+    job = orbit_json(env, "submit", str(spec), "--dry-run")
+    assert job["entrypoint"] == ["python3", "-c", "print(1)"] and job["env"] == {"MODE": "fast"}
+    assert job["resources"]["cpu_count"] == 2
+    # the digest it would have is the one a real submit gets
+    bundle_line = next(line for line in plan.splitlines() if line.strip().startswith("bundle"))
+    digest = bundle_line.split()[1]
+    assert orbit_json(env, "runs", "list") == []
+    assert orbit_json(env, "audit") == []
+    assert not (orbit_home / "bundles").exists() or not any((orbit_home / "bundles").iterdir())
+    run = orbit_json(env, "submit", str(spec))
+    assert run["bundle"]["digest"] == digest
+    orbit(env, "cancel", run["id"])
+
+
+def test_runs_list_says_how_many_there_are(env: dict[str, str], tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, task={"command": "true"})
+    ids = [orbit_json(env, "submit", str(spec))["id"] for _ in range(3)]
+    listed = orbit(env, "runs", "list", "--limit", "2")
+    assert "2 of 3 runs" in listed.stderr
+    assert sum(run_id in listed.stdout for run_id in ids) == 2
+    assert "of 3 runs" not in orbit(env, "runs", "list").stderr
+
+
+def test_logs_follow_says_how_the_run_ended(env: dict[str, str], tmp_path: Path) -> None:
+    failing = write_spec(
+        tmp_path, task={"command": "echo working; exit 3"}, retry={"max_retries": 0}
+    )
+    run_id = orbit_json(env, "submit", str(failing))["id"]
+    followed = orbit(env, "logs", run_id, "--follow", check=False)
+    assert followed.returncode == 1
+    assert followed.stdout == "working\n"
+    assert f"{run_id} attempt 1 failed: task_exit_nonzero (task), exit 3" in followed.stderr
+    ok = orbit_json(env, "submit", str(write_spec(tmp_path, "ok.yaml")))["id"]
+    done = orbit(env, "logs", ok, "--follow")
+    assert done.stdout == "hello\n" and "succeeded" in done.stderr

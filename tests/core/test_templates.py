@@ -8,7 +8,15 @@ import pytest
 
 from orbit.core.config import Settings
 from orbit.core.errors import InvalidInput, NotFound
-from orbit.core.templates import TemplateRegistry, builtin_dir, default_search_path
+from orbit.core.execution.service import ExecutionService, canonical_placement
+from orbit.core.models import ExecutionOverrides
+from orbit.core.overrides import parse_overrides, resolve
+from orbit.core.templates import (
+    TemplateRegistry,
+    builtin_dir,
+    default_search_path,
+    load_template_file,
+)
 
 GOOD = """\
 id: {id}
@@ -53,8 +61,8 @@ def test_builtins_load() -> None:
     assert Path(reg.source("local").path) == builtin_dir() / "local.yaml"
 
     rental = reg.get("targon-rental-host")
-    assert rental.placement.kind == "ssh"
-    assert rental.defaults.target is None  # the user names the host
+    assert rental.placement.kind == "targon_rental"  # the ssh placement's original name
+    assert rental.defaults.target == ""  # none: the user names the host
     assert {"target", "resources"} <= set(rental.allow_overrides)
     assert [s.template.id for s in reg.all()] == reg.ids()
 
@@ -177,3 +185,42 @@ def test_an_id_that_is_not_a_name_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "a b.yaml", GOOD.format(id="'a b'", description="x"))
     with pytest.raises(InvalidInput, match=r"a b\.yaml: id: String should match pattern"):
         TemplateRegistry([tmp_path]).get("a b")
+
+
+# ORBIT's original write-up publishes this file; a user who copies it must get it to run
+PUBLISHED_TARGON_TEMPLATE = """\
+id: targon-rental-host
+description: Run a bundle directly on a registered Targon rental machine host process.
+placement:
+  kind: targon_rental
+launch_mode:
+  kind: host_process
+defaults:
+  target: ""
+  detach: true
+  resources: { gpu_type: unknown, gpu_count: 1, cpu_count: 0, memory_gb: 0 }
+allow_overrides: [target, resources, runtime_env, detach]
+"""
+
+
+def test_the_builtin_rental_template_is_the_published_file_byte_for_byte() -> None:
+    path = builtin_dir() / "targon-rental-host.yaml"
+    assert path.read_bytes() == PUBLISHED_TARGON_TEMPLATE.encode()
+    template = load_template_file(path)
+    assert template.placement.kind == "targon_rental"
+    resources = template.defaults.resources
+    # `unknown` is any model; 0 CPUs or memory is no requirement
+    assert resources.gpu_type is None and resources.cpu_count == 0 and resources.memory_gb == 0
+    request = resolve(template, parse_overrides({"target": "h100-a"}, "spec"))
+    assert request.backend_key == "targon_rental_host_process"
+    assert resolve(template, ExecutionOverrides()).target is None  # "" is none given
+
+
+def test_targon_rental_is_the_ssh_placement_under_its_original_name(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'db'}")
+    execution = ExecutionService.default(settings)
+    assert canonical_placement("targon_rental") == "ssh"
+    for launch in ("host_process", "docker"):
+        alias = execution.backend(f"targon_rental_{launch}")
+        assert alias is execution.backend(f"ssh_{launch}")
+    assert canonical_placement("local") == "local"

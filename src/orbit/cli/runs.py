@@ -17,7 +17,8 @@ WAIT = typer.Option(False, "--wait", help="Wait until the run ends; exit 1 unles
 
 
 def show(ref: str, wait: bool, as_json: bool) -> None:
-    """Print a run (after waiting for its end, if asked); exit 1 if waited for and it failed."""
+    """Print a run just launched (after waiting for its end, if asked), as the store has it:
+    no more contact with where it runs; exit 1 if waited for and it did not succeed."""
     from orbit.cli import render
 
     svc = service()
@@ -25,7 +26,7 @@ def show(ref: str, wait: bool, as_json: bool) -> None:
         if not as_json:
             err.print(f"waiting for {ref} (Ctrl-C stops waiting, not the run)...")
         svc.wait_for(ref)
-    view = svc.run_view(ref)
+    view = svc.run_view(ref, refresh=False)
     if as_json:
         print_json(render.run_json(view))
     else:
@@ -179,7 +180,7 @@ def cancel(run: str = RUN, as_json: bool = JSON) -> None:
     before = svc.get_run(run)
     record = svc.cancel_run(run)
     if as_json:
-        print_json(render.run_json(svc.run_view(record.id)))
+        print_json(render.run_json(svc.run_view(record.id, refresh=False)))
     elif before.state.terminal:
         console.print(f"{record.id} already {record.state}: nothing to cancel")
     else:

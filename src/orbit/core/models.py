@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
 
 # the words every record uses, re-exported
 from orbit.core.states import TERMINAL_STATES as TERMINAL_STATES
@@ -39,10 +46,21 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# GPU model names that mean "any model" (ORBIT's original templates write `unknown`)
+ANY_GPU_TYPE = frozenset({"", "any", "unknown"})
+
+
+def _gpu_type(value: str | None) -> str | None:
+    return None if value is None or value.strip().lower() in ANY_GPU_TYPE else value
+
+
 class Resources(Strict):
-    gpu_type: str | None = None
+    """What a run needs. No gpu_type (or `unknown`) means any model; 0 CPUs or 0 GB of memory
+    means no requirement."""
+
+    gpu_type: Annotated[str | None, AfterValidator(_gpu_type)] = None
     gpu_count: int = Field(default=0, ge=0)
-    cpu_count: int = Field(default=1, ge=1)
+    cpu_count: int = Field(default=1, ge=0)
     memory_gb: float = Field(default=1.0, ge=0)
 
 
@@ -91,7 +109,7 @@ class ExecutionTemplate(Record):
 class ResourcesOverride(Strict):
     gpu_type: str | None = None
     gpu_count: int | None = Field(default=None, ge=0)
-    cpu_count: int | None = Field(default=None, ge=1)
+    cpu_count: int | None = Field(default=None, ge=0)
     memory_gb: float | None = Field(default=None, ge=0)
 
 

@@ -66,6 +66,8 @@ def resolve(template: ExecutionTemplate, overrides: ExecutionOverrides) -> Execu
     values = merge(template.defaults.model_dump(), overrides.model_dump(exclude_unset=True))
     # `image` is the one override that lands in the launch mode rather than the defaults
     launch_mode = resolve_launch_mode(template.launch_mode, values.pop("image", None), template.id)
+    if values.get("target") == "":  # an empty target is none given
+        values["target"] = None
     try:
         return ExecutionRequest(
             template_id=template.id,

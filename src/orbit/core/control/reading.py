@@ -55,9 +55,12 @@ class Reading(RunActions):
         total = self.store.count_runs(experiment_id=experiment_id, states=states)
         return RunPage(runs=tuple(self._view(r) for r in runs), total=total)
 
-    def run_view(self, ref: str, *, images: bool = False) -> RunView:
+    def run_view(self, ref: str, *, refresh: bool = True, images: bool = False) -> RunView:
         """A run refreshed from where it runs, with its progress (and, if asked, the image
-        each attempt ran)."""
+        each attempt ran). Without `refresh`, only what the store and the bundle cache know:
+        nothing reaches the execution plane (right after a launch, say)."""
+        if not refresh:
+            return self._view(self.store.get_run(ref))
         run = self.refresh_run_status(ref)
         return self._view(run, self.progress(run), self._attempt_images(run) if images else {})
 
