@@ -51,6 +51,10 @@ def outcome(attempt: AttemptRecord) -> str:
         parts.append(f"exit {attempt.exit_code}")
     if attempt.unreachable and attempt.last_contact_at is not None:
         parts.append(f"last contact {attempt.last_contact_at:%Y-%m-%d %H:%M:%S} UTC")
+    if attempt.state is RunState.PREPARED and attempt.not_before is not None:
+        wait = max(0, int((attempt.not_before - datetime.now(UTC)).total_seconds()))
+        why = "waiting for its host" if attempt.unreachable else f"{attempt.trigger} backoff"
+        parts.append(f"starts in {wait}s ({why})" if wait else f"due now ({why})")
     return ", ".join(parts)
 
 

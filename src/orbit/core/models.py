@@ -178,6 +178,9 @@ class RetryPolicy(Record):
 
     max_retries: int = Field(default=2, ge=0, le=100)
     on_exit_codes: tuple[int, ...] = ()
+    # the first automatic retry waits backoff_s, each next one twice as long, up to the cap
+    backoff_s: float = Field(default=10.0, ge=0, le=3600)
+    backoff_max_s: float = Field(default=600.0, ge=0, le=86400)
 
 
 class TaskSubmission(Record):

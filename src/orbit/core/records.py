@@ -35,6 +35,11 @@ class AttemptRecord(Record):
     finished_at: datetime | None
     last_contact_at: datetime | None = None  # its host last answered (SSH hosts)
     unreachable_since: datetime | None = None  # its host has not answered since
+    # a prepared attempt: who is launching it, until when that claim holds unrenewed, and the
+    # earliest time to launch it (a retry's backoff, a wait for its host)
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    not_before: datetime | None = None
 
     @property
     def unreachable(self) -> bool:

@@ -17,3 +17,9 @@ def should_retry(
     if status.reason.kind is FailureKind.TASK:
         return status.exit_code is not None and status.exit_code in policy.on_exit_codes
     return False
+
+
+def backoff_delay(policy: RetryPolicy, retries_so_far: int) -> float:
+    """Seconds before automatic retry number `retries_so_far + 1`: exponential, capped, so
+    that retries to a box that keeps failing do not burn out in a second."""
+    return float(min(policy.backoff_max_s, policy.backoff_s * 2**retries_so_far))

@@ -11,7 +11,7 @@ from sqlalchemy.exc import DBAPIError
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions/. A test checks it against Alembic's own view;
 # knowing it here spares every CLI call the import of Alembic when the store is current.
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 # An execution option: a transaction begun on an engine carrying it is a write transaction. On
 # SQLite it begins with BEGIN IMMEDIATE, taking the write lock up front: two writers queue (for
 # busy_timeout) instead of both reading and then failing to upgrade, and whatever a writer read

@@ -249,7 +249,14 @@ class Store:
         return attempt_id
 
     def add_attempt(
-        self, run_id: str, *, target: str | None, backend_key: str, trigger: str, actor: str
+        self,
+        run_id: str,
+        *,
+        target: str | None,
+        backend_key: str,
+        trigger: str,
+        actor: str,
+        not_before: datetime | None = None,
     ) -> AttemptRecord:
         """A new attempt of the run's bundle, once the current one has ended."""
         try:
@@ -270,6 +277,13 @@ class Store:
                 attempt_id = self._add_attempt(
                     s, run_id, number, target, backend_key, trigger, actor
                 )
+                if not_before is not None:
+                    s.flush()
+                    s.execute(
+                        update(AttemptRow)
+                        .where(AttemptRow.id == attempt_id)
+                        .values(not_before=not_before)
+                    )
         except IntegrityError:  # another process added attempt `number` first
             raise InvalidInput(
                 f"run {run_id} already has a new attempt {number}: another retry was first"
@@ -357,6 +371,12 @@ class Store:
                     handle=handle.model_dump(mode="json"),
                     updated_at=now,
                     last_contact_at=now,
+                    unreachable_since=None,
+                    reason=None,
+                    message=None,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    not_before=None,
                 )
             )
             if result.rowcount != 1:  # type: ignore[attr-defined]
@@ -382,6 +402,51 @@ class Store:
                 **data,
             )
         return True
+
+    def claim_launch(
+        self, attempt_id: str, owner: str, until: datetime, *, expect: str | None
+    ) -> bool:
+        """Claim a prepared, unlaunched attempt for launching, if its claim is still `expect`'s
+        (None: unclaimed). Compare-and-set: of two processes, one wins."""
+        with self._tx() as s:
+            held = (
+                AttemptRow.lease_owner.is_(None)
+                if expect is None
+                else AttemptRow.lease_owner == expect
+            )
+            result = s.execute(
+                update(AttemptRow)
+                .where(
+                    AttemptRow.id == attempt_id,
+                    AttemptRow.state == RunState.PREPARED.value,
+                    AttemptRow.handle.is_(None),
+                    held,
+                )
+                .values(lease_owner=owner, lease_expires_at=until)
+            )
+            return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+    def renew_launch(self, attempt_id: str, owner: str, until: datetime) -> bool:
+        with self._tx() as s:
+            result = s.execute(
+                update(AttemptRow)
+                .where(
+                    AttemptRow.id == attempt_id,
+                    AttemptRow.state == RunState.PREPARED.value,
+                    AttemptRow.lease_owner == owner,
+                )
+                .values(lease_expires_at=until)
+            )
+            return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+    def defer_launch(self, attempt_id: str, not_before: datetime) -> None:
+        """Give up the launch claim; the attempt is due again at `not_before`."""
+        with self._tx() as s:
+            s.execute(
+                update(AttemptRow)
+                .where(AttemptRow.id == attempt_id, AttemptRow.state == RunState.PREPARED.value)
+                .values(lease_owner=None, lease_expires_at=None, not_before=not_before)
+            )
 
     def record_contact(
         self, attempt_id: str, *, reachable: bool, actor: str, message: str | None = None
@@ -477,6 +542,9 @@ class Store:
             finished_at=_aware(row.finished_at),
             last_contact_at=_aware(row.last_contact_at),
             unreachable_since=_aware(row.unreachable_since),
+            lease_owner=row.lease_owner,
+            lease_expires_at=_aware(row.lease_expires_at),
+            not_before=_aware(row.not_before),
         )
 
     def get_attempt(self, attempt_id: str) -> AttemptRecord:

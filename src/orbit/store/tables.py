@@ -55,6 +55,10 @@ class AttemptRow(Base):
     # the last time its host answered, and since when it has not (SSH hosts)
     last_contact_at: Mapped[datetime | None]
     unreachable_since: Mapped[datetime | None]
+    # a prepared attempt: who launches it, until when that claim holds, and when it is due
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None]
+    not_before: Mapped[datetime | None]
     __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", unique=True),)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ from orbit.core.models import (
     RunState,
     TaskSubmission,
 )
-from tests.helpers import eventually, group_alive
+from orbit.store import Store
+from tests.helpers import eventually, group_alive, write_spec
 
 
 def submission(command: str | list[str] = "echo hello", **fields: object) -> TaskSubmission:
@@ -114,7 +117,7 @@ def test_a_vanished_wrapper_is_an_infrastructure_failure_and_is_retried(
 ) -> None:
     # attempt 1 hangs; attempt 2 succeeds at once
     script = 'case "$ORBIT_ATTEMPT_ID" in *-1) sleep 60;; esac; echo done'
-    run = submit(service, tmp_path, script)
+    run = submit(service, tmp_path, script, retry=RetryPolicy(backoff_s=0.2))
     location = Path(run.current.handle.location)  # type: ignore[union-attr]
     eventually(lambda: service.refresh_run_status(run.id).state is RunState.RUNNING)
     wrapper_pid = int((location / "runtime" / "pid").read_text())
@@ -138,7 +141,10 @@ def test_task_exits_are_retried_only_when_listed(
     assert plain.current.exit_code == 3
 
     listed = submit(
-        service, tmp_path, "exit 3", retry=RetryPolicy(max_retries=2, on_exit_codes=(3,))
+        service,
+        tmp_path,
+        "exit 3",
+        retry=RetryPolicy(max_retries=2, on_exit_codes=(3,), backoff_s=0.1),
     )
     listed = service.wait_for(listed.id, timeout_s=30, poll_s=0.05)
     while len(listed.attempts) < 3 or not listed.state.terminal:
@@ -236,3 +242,91 @@ def test_secret_looking_env_is_never_frozen(service: CoreControlService, tmp_pat
             base_dir=tmp_path,
         )
     assert service.list_runs() == []
+
+
+def test_automatic_retries_back_off_exponentially(
+    service: CoreControlService, tmp_path: Path
+) -> None:
+    policy = RetryPolicy(max_retries=3, on_exit_codes=(3,), backoff_s=1.0, backoff_max_s=1.5)
+    run = submit(service, tmp_path, "exit 3", retry=policy)
+    # the first attempt fails at once; its retry waits out the backoff, prepared
+    waiting = eventually(
+        lambda: (r := service.refresh_run_status(run.id)).current.number == 2 and r
+    )
+    assert waiting.current.state is RunState.PREPARED and waiting.current.handle is None
+    assert waiting.current.not_before is not None
+    first_end = waiting.attempts[0].finished_at
+    assert first_end is not None
+    assert 0.5 < (waiting.current.not_before - first_end).total_seconds() <= 1.5
+    done = service.wait_for(run.id, timeout_s=30, poll_s=0.05)
+    while len(done.attempts) < 4 or not done.state.terminal:
+        done = service.wait_for(run.id, timeout_s=30, poll_s=0.05)
+    # each retry started no sooner than its backoff (1 s, then 2 s capped at 1.5 s) after
+    # the attempt before it ended
+    gaps = [
+        (later.created_at, later.started_at, earlier.finished_at)
+        for earlier, later in zip(done.attempts, done.attempts[1:], strict=False)
+    ]
+    for _created, started, ended in gaps:
+        assert started is not None and ended is not None
+    waits = [(s - e).total_seconds() for _c, s, e in gaps]  # type: ignore[operator]
+    assert waits[0] >= 0.9 and waits[1] >= 1.4 and waits[2] >= 1.4, waits
+    events = [
+        e.data.get("backoff_s") for e in service.audit(run.id) if e.action == "run.auto_retry"
+    ]
+    assert events == [1.0, 1.5, 1.5]
+
+
+def orbit_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orbit", *args], env=env, capture_output=True, text=True
+    )
+
+
+def test_a_submit_killed_after_the_start_is_reconciled_to_its_true_state(
+    orbit_home: Path, store_url: str, tmp_path: Path
+) -> None:
+    """The submitting process dies between starting the attempt and recording it: the next
+    look finds the attempt where it runs and adopts it; it never runs twice."""
+    count = tmp_path / "count"
+    spec = write_spec(tmp_path, task={"command": f"echo ran >> {count}; sleep 1"})
+    env = {**os.environ, "ORBIT_DATABASE_URL": store_url}
+    killed = orbit_cli({**env, "ORBIT_FAILPOINTS": "after-launch"}, "submit", str(spec))
+    assert killed.returncode == -signal.SIGKILL
+    store = Store(store_url)
+    try:
+        (left,) = store.list_runs()
+    finally:
+        store.close()
+    assert left.current.state is RunState.PREPARED and left.current.handle is None
+    adopted = json.loads(orbit_cli(env, "status", left.id, "--json").stdout)
+    assert adopted["state"] in {"submitted", "starting", "running", "succeeded"}
+    assert adopted["attempts"][0]["handle"]["location"].endswith(left.current.id)
+    followed = orbit_cli(env, "logs", left.id, "--follow")
+    assert followed.returncode == 0 and "succeeded" in followed.stderr
+    assert count.read_text() == "ran\n"  # it ran once
+    audit = json.loads(orbit_cli(env, "audit", "--run", left.id, "--json").stdout)
+    (submitted,) = [e for e in audit if e["action"] == "run.submitted"]
+    assert submitted["actor"] == "orbit" and submitted["data"]["adopted_from"]  # the dead one
+
+
+def test_a_submit_killed_while_staging_ends_as_staging_failed_and_is_retried(
+    orbit_home: Path, store_url: str, tmp_path: Path
+) -> None:
+    count = tmp_path / "count"
+    spec = write_spec(
+        tmp_path,
+        task={"command": f"echo ran >> {count}"},
+        retry={"max_retries": 1, "backoff_s": 0},
+    )
+    env = {**os.environ, "ORBIT_DATABASE_URL": store_url}
+    killed = orbit_cli({**env, "ORBIT_FAILPOINTS": "before-launch"}, "submit", str(spec))
+    assert killed.returncode == -signal.SIGKILL
+    (run,) = json.loads(orbit_cli(env, "runs", "list", "--json").stdout)
+    first = run["attempts"][0]
+    assert (first["state"], first["reason"]) == ("failed", "staging_failed")
+    assert "stopped before it started" in first["message"]
+    assert [a["trigger"] for a in run["attempts"]] == ["submit", "auto_retry"]
+    followed = orbit_cli(env, "logs", run["id"], "--follow")
+    assert followed.returncode == 0, followed.stderr
+    assert count.read_text() == "ran\n"  # only the retry ran

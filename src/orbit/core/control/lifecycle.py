@@ -1,56 +1,149 @@
-"""An attempt's life as the control plane drives it: launch, look at it where it runs, end it,
-and let the retry policy start the next one. Embedded, this runs whenever a command looks at a
-run; the server's loops will call the same methods with nobody looking."""
+"""An attempt's life as the control plane drives it: launch it under a lease, look at it where
+it runs, end it, and let the retry policy start the next one after its backoff. Embedded, this
+runs whenever a command looks at a run; the server's loops will call the same methods with
+nobody looking. Every step is safe to run from two processes at once: each move is a
+compare-and-set, and only the process whose move won acts on it."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+import threading
 import time
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from orbit.core import failpoints
 from orbit.core.control.base import ServiceBase
 from orbit.core.errors import NoBackend, OrbitError, Unreachable
 from orbit.core.execution.backends.base import AttemptContext, LaunchError
 from orbit.core.models import ExecutionRequest, FailureReason, RetryPolicy, RunState, RunStatus
 from orbit.core.records import AttemptRecord, RunRecord
-from orbit.core.retry import should_retry
+from orbit.core.retry import backoff_delay, should_retry
 from orbit.core.states import ALLOWED
+
+LEASE_S = 30.0  # a launch claim lapses this long after its last renewal
+RENEW_S = 10.0  # a launching process renews its claim this often
+HOST_WAIT_S = 15.0  # an attempt waiting for its host asks again after this long
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def launcher_id() -> str:
+    """Who is launching: this host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def lease_lapsed(attempt: AttemptRecord, at: datetime) -> bool:
+    """Whether the process that claimed the launch is known gone: its lease ran out, or it was
+    a process of this host that no longer exists."""
+    if attempt.lease_owner is None:
+        return True
+    if attempt.lease_expires_at is None or attempt.lease_expires_at <= at:
+        return True
+    host, _, pid = attempt.lease_owner.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    return False
 
 
 def _contact_is_old(attempt: AttemptRecord, every_s: float = 1.0) -> bool:
     """Whether the last recorded contact is old enough to be worth a write."""
     last = attempt.last_contact_at
-    return last is None or (datetime.now(UTC) - last).total_seconds() >= every_s
+    return last is None or (now() - last).total_seconds() >= every_s
 
 
 class Lifecycle(ServiceBase):
+    @contextlib.contextmanager
+    def _lease(self, attempt_id: str, owner: str) -> Iterator[None]:
+        """Keep the launch claim fresh while staging and starting take their time (a large
+        bundle over a slow link): a thread renews it until the block ends."""
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(RENEW_S):
+                with contextlib.suppress(Exception):  # the next renewal, or the lapse, tells
+                    self.store.renew_launch(attempt_id, owner, now() + timedelta(seconds=LEASE_S))
+
+        thread = threading.Thread(target=renew, name=f"lease-{attempt_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
     def _launch(self, run: RunRecord, attempt: AttemptRecord, request: ExecutionRequest) -> None:
-        """Stage and start one attempt, then record its handle and the move to submitted in
-        one compare-and-set; a launch that failed ends the attempt (and may retry it)."""
+        """Claim the attempt, stage and start it, then record its handle and the move to
+        submitted in one compare-and-set. A launch that failed ends the attempt (and may retry
+        it); one whose host does not answer waits for it, as a running attempt does. If this
+        process dies before the record, the next look finds the attempt where it was to run
+        (see _adopt)."""
+        owner = launcher_id()
+        if not self.store.claim_launch(
+            attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner
+        ):
+            return  # another process claimed it first
         backend = self.execution.backend(request.backend_key)
         context = AttemptContext(run_id=run.id, attempt_id=attempt.id)
         try:
-            try:
-                bundle = self._bundle(run.bundle_digest)
-            except OrbitError as exc:
-                raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from None
-            try:
-                handle = backend.launch(bundle, request, context)
-            except (OrbitError, OSError) as exc:  # a backend's refusal or missing tool
-                raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
+            with self._lease(attempt.id, owner):
+                failpoints.hit("before-launch")
+                try:
+                    bundle = self._bundle(run.bundle_digest)
+                except OrbitError as exc:
+                    raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from None
+                try:
+                    handle = backend.launch(bundle, request, context)
+                except (OrbitError, OSError) as exc:  # a backend's refusal or missing tool
+                    raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
+                failpoints.hit("after-launch")
         except LaunchError as exc:
-            self._end(
-                run.id,
-                attempt,
-                RunStatus(state=RunState.FAILED, reason=exc.reason, message=str(exc)),
-                actor=self.actor,
-            )
+            if exc.reason is FailureReason.HOST_UNREACHABLE:
+                self._wait_for_host(run, self.store.get_attempt(attempt.id), str(exc))
+                return
+            ended = RunStatus(state=RunState.FAILED, reason=exc.reason, message=str(exc))
+            self._end(run.id, attempt, ended, actor=self.actor)
             return
         extra: dict[str, Any] = {
             k: handle.data[k] for k in ("staged_bytes", "bundle_cached") if k in handle.data
         }
         self.store.record_launch(attempt.id, handle, actor=self.actor, **extra)
+
+    def _wait_for_host(self, run: RunRecord, attempt: AttemptRecord, message: str) -> None:
+        """The attempt's host did not answer at launch. Like a running attempt whose host went
+        quiet, it keeps its state (prepared), marked host_unreachable, and is launched when the
+        host answers; after the host's unreachable timeout it ends terminated
+        (host_unreachable), the same end as a running attempt's for the same cause."""
+        self.store.record_contact(attempt.id, reachable=False, actor="orbit", message=message)
+        attempt = self.store.get_attempt(attempt.id)
+        timeout = self._unreachable_timeout(attempt)
+        since = attempt.unreachable_since or now()
+        if (now() - since).total_seconds() >= timeout:
+            ended = RunStatus(
+                state=RunState.TERMINATED,
+                reason=FailureReason.HOST_UNREACHABLE,
+                message=f"host '{attempt.target}' unreachable for {timeout:.0f}s: {message}",
+            )
+            self._end(run.id, attempt, ended, actor="orbit")
+            return
+        self.store.defer_launch(attempt.id, now() + timedelta(seconds=HOST_WAIT_S))
+
+    def _unreachable_timeout(self, attempt: AttemptRecord) -> float:
+        if attempt.handle is not None:
+            host = attempt.handle.data.get("host", {})
+            return float(host.get("unreachable_timeout_s", 600.0))
+        found = self.store.hosts.find(attempt.target) if attempt.target else None
+        return found.spec.unreachable_timeout_s if found is not None else 600.0
 
     def _end(self, run_id: str, attempt: AttemptRecord, status: RunStatus, actor: str) -> None:
         """Move the attempt to where its status says (compare-and-set on the state it had) and,
@@ -69,13 +162,73 @@ class Lifecycle(ServiceBase):
         if moved and status.state.terminal:
             self._after_end(self.store.get_run(run_id), status)
 
+    def _advance_prepared(self, run: RunRecord, attempt: AttemptRecord) -> None:
+        """A prepared attempt: launch it once due (a retry after its backoff, an attempt
+        waiting for its host), unless a live process is launching it. One whose launcher died
+        is judged where it was to run: adopted if it started, staging_failed if not."""
+        at = now()
+        if not lease_lapsed(attempt, at):
+            return  # being launched right now
+        if attempt.lease_owner is not None:
+            self._adopt(run, attempt)
+            return
+        if attempt.not_before is not None and attempt.not_before > at:
+            return  # its backoff, or its wait for the host, is not over
+        request = ExecutionRequest.model_validate(run.request)
+        if attempt.target is not None:
+            request = request.model_copy(update={"target": attempt.target})
+        self._launch(run, attempt, request)
+
+    def _adopt(self, run: RunRecord, attempt: AttemptRecord) -> None:
+        """The process launching this attempt died (killed while staging, or between the start
+        and its record). Find out where it was to run: started, it is adopted and goes on from
+        its true state; never started, it ends as staging_failed (and the retry policy may try
+        again). Either way it is never launched twice."""
+        owner = launcher_id()
+        if not self.store.claim_launch(
+            attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner
+        ):
+            return
+        request = ExecutionRequest.model_validate(run.request)
+        if attempt.target is not None:
+            request = request.model_copy(update={"target": attempt.target})
+        backend = self.execution.backend(attempt.backend_key)
+        context = AttemptContext(run_id=run.id, attempt_id=attempt.id)
+        launcher = attempt.lease_owner
+        try:
+            handle = backend.locate(request, context)
+        except Unreachable as exc:
+            self._wait_for_host(run, attempt, str(exc))
+            return
+        except OrbitError as exc:  # its host is no longer registered, say
+            handle, why = None, str(exc)
+        else:
+            why = "its folder was never made where it was to run"
+        if handle is None:
+            ended = RunStatus(
+                state=RunState.FAILED,
+                reason=FailureReason.STAGING_FAILED,
+                message=f"the process launching it ({launcher}) stopped before it started: {why}",
+            )
+            self._end(run.id, attempt, ended, actor="orbit")
+            return
+        self.store.record_launch(attempt.id, handle, actor="orbit", adopted_from=launcher)
+
     def refresh_run_status(self, ref: str) -> RunRecord:
         """Ask the execution plane where the current attempt stands, move its state, and apply
-        the retry policy if it ended."""
+        the retry policy if it ended. A prepared attempt is launched once due."""
         run = self.store.get_run(ref)
         attempt = run.current
-        if attempt.state.terminal or attempt.handle is None:
+        if attempt.state.terminal:
             return run
+        if attempt.handle is None:
+            if attempt.state is RunState.PREPARED:
+                self._advance_prepared(run, attempt)
+                run = self.store.get_run(run.id)
+            if run.current.handle is None or run.current.state.terminal:
+                return run
+            attempt = run.current
+        assert attempt.handle is not None
         backend = self.execution.backend(attempt.backend_key)
         try:
             status = backend.status(attempt.handle)
@@ -100,12 +253,11 @@ class Lifecycle(ServiceBase):
         night does not end a run on its first look back), it ends as terminated
         (host_unreachable), and the retry policy applies."""
         self.store.record_contact(attempt.id, reachable=False, actor="orbit", message=str(exc))
-        assert attempt.handle is not None
-        timeout = float(attempt.handle.data.get("host", {}).get("unreachable_timeout_s", 600.0))
+        timeout = self._unreachable_timeout(attempt)
         since = attempt.unreachable_since
         if since is None:
             return  # the first failed look: only now does the clock start
-        silent = (datetime.now(UTC) - since).total_seconds()
+        silent = (now() - since).total_seconds()
         if silent < timeout:
             return
         last = attempt.last_contact_at or attempt.created_at
@@ -119,6 +271,7 @@ class Lifecycle(ServiceBase):
         self._end(run.id, attempt, ended, actor="orbit")
 
     def _after_end(self, run: RunRecord, status: RunStatus) -> None:
+        """The retry policy: a new attempt, launched now or once its backoff is over."""
         attempt = run.current
         policy = RetryPolicy.model_validate(run.submission.get("retry", {}))
         retries = 0
@@ -128,6 +281,7 @@ class Lifecycle(ServiceBase):
             retries += 1
         if not should_retry(policy, status, retries, attempt.cancel_requested):
             return
+        delay = backoff_delay(policy, retries)
         self.store.record_event(
             "orbit",
             "run.auto_retry",
@@ -136,18 +290,18 @@ class Lifecycle(ServiceBase):
             reason=status.reason.value if status.reason else None,
             retry=retries + 1,
             max_retries=policy.max_retries,
+            backoff_s=delay,
         )
-        request = ExecutionRequest.model_validate(run.request)
-        if attempt.target is not None:
-            request = request.model_copy(update={"target": attempt.target})
         new = self.store.add_attempt(
             run.id,
             target=attempt.target,
             backend_key=attempt.backend_key,
             trigger="auto_retry",
             actor="orbit",
+            not_before=now() + timedelta(seconds=delay) if delay > 0 else None,
         )
-        self._launch(self.store.get_run(run.id), new, request)
+        if delay <= 0:
+            self._advance_prepared(self.store.get_run(run.id), new)
 
     def refresh_active(self, runs: list[RunRecord]) -> None:
         """Refresh every active run; one whose backend is not available here stays as stored."""

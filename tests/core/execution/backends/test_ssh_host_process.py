@@ -403,7 +403,9 @@ def test_an_automatic_retry_to_a_removed_host_fails_instead_of_hanging(
     env: dict[str, str], sshd_factory: SshdFactory, tmp_path: Path
 ) -> None:
     add_host(env, "h100-a", sshd_factory(alias="h100-a"))
-    spec = spec_for(tmp_path / "job", "h100-a", "sleep 300", retry={"max_retries": 1})
+    spec = spec_for(
+        tmp_path / "job", "h100-a", "sleep 300", retry={"max_retries": 1, "backoff_s": 0}
+    )
     run = orbit_json(env, "submit", str(spec))
     eventually(lambda: orbit_json(env, "status", run["id"])["state"] == "running")
     orbit(env, "hosts", "remove", "h100-a")

@@ -45,6 +45,12 @@ class ExecutionBackend(Protocol):
         """Stage the bundle and start it detached; raise LaunchError if it did not start."""
         ...
 
+    def locate(self, request: ExecutionRequest, attempt: AttemptContext) -> RunHandle | None:
+        """Where an attempt of this request was launched, for one whose launching process died
+        before the store recorded it; None when its folder was never made there (it never
+        started). May contact the host (raises Unreachable when it does not answer)."""
+        ...
+
     def status(self, handle: RunHandle) -> RunStatus: ...
 
     def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:

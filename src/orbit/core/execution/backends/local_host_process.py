@@ -61,6 +61,17 @@ class LocalHostProcessBackend:
             data={"pid": started["pid"]},
         )
 
+    def locate(self, request: ExecutionRequest, attempt: AttemptContext) -> RunHandle | None:
+        attempt_dir = self.work_dir / attempt.attempt_id
+        if not (attempt_dir / "runtime").is_dir():  # made last by copy_frozen: never started
+            return None
+        return RunHandle(
+            backend_key=self.key,
+            target="localhost",
+            attempt_id=attempt.attempt_id,
+            location=str(attempt_dir),
+        )
+
     def status(self, handle: RunHandle) -> RunStatus:
         # the same probe an SSH host runs: it also kills a task its dead wrapper left behind
         found = hostside.probe(handle.location, handle.attempt_id)

@@ -228,6 +228,23 @@ class SshHostProcessBackend:
             return Ssh(current.spec, self.options)
         return Ssh(HostSpec.model_validate(handle.data["host"]), self.options)
 
+    def locate(self, request: ExecutionRequest, attempt: AttemptContext) -> RunHandle | None:
+        host = self.host(request.target, request.template_id)
+        handle = RunHandle(
+            backend_key=self.key,
+            target=host.name,
+            attempt_id=attempt.attempt_id,
+            location="",
+            data={"host": host.spec.model_dump(mode="json")},
+        )
+        work = str(self._hostside(handle, "stage-check", host.spec.work_dir, "-")["work"])
+        location = f"{work}/attempts/{attempt.attempt_id}"
+        if self._hostside(handle, "probe", location, attempt.attempt_id).get("missing"):
+            return None
+        return handle.model_copy(
+            update={"location": location, "data": {**handle.data, "work_dir": work}}
+        )
+
     def status(self, handle: RunHandle) -> RunStatus:
         # one command asks a dead host once: `runs list` with ten runs on it must not wait for
         # ten connect timeouts
