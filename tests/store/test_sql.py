@@ -4,6 +4,7 @@ errors."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -241,6 +242,22 @@ def test_a_store_that_cannot_be_reached_is_a_store_error() -> None:
     assert isinstance(refused.value.__cause__, psycopg.OperationalError)
     with pytest.raises(StoreError, match="not a store URL"):
         Store("mysql://root@localhost/orbit")
+
+
+def test_the_cli_says_which_store_failed_in_one_line(orbit_home: Path) -> None:
+    url = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=3"
+    env = {**os.environ, "ORBIT_HOME": str(orbit_home), "ORBIT_DATABASE_URL": url}
+    proc = subprocess.run(
+        [sys.executable, "-m", "orbit", "experiments", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"orbit: error: the store at {url} failed: ")
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.postgres

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from sqlalchemy.exc import SQLAlchemyError
 
 from orbit import __version__
 from orbit.cli import forensics, render
@@ -37,6 +36,7 @@ from orbit.core.overrides import parse_overrides
 from orbit.core.records import RunRecord
 from orbit.core.spec import load_spec, parse_sets, to_submission
 from orbit.forensics.progress import Progress
+from orbit.store import StoreError
 
 app = typer.Typer(
     help=__doc__,
@@ -494,7 +494,7 @@ def main() -> None:
         fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
-    except SQLAlchemyError as exc:  # the store cannot be reached or read
+    except StoreError as exc:  # the store cannot be reached or read
         url = settings().database_url
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         fail(f"the store at {url} failed: {first} (check ORBIT_DATABASE_URL / ORBIT_HOME)", 2)
