@@ -1,6 +1,6 @@
 """The store's SQL layer on real SQLite and PostgreSQL: URLs, stored formats (those SQLAlchemy
 wrote included), no SQLAlchemy on the normal path, threads sharing one Store, a page of runs,
-errors."""
+errors, and eight processes opening a new store at once."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 from orbit.core.execution.ssh.hosts import HostSpec
 from orbit.core.models import FailureReason, RunState
 from orbit.store import Store, StoreError, sql
+from orbit.store.schema import HEAD_REVISION
 from orbit.store.sql import PostgresDriver, SqliteDriver, Tx, driver_for, pyformat, read_time
 from tests.store.raw import execute, query
 from tests.store.test_repository import ACTOR, make_run
@@ -279,6 +280,68 @@ def test_a_pooled_connection_the_server_dropped_is_replaced(
         assert store.get_experiment("e") == exp
     finally:
         store.close()
+
+
+# --- first use, eight processes at once -------------------------------------------------------
+
+FIRST_USE = """
+import sys
+from orbit.store import Store
+
+print("ready", flush=True)
+sys.stdin.readline()  # all eight go together
+store = Store(sys.argv[1])
+store.create_experiment(f"e{sys.argv[2]}", "t")
+print(len(store.list_experiments()))
+store.close()
+"""
+
+
+def eight_at_once(url: str) -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_USE, url, str(i)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(8)
+    ]
+    try:
+        for p in procs:  # every one has paid for its imports
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    failed = [
+        (p.returncode, err) for p, (_, err) in zip(procs, results, strict=True) if p.returncode
+    ]
+    assert failed == []
+    store = Store(url)
+    try:
+        assert sorted(e.name for e in store.list_experiments()) == [f"e{i}" for i in range(8)]
+        assert query(store, "SELECT version_num FROM alembic_version") == [
+            {"version_num": HEAD_REVISION}
+        ]
+        assert store.verify_audit() == []
+    finally:
+        store.close()
+
+
+def test_eight_processes_open_a_new_sqlite_store_at_once(tmp_path: Path) -> None:
+    eight_at_once(f"sqlite:///{tmp_path / 'home' / 'orbit.db'}")
+
+
+@pytest.mark.postgres
+def test_eight_processes_open_a_new_postgres_store_at_once(postgres_url: str) -> None:
+    eight_at_once(postgres_url)
 
 
 def test_close_ends_the_pooled_connections_and_the_store_still_answers(store: Store) -> None:

@@ -1,23 +1,35 @@
-"""The schema: which revision a store is at, and Alembic's migrations to the newest.
+"""The schema: which revision a store is at, and Alembic's migrations to the newest, run once
+at a time however many processes open a new store together.
 
 Alembic and SQLAlchemy are imported only when a store is not yet current: a current store costs
 one small query here."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orbit.store.sql import Database, StoreError, sqlite_path
+from orbit.store.sql import Database, SqliteDriver, StoreError, sqlite_path
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions/. A test checks it against Alembic's own view;
 # knowing it here spares every CLI call the import of Alembic when the store is current.
 HEAD_REVISION = "0004"
+# pg_advisory_lock key ("ORBITMIG") held by the one process migrating a PostgreSQL store
+MIGRATION_LOCK_KEY = 0x4F524249544D4947
 
 
 def current_revision(db: Database) -> str | None:
     """The store's Alembic revision; None for a new store (no version table yet)."""
+    return _look(db)[0]
+
+
+def _look(db: Database) -> tuple[str | None, bool]:
+    """The revision, and whether the rest of the setup is done (SQLite: in WAL mode)."""
     exists = (
         "SELECT to_regclass('alembic_version') IS NOT NULL"
         if db.dialect == "postgresql"
@@ -25,13 +37,44 @@ def current_revision(db: Database) -> str | None:
     )
     with db.transaction(write=False) as tx:
         value = tx.scalar("SELECT version_num FROM alembic_version") if tx.scalar(exists) else None
-    return None if value is None else str(value)
+        ready = db.dialect != "sqlite" or str(tx.scalar("PRAGMA journal_mode")).lower() == "wal"
+    return (None if value is None else str(value)), ready
 
 
 def migrate(db: Database) -> None:
-    """Upgrade to the newest revision; a store that is already current costs one small query."""
-    if current_revision(db) != HEAD_REVISION:
-        _upgrade(db.url)
+    """Bring the store to HEAD_REVISION (and a SQLite file to WAL mode). Processes that start
+    together on a new store take turns (a file lock beside the SQLite file, a session advisory
+    lock on PostgreSQL); each looks again once it holds the lock, so only the first one
+    migrates."""
+    if _look(db) == (HEAD_REVISION, True):
+        return
+    with _migration_lock(db):
+        revision, ready = _look(db)
+        if not ready and isinstance(db.driver, SqliteDriver):
+            db.driver.enable_wal()
+        if revision != HEAD_REVISION:
+            _upgrade(db.url)
+
+
+@contextmanager
+def _migration_lock(db: Database) -> Iterator[None]:
+    path = sqlite_path(db.url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+        return
+    conn = db.connect()
+    try:
+        conn.autocommit = True  # a session lock, held across the migration's own transaction
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        yield
+    finally:
+        conn.close()  # ends the session, and with it the lock
 
 
 def _upgrade(url: str) -> None:

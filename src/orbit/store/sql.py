@@ -158,11 +158,31 @@ class SqliteDriver(Driver):
         try:
             conn.execute("PRAGMA busy_timeout=30000")
             conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def enable_wal(self, deadline_s: float = 30.0) -> None:
+        """Put the database file in WAL mode (it stays so): readers never wait for the writer.
+        The switch needs the file to itself and SQLite answers "locked" at once rather than
+        waiting for busy_timeout, so it is tried again while others finish their reads."""
+        conn = self.connect()
+        try:
+            deadline = time.monotonic() + deadline_s
+            while True:
+                try:
+                    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+                    continue
+                if str(mode).lower() != "wal":
+                    raise StoreError(f"{self.path}: SQLite refused WAL mode (it says {mode})")
+                return
+        finally:
+            conn.close()
 
     def begin(self, conn: sqlite3.Connection, write: bool) -> None:
         # A write takes the write lock up front: two writers queue (for busy_timeout) instead of
