@@ -317,8 +317,12 @@ def test_resolve_run_id(store: Store, run_ids: Callable[[list[str]], None]) -> N
         assert store.resolve_run_id(ref) == f
     assert store.get_run("ffff").id == f
     for ref in ("run-abcd", "abcd", "abcd00000"):
-        with pytest.raises(InvalidInput, match=f"run id '{ref}' is ambiguous"):
+        with pytest.raises(InvalidInput) as ambiguous:
             store.resolve_run_id(ref)
+        assert str(ambiguous.value) == (
+            f"run id '{ref}' is ambiguous: it matches run-abcd000001, run-abcd000002 "
+            "(give more characters)"
+        )
         with pytest.raises(InvalidInput, match=f"run id '{ref}' is ambiguous"):
             store.get_run(ref)
     # unknown, too short to be a prefix, a pattern, or another case: never a match
@@ -328,6 +332,25 @@ def test_resolve_run_id(store: Store, run_ids: Callable[[list[str]], None]) -> N
     ):
         with pytest.raises(NotFound, match="unknown run"):
             store.resolve_run_id(ref)
+
+
+def test_an_ambiguous_prefix_names_five_matches_and_counts_the_rest(
+    store: Store, run_ids: Callable[[list[str]], None]
+) -> None:
+    ids = [f"run-beef{n:06d}" for n in (0, 1, 2, 3, 4, 5, 10, 11)]
+    run_ids([*ids, "run-beee000000"])
+    exp = store.create_experiment("e", ACTOR)
+    for _ in range(9):
+        make_run(store, exp.id)
+    with pytest.raises(InvalidInput) as ambiguous:
+        store.resolve_run_id("beef")
+    assert str(ambiguous.value) == (
+        f"run id 'beef' is ambiguous: it matches {', '.join(ids[:5])} and 3 more "
+        "(give more characters)"
+    )
+    with pytest.raises(InvalidInput, match=r"it matches run-beef000010, run-beef000011 \("):
+        store.resolve_run_id("run-beef00001")
+    assert store.resolve_run_id("beef000011") == ids[7]
 
 
 def test_list_events_order_filter_and_limit(store: Store) -> None:

@@ -21,6 +21,7 @@ RUN_COLUMNS = (
     "r.bundle_digest, r.submission, r.request, r.created_at, r.created_by, r.replay_of"
 )
 RUNS_FROM = "runs r JOIN experiments e ON e.id = r.experiment_id"
+AMBIGUOUS_SHOWN = 5  # matches named when a run id prefix is ambiguous
 
 
 def attempt_record(row: Row) -> AttemptRecord:
@@ -45,6 +46,14 @@ def attempt_record(row: Row) -> AttemptRecord:
         last_contact_at=read_time(row["last_contact_at"]),
         unreachable_since=read_time(row["unreachable_since"]),
     )
+
+
+def ambiguous(ref: str, matches: list[str]) -> InvalidInput:
+    named = ", ".join(matches[:AMBIGUOUS_SHOWN])
+    more = len(matches) - AMBIGUOUS_SHOWN
+    if more > 0:
+        named += f" and {more} more"
+    return InvalidInput(f"run id '{ref}' is ambiguous: it matches {named} (give more characters)")
 
 
 def runs_filter(
@@ -92,7 +101,7 @@ class RunQueriesMixin(StoreBase):
             if len(ids) == 1:
                 return str(ids[0])
             if len(ids) > 1:
-                raise InvalidInput(f"run id '{ref}' is ambiguous: give more characters")
+                raise ambiguous(ref, ids)
         raise NotFound(f"unknown run '{ref}' (see 'orbit runs list')")
 
     def get_attempt(self, attempt_id: str) -> AttemptRecord:
