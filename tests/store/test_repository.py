@@ -288,6 +288,25 @@ def test_list_runs_filters_on_experiment_and_current_attempt(store: Store) -> No
     listed = {r.id: r for r in store.list_runs(states={S.RUNNING})}
     assert [a.state for a in listed[retried.id].attempts] == [S.FAILED, S.RUNNING]
 
+    # count_runs counts what list_runs lists, with the same filters (and no limit)
+    assert store.count_runs() == 3
+    assert store.count_runs(experiment_id=sft.id) == 2
+    assert store.count_runs(states={S.RUNNING}) == 1  # the retried run's first attempt failed
+    assert store.count_runs(states={S.FAILED}) == 1
+    assert store.count_runs(states={S.FAILED, S.PREPARED}) == 2
+    assert store.count_runs(states={S.FAILED}, experiment_id=rl.id) == 0
+    assert store.count_runs(states={S.RUNNING, S.PREPARED}, experiment_id=sft.id) == 1
+    assert store.count_runs(states=set()) == 3
+    assert store.count_runs(experiment_id="exp-unknown") == 0
+    for experiment_id in (None, sft.id, rl.id):
+        for states in (None, {S.FAILED}, {S.RUNNING, S.PREPARED}, set(S)):
+            listed_all = store.list_runs(experiment_id=experiment_id, states=states)
+            count = store.count_runs(experiment_id=experiment_id, states=states)
+            assert count == len(listed_all), (experiment_id, states)
+            assert len(store.list_runs(experiment_id=experiment_id, states=states, limit=1)) == min(
+                1, count
+            )
+
 
 @pytest.fixture
 def run_ids(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], None]:

@@ -137,7 +137,7 @@ store.request_cancel(aid, "t")
 store.move_attempt(aid, S.TERMINATED, actor="t", reason=FailureReason.CANCELLED)
 store.add_attempt(run.id, target=None, backend_key="k", trigger="retry", actor="t")
 store.get_run(run.id[:9]), store.get_attempt(aid)
-store.list_runs(limit=50), store.list_runs(states={S.PREPARED})
+store.list_runs(limit=50), store.list_runs(states={S.PREPARED}), store.count_runs()
 store.hosts.add(HostSpec(name="h", ssh="root@h"), None, "t")
 store.hosts.all(), store.hosts.active_attempts("h")
 store.hosts.remove("h", "t")
@@ -197,8 +197,8 @@ def test_threads_share_one_store(store: Store) -> None:
     for t in threads:
         t.join(timeout=120)
     assert failures == []
-    assert len(store.list_runs(experiment_id=exp.id)) == 30
-    assert len(store.list_runs(states={S.SUBMITTED})) == 30
+    assert store.count_runs(experiment_id=exp.id) == 30
+    assert store.count_runs(states={S.SUBMITTED}) == 30
     assert len(store.list_events()) == 1 + 30 * 3
     assert store.verify_audit() == []
 

@@ -1,4 +1,4 @@
-"""Reading runs and attempts: a run by id or prefix, the newest runs.
+"""Reading runs and attempts: a run by id or prefix, the newest runs, how many there are.
 
 Each read is a few indexed queries in one read transaction: a page of runs reads the attempts
 of that page only."""
@@ -59,7 +59,7 @@ def ambiguous(ref: str, matches: list[str]) -> InvalidInput:
 def runs_filter(
     experiment_id: str | None, states: set[RunState] | None
 ) -> tuple[str, dict[str, object]]:
-    """The joins and WHERE clause of list_runs (runs are `r`). `states`
+    """The joins and WHERE clause shared by list_runs and count_runs (runs are `r`). `states`
     filters on each run's current attempt, its highest number."""
     clauses: list[str] = []
     params: dict[str, object] = {"experiment_id": experiment_id}
@@ -168,3 +168,12 @@ class RunQueriesMixin(StoreBase):
                 {**params, "limit": limit},
             )
             return self._run_records(tx, rows)
+
+    def count_runs(
+        self, experiment_id: str | None = None, states: set[RunState] | None = None
+    ) -> int:
+        """How many runs `list_runs` would list with the same filters and no limit."""
+        condition, params = runs_filter(experiment_id, states)
+        with self._read() as tx:
+            count = tx.scalar(f"SELECT count(*) FROM runs r{condition}", params)
+        return int(count or 0)
