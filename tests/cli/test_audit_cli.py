@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 
 from orbit.core.audit_chain import verify_chain
 from orbit.core.models import RunState
 from orbit.core.records import AuditEvent
 from orbit.store import Store
+from tests.store.raw import execute
 
 ORBIT = [sys.executable, "-m", "orbit"]
 
@@ -71,9 +71,8 @@ def test_verify_passes_then_names_the_tampered_event(
     ]
 
     edited, removed = events[3], events[5]
-    with store.engine.begin() as c:
-        c.execute(text("UPDATE events SET actor = 'mallory' WHERE id = :id"), {"id": edited.id})
-        c.execute(text("DELETE FROM events WHERE id = :id"), {"id": removed.id})
+    assert execute(store, "UPDATE events SET actor = 'mallory' WHERE id = :id", id=edited.id) == 1
+    assert execute(store, "DELETE FROM events WHERE id = :id", id=removed.id) == 1
     bad = orbit(env, "audit", "verify")
     assert bad.returncode == 1
     assert bad.stdout == ""

@@ -6,24 +6,29 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 import threading
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from orbit.core.audit_chain import canonical_at, check_chain, event_hash, verify_chain
 from orbit.core.errors import InvalidInput
 from orbit.core.models import RunState
 from orbit.core.records import AuditEvent
-from orbit.store import Store
-from orbit.store.db import HEAD_REVISION, alembic_config, current_revision, make_engine
+from orbit.store import Conflict, Store
+from orbit.store.audit import append_event
+from orbit.store.schema import HEAD_REVISION, alembic_config, alembic_engine, current_revision
+from orbit.store.sql import Database
 from orbit.store.tables import Base
+from tests.store.raw import execute, query
 
 ACTOR = "tester"
 S = RunState
@@ -153,12 +158,11 @@ def assert_linked(events: list[AuditEvent]) -> None:
 
 
 def tamper(store: Store, sql: str, **params: Any) -> None:
-    with store.engine.begin() as c:
-        c.execute(text(sql), params)
+    assert execute(store, sql, **params) == 1
 
 
 def json_param(store: Store) -> str:
-    return "CAST(:d AS JSON)" if store.engine.dialect.name == "postgresql" else ":d"
+    return "CAST(:d AS JSON)" if store.dialect == "postgresql" else ":d"
 
 
 def test_the_chain_is_intact_after_real_operations(store: Store, store_url: str) -> None:
@@ -280,7 +284,7 @@ def test_a_fork_is_refused_by_the_database(store: Store) -> None:
         prev=first.hash,
         h="a" * 64,
     )
-    with pytest.raises(sa.exc.IntegrityError):
+    with pytest.raises(Conflict) as refused:
         tamper(
             store,
             f"INSERT INTO events ({columns}) VALUES ({values})",
@@ -289,43 +293,69 @@ def test_a_fork_is_refused_by_the_database(store: Store) -> None:
             prev=first.hash,
             h="b" * 64,
         )
+    # the driver's own error, behind the store's
+    assert isinstance(
+        refused.value.__cause__, sqlite3.IntegrityError | psycopg.errors.UniqueViolation
+    )
+    assert len(store.list_events()) == 2
 
 
 @pytest.mark.postgres
-def test_a_session_in_another_time_zone_hashes_the_same_instant(postgres_url: str) -> None:
-    """PostgreSQL hands timestamptz back in the session's zone: the hash is over UTC."""
-    url = postgres_url.replace("postgresql://", "postgresql+psycopg://", 1)
-    nepal = create_engine(url, connect_args={"options": "-c timezone=Asia/Kathmandu"})
-    away = Store(postgres_url, engine=nepal)
+def test_a_session_in_another_time_zone_reads_utc_and_hashes_the_same_instant(
+    postgres_url: str,
+) -> None:
+    """PostgreSQL hands timestamptz back in the session's zone: the store reads it as UTC, and
+    the hash is over UTC."""
+    away = Store(f"{postgres_url}?options=-c%20timezone%3DAsia/Kathmandu")
     home = Store(postgres_url)
     try:
         away.record_event("a", "run.note")
         home.record_event("b", "run.note")
         away.record_event("c", "run.note")
-        assert away.list_events()[0].at.utcoffset() == timedelta(hours=5, minutes=45)
+        [session] = query(away, "SELECT current_setting('TimeZone') AS zone, now() AS now")
+        assert session["zone"] == "Asia/Kathmandu"  # the session really is elsewhere
+        assert session["now"].utcoffset() == timedelta(hours=5, minutes=45)
+        events = away.list_events()
+        assert [e.at.utcoffset() for e in events] == [timedelta(0)] * 3
         assert away.verify_audit() == [] and home.verify_audit() == []
-        assert away.list_events() == home.list_events()
+        assert events == home.list_events()
     finally:
         away.close()
         home.close()
 
 
 def test_sqlite_writes_begin_immediate_and_reads_do_not_wait(store: Store) -> None:
-    """While one write transaction holds the store, a read still answers at once; on SQLite
-    the pragmas still apply to every connection."""
+    """While one write transaction holds the store, a read still answers at once; on SQLite a
+    write holds the write lock from its start, a read never takes it, and the pragmas apply to
+    every connection."""
     store.record_event(ACTOR, "run.note")
-    with store._tx() as s:
-        store._event(s, ACTOR, "run.note", held=True)
+    with store._write() as tx:
+        append_event(tx, ACTOR, "run.note", held=True)
         assert len(store.list_events()) == 1  # another connection, not waiting for the writer
     assert len(store.list_events()) == 2
-    if store.engine.dialect.name != "sqlite":
+    with store._read() as tx, pytest.raises(RuntimeError, match="only inside a write"):
+        append_event(tx, ACTOR, "run.note")
+    assert len(store.list_events()) == 2
+    if store.dialect != "sqlite":
         return
-    with store.engine.connect() as c:
-        assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-        assert c.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
-        assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
-    with store._sessions() as s, pytest.raises(RuntimeError, match=r"only inside Store\._tx"):
-        store._event(s, ACTOR, "run.note")
+    path = store.url.removeprefix("sqlite:///")
+    other = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+    try:
+        # nothing written yet, and still the lock is held
+        with store._write(), pytest.raises(sqlite3.OperationalError, match="database is locked"):
+            other.execute("BEGIN IMMEDIATE")
+        with store._read():  # a read leaves the write lock free
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+    finally:
+        other.close()
+    with store._read() as tx:
+        assert tx.scalar("PRAGMA journal_mode") == "wal"
+        assert tx.scalar("PRAGMA busy_timeout") == 30000
+        assert tx.scalar("PRAGMA foreign_keys") == 1
+    with store._write() as tx, store._read() as nested:  # a second pooled connection
+        assert tx.scalar("PRAGMA busy_timeout") == nested.scalar("PRAGMA busy_timeout") == 30000
+        assert nested.scalar("PRAGMA foreign_keys") == 1
 
 
 # --- the migration ----------------------------------------------------------------------------
@@ -350,10 +380,12 @@ def migrate_to(engine: Engine, revision: str, *, down: bool = False) -> None:
 
 
 def test_a_0001_store_is_migrated_with_a_backfilled_chain(store_url: str) -> None:
-    engine = make_engine(store_url)
+    engine = alembic_engine(store_url)
     try:
         migrate_to(engine, "0001")
-        assert current_revision(engine) == "0001"
+        old = Database(store_url)
+        assert current_revision(old) == "0001"
+        old.close()
         at = datetime(2026, 11, 1, 8, 0, 0, 123456, tzinfo=UTC)
         with engine.begin() as c:
             c.execute(
@@ -375,8 +407,9 @@ def test_a_0001_store_is_migrated_with_a_backfilled_chain(store_url: str) -> Non
         engine.dispose()
 
     store = Store(store_url)
+    engine = alembic_engine(store_url)
     try:
-        assert current_revision(store.engine) == HEAD_REVISION
+        assert current_revision(store.db) == HEAD_REVISION
         events = store.list_events()
         assert [e.id for e in events] == [1, 3, 4, 5]
         assert events[0].at == at
@@ -386,22 +419,23 @@ def test_a_0001_store_is_migrated_with_a_backfilled_chain(store_url: str) -> Non
         assert store.list_events()[-1].prev_hash == events[-1].hash
         assert store.verify_audit() == []
 
-        columns = {c["name"]: c for c in inspect(store.engine).get_columns("events")}
+        columns = {c["name"]: c for c in inspect(engine).get_columns("events")}
         assert columns["hash"]["nullable"] is False and columns["prev_hash"]["nullable"]
         unique = {
             i["name"]: i["column_names"]
-            for i in inspect(store.engine).get_indexes("events")
+            for i in inspect(engine).get_indexes("events")
             if i["unique"]
         }
         assert unique == {"ix_events_hash": ["hash"], "ix_events_prev_hash": ["prev_hash"]}
-        with store.engine.connect() as c:  # the migrations build what tables.py declares
+        with engine.connect() as c:  # the migrations build what tables.py declares
             assert compare_metadata(MigrationContext.configure(c), Base.metadata) == []
 
         # down and up again: the chain is rebuilt the same, from the same content
-        migrate_to(store.engine, "0001", down=True)
-        assert "hash" not in {c["name"] for c in inspect(store.engine).get_columns("events")}
-        migrate_to(store.engine, "head")
+        migrate_to(engine, "0001", down=True)
+        assert "hash" not in {c["name"] for c in inspect(engine).get_columns("events")}
+        migrate_to(engine, "head")
         assert store.list_events()[:4] == events
         assert store.verify_audit() == []
     finally:
         store.close()
+        engine.dispose()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
 
 from orbit.store import Store
-from orbit.store.db import HEAD_REVISION, alembic_config, current_revision
+from orbit.store.schema import HEAD_REVISION, alembic_config, current_revision
+from tests.store.raw import table_names
 
 
 def test_head_revision_constant_matches_the_migration_scripts() -> None:
@@ -14,6 +14,6 @@ def test_head_revision_constant_matches_the_migration_scripts() -> None:
 
 
 def test_a_new_store_is_migrated_to_head_with_every_table(store: Store) -> None:
-    assert current_revision(store.engine) == HEAD_REVISION
-    tables = set(inspect(store.engine).get_table_names())
-    assert {"experiments", "runs", "attempts", "events", "alembic_version"} <= tables
+    assert current_revision(store.db) == HEAD_REVISION
+    tables = table_names(store)
+    assert {"experiments", "runs", "attempts", "events", "hosts", "alembic_version"} <= tables

@@ -4,18 +4,18 @@ the queries, and a race between two processes' worth of stores."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import inspect, text
 
-import orbit.store.repository as repository
+import orbit.store.base as base
 from orbit.core.errors import IllegalTransition, InvalidInput, NotFound
 from orbit.core.models import FailureReason, RunState
 from orbit.core.records import AttemptRecord, AuditEvent, RunRecord
 from orbit.store import Store
-from orbit.store.db import HEAD_REVISION
+from orbit.store.schema import HEAD_REVISION
+from tests.store.raw import query, table_names
 
 S = RunState
 ACTOR = "tester"
@@ -55,11 +55,10 @@ def drive(store: Store, attempt_id: str, *moves: tuple[RunState, FailureReason |
 def test_migrations_create_the_tables_and_reopening_is_a_no_op(store_url: str) -> None:
     first = Store(store_url)
     try:
-        assert set(inspect(first.engine).get_table_names()) >= TABLES
-        with first.engine.connect() as c:
-            assert c.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-                HEAD_REVISION
-            ]
+        assert table_names(first) >= TABLES
+        assert query(first, "SELECT version_num FROM alembic_version") == [
+            {"version_num": HEAD_REVISION}
+        ]
         exp = first.create_experiment("kept", ACTOR)
         make_run(first, exp.id)
     finally:
@@ -68,10 +67,9 @@ def test_migrations_create_the_tables_and_reopening_is_a_no_op(store_url: str) -
     for _ in range(2):
         again = Store(store_url)
         try:
-            with again.engine.connect() as c:
-                versions = c.execute(text("SELECT version_num FROM alembic_version")).scalars()
-                assert versions.all() == [HEAD_REVISION]
-            assert set(inspect(again.engine).get_table_names()) >= TABLES
+            versions = query(again, "SELECT version_num FROM alembic_version")
+            assert versions == [{"version_num": HEAD_REVISION}]
+            assert table_names(again) >= TABLES
             assert [(e.name, e.run_count) for e in again.list_experiments()] == [("kept", 1)]
             assert len(again.list_runs()) == 1
         finally:
@@ -290,21 +288,45 @@ def test_list_runs_filters_on_experiment_and_current_attempt(store: Store) -> No
     listed = {r.id: r for r in store.list_runs(states={S.RUNNING})}
     assert [a.state for a in listed[retried.id].attempts] == [S.FAILED, S.RUNNING]
 
+    # count_runs counts what list_runs lists, with the same filters (and no limit)
+    assert store.count_runs() == 3
+    assert store.count_runs(experiment_id=sft.id) == 2
+    assert store.count_runs(states={S.RUNNING}) == 1  # the retried run's first attempt failed
+    assert store.count_runs(states={S.FAILED}) == 1
+    assert store.count_runs(states={S.FAILED, S.PREPARED}) == 2
+    assert store.count_runs(states={S.FAILED}, experiment_id=rl.id) == 0
+    assert store.count_runs(states={S.RUNNING, S.PREPARED}, experiment_id=sft.id) == 1
+    assert store.count_runs(states=set()) == 3
+    assert store.count_runs(experiment_id="exp-unknown") == 0
+    for experiment_id in (None, sft.id, rl.id):
+        for states in (None, {S.FAILED}, {S.RUNNING, S.PREPARED}, set(S)):
+            listed_all = store.list_runs(experiment_id=experiment_id, states=states)
+            count = store.count_runs(experiment_id=experiment_id, states=states)
+            assert count == len(listed_all), (experiment_id, states)
+            assert len(store.list_runs(experiment_id=experiment_id, states=states, limit=1)) == min(
+                1, count
+            )
+
 
 @pytest.fixture
-def predictable_ids(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Run ids that share prefixes on purpose; ids of everything else stay random."""
-    runs = iter(["run-abcd000001", "run-abcd000002", "run-ffff000003"])
-    real = repository.new_id
+def run_ids(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], None]:
+    """Run ids that share prefixes on purpose, in the order given; ids of everything else
+    stay random."""
+    real = base.new_id
 
-    def new_id(prefix: str) -> str:
-        return next(runs) if prefix == "run" else real(prefix)
+    def use(ids: list[str]) -> None:
+        queue = iter(ids)
 
-    monkeypatch.setattr(repository, "new_id", new_id)
-    yield
+        def new_id(prefix: str) -> str:
+            return next(queue) if prefix == "run" else real(prefix)
+
+        monkeypatch.setattr(base, "new_id", new_id)
+
+    return use
 
 
-def test_resolve_run_id(store: Store, predictable_ids: None) -> None:
+def test_resolve_run_id(store: Store, run_ids: Callable[[list[str]], None]) -> None:
+    run_ids(["run-abcd000001", "run-abcd000002", "run-ffff000003"])
     exp = store.create_experiment("e", ACTOR)
     a, b, f = (make_run(store, exp.id).id for _ in range(3))
     assert (a, b, f) == ("run-abcd000001", "run-abcd000002", "run-ffff000003")
@@ -314,12 +336,40 @@ def test_resolve_run_id(store: Store, predictable_ids: None) -> None:
         assert store.resolve_run_id(ref) == f
     assert store.get_run("ffff").id == f
     for ref in ("run-abcd", "abcd", "abcd00000"):
-        with pytest.raises(InvalidInput, match=f"run id '{ref}' is ambiguous"):
+        with pytest.raises(InvalidInput) as ambiguous:
             store.resolve_run_id(ref)
-    # unknown, too short to be a prefix, or a pattern: never a match
-    for ref in ("run-0000", "0000", "ff", "run-f", "run-", "", "run-%", "____", "run-abc_"):
+        assert str(ambiguous.value) == (
+            f"run id '{ref}' is ambiguous: it matches run-abcd000001, run-abcd000002 "
+            "(give more characters)"
+        )
+        with pytest.raises(InvalidInput, match=f"run id '{ref}' is ambiguous"):
+            store.get_run(ref)
+    # unknown, too short to be a prefix, a pattern, or another case: never a match
+    for ref in (
+        *("run-0000", "0000", "ff", "run-f", "run-", "", "run-%", "____", "run-abc_"),
+        *("ABCD", "run-FFFF", "run-ffff000003x"),
+    ):
         with pytest.raises(NotFound, match="unknown run"):
             store.resolve_run_id(ref)
+
+
+def test_an_ambiguous_prefix_names_five_matches_and_counts_the_rest(
+    store: Store, run_ids: Callable[[list[str]], None]
+) -> None:
+    ids = [f"run-beef{n:06d}" for n in (0, 1, 2, 3, 4, 5, 10, 11)]
+    run_ids([*ids, "run-beee000000"])
+    exp = store.create_experiment("e", ACTOR)
+    for _ in range(9):
+        make_run(store, exp.id)
+    with pytest.raises(InvalidInput) as ambiguous:
+        store.resolve_run_id("beef")
+    assert str(ambiguous.value) == (
+        f"run id 'beef' is ambiguous: it matches {', '.join(ids[:5])} and 3 more "
+        "(give more characters)"
+    )
+    with pytest.raises(InvalidInput, match=r"it matches run-beef000010, run-beef000011 \("):
+        store.resolve_run_id("run-beef00001")
+    assert store.resolve_run_id("beef000011") == ids[7]
 
 
 def test_list_events_order_filter_and_limit(store: Store) -> None:

@@ -51,7 +51,7 @@ def root(
 
 
 def main() -> None:
-    from orbit.core.errors import OrbitError
+    from orbit.core.errors import OrbitError, StoreError
 
     try:
         app()
@@ -61,19 +61,12 @@ def main() -> None:
         sys.exit(130)
     except OSError as exc:  # the disk or the system said no: say what, not where in ORBIT
         fail(f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", 1)
-    except Exception as exc:
-        if not store_error(exc):
-            raise
+    except StoreError as exc:  # the store cannot be reached or read
         from orbit.cli.common import settings
 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         url = settings().database_url
         fail(f"the store at {url} failed: {first} (check ORBIT_DATABASE_URL / ORBIT_HOME)", 2)
-
-
-def store_error(exc: Exception) -> bool:
-    """An error of the database drivers or SQLAlchemy: the store cannot be reached or read."""
-    return type(exc).__module__.split(".")[0] in {"sqlalchemy", "sqlite3", "psycopg"}
 
 
 def fail(message: str, code: int) -> None:

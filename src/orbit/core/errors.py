@@ -52,3 +52,9 @@ class Unreachable(OrbitError):
     """A host did not answer (down, network gone, key refused): its runs keep their state."""
 
     exit_code = 3
+
+
+class StoreError(Exception):
+    """The database failed: it cannot be reached or opened, or it refused a statement. Wraps the
+    driver's own error (its `__cause__`). Not a user's mistake in the usual sense, but said in
+    one line all the same: which store, and what to check."""

@@ -1,5 +1,8 @@
-"""The durable store: SQLAlchemy 2 over SQLite (default) or PostgreSQL, migrated by Alembic."""
+"""The durable store: plain SQL over SQLite (default) or PostgreSQL, migrated by Alembic.
+
+Neither SQLAlchemy nor Alembic is imported unless a store needs migrating (see schema.py)."""
 
 from orbit.store.repository import Store
+from orbit.store.sql import Conflict, StoreError
 
-__all__ = ["Store"]
+__all__ = ["Conflict", "Store", "StoreError"]

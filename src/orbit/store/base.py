@@ -1,0 +1,50 @@
+"""What every part of the Store shares: its database, migrated on open, and its transactions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from orbit.store.schema import migrate
+from orbit.store.sql import Database, Tx
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+class StoreBase:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.db = Database(url)
+        try:
+            migrate(self.db)
+        except BaseException:
+            self.db.close()
+            raise
+
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return self.db.dialect
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[Tx]:
+        """A read transaction: one consistent view, never waiting for a writer on SQLite."""
+        with self.db.transaction(write=False) as tx:
+            yield tx
+
+    @contextmanager
+    def _write(self) -> Iterator[Tx]:
+        """A write transaction: BEGIN IMMEDIATE on SQLite (see sql.SqliteDriver.begin)."""
+        with self.db.transaction(write=True) as tx:
+            yield tx

@@ -1,0 +1,182 @@
+"""Reading runs and attempts: a run by id or prefix, the newest runs, how many there are.
+
+Each read is a few indexed queries in one read transaction: a page of runs reads the attempts
+of that page only."""
+
+from __future__ import annotations
+
+from orbit.core.errors import InvalidInput, NotFound
+from orbit.core.models import FailureReason, RunHandle, RunState
+from orbit.core.records import AttemptRecord, RunRecord
+from orbit.store.base import StoreBase
+from orbit.store.sql import Row, Tx, expand, like_prefix, read_json, read_time, read_time_required
+
+ATTEMPT_COLUMNS = (
+    'id, run_id, number, state, reason, target, backend_key, "trigger", handle, exit_code, '
+    "message, cancel_requested, created_at, updated_at, started_at, finished_at, "
+    "last_contact_at, unreachable_since, lease_owner, lease_expires_at, not_before"
+)
+RUN_COLUMNS = (
+    "r.id, r.experiment_id, e.name AS experiment_name, r.task_type, r.template_id, "
+    "r.bundle_digest, r.submission, r.request, r.created_at, r.created_by, r.replay_of"
+)
+RUNS_FROM = "runs r JOIN experiments e ON e.id = r.experiment_id"
+AMBIGUOUS_SHOWN = 5  # matches named when a run id prefix is ambiguous
+
+
+def attempt_record(row: Row) -> AttemptRecord:
+    handle = read_json(row["handle"])  # NULL, or JSON null where SQLAlchemy was given None
+    return AttemptRecord(
+        id=row["id"],
+        run_id=row["run_id"],
+        number=row["number"],
+        state=RunState(row["state"]),
+        reason=FailureReason(row["reason"]) if row["reason"] else None,
+        target=row["target"],
+        backend_key=row["backend_key"],
+        trigger=row["trigger"],
+        handle=RunHandle.model_validate(handle) if handle else None,
+        exit_code=row["exit_code"],
+        message=row["message"],
+        cancel_requested=bool(row["cancel_requested"]),
+        created_at=read_time_required(row["created_at"]),
+        updated_at=read_time_required(row["updated_at"]),
+        started_at=read_time(row["started_at"]),
+        finished_at=read_time(row["finished_at"]),
+        last_contact_at=read_time(row["last_contact_at"]),
+        unreachable_since=read_time(row["unreachable_since"]),
+        lease_owner=row["lease_owner"],
+        lease_expires_at=read_time(row["lease_expires_at"]),
+        not_before=read_time(row["not_before"]),
+    )
+
+
+def ambiguous(ref: str, matches: list[str]) -> InvalidInput:
+    named = ", ".join(matches[:AMBIGUOUS_SHOWN])
+    more = len(matches) - AMBIGUOUS_SHOWN
+    if more > 0:
+        named += f" and {more} more"
+    return InvalidInput(f"run id '{ref}' is ambiguous: it matches {named} (give more characters)")
+
+
+def runs_filter(
+    experiment_id: str | None, states: set[RunState] | None
+) -> tuple[str, dict[str, object]]:
+    """The joins and WHERE clause shared by list_runs and count_runs (runs are `r`). `states`
+    filters on each run's current attempt, its highest number."""
+    clauses: list[str] = []
+    params: dict[str, object] = {"experiment_id": experiment_id}
+    joins = ""
+    if experiment_id is not None:
+        clauses.append("r.experiment_id = :experiment_id")
+    if states:
+        placeholders, values = expand("state", sorted(s.value for s in states))
+        params.update(values)
+        joins = (
+            " JOIN attempts a ON a.run_id = r.id AND a.number = "
+            "(SELECT max(b.number) FROM attempts b WHERE b.run_id = r.id)"
+        )
+        clauses.append(f"a.state IN ({placeholders})")
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    return joins + where, params
+
+
+class RunQueriesMixin(StoreBase):
+    def resolve_run_id(self, ref: str) -> str:
+        """A full run id, or a unique prefix of one (at least 4 characters after `run-`)."""
+        with self._read() as tx:
+            return self._resolve(tx, ref)
+
+    @staticmethod
+    def _resolve(tx: Tx, ref: str) -> str:
+        if tx.scalar("SELECT id FROM runs WHERE id = :id", {"id": ref}) is not None:
+            return ref
+        candidates = [ref, f"run-{ref}"] if not ref.startswith("run-") else [ref]
+        for prefix in candidates:
+            if len(prefix) < len("run-") + 4:
+                continue
+            rows = tx.all(
+                "SELECT id FROM runs WHERE id LIKE :pattern ESCAPE '\\' ORDER BY id",
+                {"pattern": like_prefix(prefix)},
+            )
+            # LIKE ignores case on SQLite: the prefix must match exactly
+            ids = [r["id"] for r in rows if r["id"].startswith(prefix)]
+            if len(ids) == 1:
+                return str(ids[0])
+            if len(ids) > 1:
+                raise ambiguous(ref, ids)
+        raise NotFound(f"unknown run '{ref}' (see 'orbit runs list')")
+
+    def get_attempt(self, attempt_id: str) -> AttemptRecord:
+        with self._read() as tx:
+            row = tx.one(
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = :id", {"id": attempt_id}
+            )
+        if row is None:
+            raise NotFound(f"unknown attempt '{attempt_id}'")
+        return attempt_record(row)
+
+    @staticmethod
+    def _run_records(tx: Tx, rows: list[Row]) -> list[RunRecord]:
+        if not rows:
+            return []
+        placeholders, params = expand("run", [r["id"] for r in rows])
+        attempts: dict[str, list[AttemptRecord]] = {r["id"]: [] for r in rows}
+        for a in tx.all(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run_id IN ({placeholders}) "
+            "ORDER BY run_id, number",
+            params,
+        ):
+            attempts[a["run_id"]].append(attempt_record(a))
+        return [
+            RunRecord(
+                id=r["id"],
+                experiment_id=r["experiment_id"],
+                experiment_name=r["experiment_name"],
+                task_type=r["task_type"],
+                template_id=r["template_id"],
+                bundle_digest=r["bundle_digest"],
+                submission=read_json(r["submission"]),
+                request=read_json(r["request"]),
+                created_at=read_time_required(r["created_at"]),
+                created_by=r["created_by"],
+                replay_of=r["replay_of"],
+                attempts=tuple(attempts[r["id"]]),
+            )
+            for r in rows
+        ]
+
+    def get_run(self, ref: str) -> RunRecord:
+        """A run by id or unique prefix, with all its attempts."""
+        with self._read() as tx:
+            run_id = self._resolve(tx, ref)
+            row = tx.one(f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM} WHERE r.id = :id", {"id": run_id})
+            assert row is not None
+            return self._run_records(tx, [row])[0]
+
+    def list_runs(
+        self,
+        *,
+        experiment_id: str | None = None,
+        states: set[RunState] | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Newest first. `states` filters on each run's current attempt."""
+        condition, params = runs_filter(experiment_id, states)
+        page = " LIMIT :limit" if limit is not None else ""
+        with self._read() as tx:
+            rows = tx.all(
+                f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM}{condition} "
+                f"ORDER BY r.created_at DESC, r.id{page}",
+                {**params, "limit": limit},
+            )
+            return self._run_records(tx, rows)
+
+    def count_runs(
+        self, experiment_id: str | None = None, states: set[RunState] | None = None
+    ) -> int:
+        """How many runs `list_runs` would list with the same filters and no limit."""
+        condition, params = runs_filter(experiment_id, states)
+        with self._read() as tx:
+            count = tx.scalar(f"SELECT count(*) FROM runs r{condition}", params)
+        return int(count or 0)

@@ -1,0 +1,343 @@
+"""Runs and their attempts in the store, and `move_attempt`: the one place a state changes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from orbit.core.errors import InvalidInput, NotFound
+from orbit.core.models import FailureReason, RunHandle, RunState
+from orbit.core.records import AttemptRecord, RunRecord
+from orbit.core.states import check_move
+from orbit.store import base
+from orbit.store.audit import append_event
+from orbit.store.base import utcnow
+from orbit.store.run_queries import RunQueriesMixin
+from orbit.store.sql import Conflict, Tx
+
+
+class RunsMixin(RunQueriesMixin):
+    def create_run(
+        self,
+        *,
+        experiment_id: str,
+        task_type: str,
+        template_id: str,
+        bundle_digest: str,
+        submission: dict[str, Any],
+        request: dict[str, Any],
+        target: str | None,
+        backend_key: str,
+        actor: str,
+        replay_of: str | None = None,
+    ) -> RunRecord:
+        """A new run with its first attempt, in state prepared."""
+        run_id = base.new_id("run")
+        with self._write() as tx:
+            tx.execute(
+                "INSERT INTO runs (id, experiment_id, task_type, template_id, bundle_digest, "
+                "submission, request, created_at, created_by, replay_of) VALUES (:id, "
+                ":experiment_id, :task_type, :template_id, :bundle_digest, :submission, "
+                ":request, :created_at, :created_by, :replay_of)",
+                {
+                    "id": run_id,
+                    "experiment_id": experiment_id,
+                    "task_type": task_type,
+                    "template_id": template_id,
+                    "bundle_digest": bundle_digest,
+                    "submission": submission,
+                    "request": request,
+                    "created_at": utcnow(),
+                    "created_by": actor,
+                    "replay_of": replay_of,
+                },
+            )
+            append_event(
+                tx,
+                actor,
+                "run.created",
+                run_id=run_id,
+                bundle_digest=bundle_digest,
+                template_id=template_id,
+                task_type=task_type,
+            )
+            self._add_attempt(tx, run_id, 1, target, backend_key, "submit", actor)
+        return self.get_run(run_id)
+
+    @staticmethod
+    def _add_attempt(
+        tx: Tx,
+        run_id: str,
+        number: int,
+        target: str | None,
+        backend_key: str,
+        trigger: str,
+        actor: str,
+    ) -> str:
+        now = utcnow()
+        attempt_id = f"{run_id}-{number}"
+        tx.execute(
+            'INSERT INTO attempts (id, run_id, number, state, target, backend_key, "trigger", '
+            "cancel_requested, created_at, updated_at) VALUES (:id, :run_id, :number, :state, "
+            ":target, :backend_key, :trigger, :cancel, :now, :now)",
+            {
+                "id": attempt_id,
+                "run_id": run_id,
+                "number": number,
+                "state": RunState.PREPARED.value,
+                "target": target,
+                "backend_key": backend_key,
+                "trigger": trigger,
+                "cancel": False,
+                "now": now,
+            },
+        )
+        append_event(
+            tx,
+            actor,
+            "attempt.created",
+            run_id=run_id,
+            attempt_id=attempt_id,
+            number=number,
+            target=target,
+            trigger=trigger,
+        )
+        return attempt_id
+
+    def add_attempt(
+        self,
+        run_id: str,
+        *,
+        target: str | None,
+        backend_key: str,
+        trigger: str,
+        actor: str,
+        not_before: datetime | None = None,
+    ) -> AttemptRecord:
+        """A new attempt of the run's bundle, once the current one has ended; with
+        `not_before`, it is not to be launched before then (a retry's backoff)."""
+        number = 0
+        try:
+            with self._write() as tx:
+                last = tx.one(
+                    "SELECT number, state FROM attempts WHERE run_id = :run_id "
+                    "ORDER BY number DESC LIMIT 1",
+                    {"run_id": run_id},
+                )
+                if last is None:
+                    raise NotFound(f"unknown run '{run_id}'")
+                if not RunState(last["state"]).terminal:
+                    raise InvalidInput(
+                        f"run {run_id} is still {last['state']}: cancel it before retrying"
+                    )
+                number = last["number"] + 1
+                attempt_id = self._add_attempt(
+                    tx, run_id, number, target, backend_key, trigger, actor
+                )
+                if not_before is not None:
+                    tx.execute(
+                        "UPDATE attempts SET not_before = :at WHERE id = :id",
+                        {"at": not_before, "id": attempt_id},
+                    )
+        except Conflict:  # another process added attempt `number` first
+            raise InvalidInput(
+                f"run {run_id} already has a new attempt {number}: another retry was first"
+            ) from None
+        return self.get_attempt(attempt_id)
+
+    def move_attempt(
+        self,
+        attempt_id: str,
+        to: RunState,
+        *,
+        actor: str,
+        reason: FailureReason | None = None,
+        expect: RunState | None = None,
+        exit_code: int | None = None,
+        message: str | None = None,
+        started_at: datetime | None = None,
+        finished_at: datetime | None = None,
+    ) -> bool:
+        """The one function that changes a state. It checks the move against the table,
+        compares-and-sets the row (so two processes never both make the same move), and writes
+        the event in the same transaction. Returns False when the attempt is already there
+        (or, with `expect`, no longer where the caller saw it)."""
+        with self._write() as tx:
+            row = tx.one("SELECT run_id, state FROM attempts WHERE id = :id", {"id": attempt_id})
+            if row is None:
+                raise NotFound(f"unknown attempt '{attempt_id}'")
+            current = RunState(row["state"])
+            if current == to or (expect is not None and current != expect):
+                return False
+            check_move(current, to, reason)
+            now = utcnow()
+            values: dict[str, Any] = {
+                "state": to.value,
+                "updated_at": now,
+                "reason": reason.value if reason is not None else None,
+            }
+            if exit_code is not None:
+                values["exit_code"] = exit_code
+            if message is not None:
+                values["message"] = message
+            if started_at is not None:
+                values["started_at"] = started_at
+            if to.terminal:
+                values["finished_at"] = finished_at or now
+            assignments = ", ".join(f"{column} = :{column}" for column in values)
+            changed = tx.execute(
+                f"UPDATE attempts SET {assignments} WHERE id = :id AND state = :seen",
+                {**values, "id": attempt_id, "seen": current.value},
+            )
+            if changed != 1:  # another process moved it first: nothing was written here
+                return False
+            data: dict[str, Any] = {"from": current.value, "to": to.value}
+            if reason is not None:
+                data["reason"] = reason.value
+            if exit_code is not None:
+                data["exit_code"] = exit_code
+            if message:
+                data["message"] = message
+            append_event(
+                tx, actor, "attempt.state", run_id=row["run_id"], attempt_id=attempt_id, **data
+            )
+        return True
+
+    def claim_launch(
+        self, attempt_id: str, owner: str, until: datetime, *, expect: str | None
+    ) -> bool:
+        """Claim a prepared, unlaunched attempt for launching, if its claim is still `expect`'s
+        (None: unclaimed). Compare-and-set: of two processes, one wins."""
+        held = "lease_owner IS NULL" if expect is None else "lease_owner = :expect"
+        with self._write() as tx:
+            changed = tx.execute(
+                "UPDATE attempts SET lease_owner = :owner, lease_expires_at = :until "
+                f"WHERE id = :id AND state = :prepared AND handle IS NULL AND {held}",
+                {
+                    "owner": owner,
+                    "until": until,
+                    "id": attempt_id,
+                    "prepared": RunState.PREPARED.value,
+                    "expect": expect,
+                },
+            )
+        return changed == 1
+
+    def renew_launch(self, attempt_id: str, owner: str, until: datetime) -> bool:
+        with self._write() as tx:
+            changed = tx.execute(
+                "UPDATE attempts SET lease_expires_at = :until "
+                "WHERE id = :id AND state = :prepared AND lease_owner = :owner",
+                {
+                    "until": until,
+                    "id": attempt_id,
+                    "prepared": RunState.PREPARED.value,
+                    "owner": owner,
+                },
+            )
+        return changed == 1
+
+    def defer_launch(self, attempt_id: str, not_before: datetime) -> None:
+        """Give up the launch claim; the attempt is due again at `not_before`."""
+        with self._write() as tx:
+            tx.execute(
+                "UPDATE attempts SET lease_owner = NULL, lease_expires_at = NULL, "
+                "not_before = :at WHERE id = :id AND state = :prepared",
+                {"at": not_before, "id": attempt_id, "prepared": RunState.PREPARED.value},
+            )
+
+    def record_launch(self, attempt_id: str, handle: RunHandle, *, actor: str, **data: Any) -> bool:
+        """The attempt was launched: its handle and the move prepared -> submitted, with both
+        events, in one compare-and-set. False when the attempt had already left prepared (a
+        reconciler judged it meanwhile): the handle is then not recorded."""
+        check_move(RunState.PREPARED, RunState.SUBMITTED, None)
+        now = utcnow()
+        with self._write() as tx:
+            run_id = tx.scalar("SELECT run_id FROM attempts WHERE id = :id", {"id": attempt_id})
+            if run_id is None:
+                raise NotFound(f"unknown attempt '{attempt_id}'")
+            changed = tx.execute(
+                "UPDATE attempts SET state = :submitted, handle = :handle, updated_at = :now, "
+                "last_contact_at = :now, unreachable_since = NULL, reason = NULL, "
+                "message = NULL, lease_owner = NULL, lease_expires_at = NULL, not_before = NULL "
+                "WHERE id = :id AND state = :prepared",
+                {
+                    "submitted": RunState.SUBMITTED.value,
+                    "handle": handle.model_dump(mode="json"),
+                    "now": now,
+                    "id": attempt_id,
+                    "prepared": RunState.PREPARED.value,
+                },
+            )
+            if changed != 1:
+                return False
+            ids = {"run_id": run_id, "attempt_id": attempt_id}
+            moved = {"from": RunState.PREPARED.value, "to": RunState.SUBMITTED.value}
+            append_event(tx, actor, "attempt.state", **ids, **moved)
+            append_event(
+                tx,
+                actor,
+                "run.submitted",
+                **ids,
+                backend=handle.backend_key,
+                target=handle.target,
+                location=handle.location,
+                **data,
+            )
+        return True
+
+    def record_contact(
+        self, attempt_id: str, *, reachable: bool, actor: str, message: str | None = None
+    ) -> None:
+        """Whether the attempt's host answered just now. Not a state change: an unreachable
+        host's attempt keeps its state, with reason host_unreachable and the time of the last
+        contact, until it answers again or the service gives up on it. Only the first miss and
+        the first contact after one are audited."""
+        now = utcnow()
+        with self._write() as tx:
+            row = tx.one(
+                "SELECT run_id, state, unreachable_since FROM attempts WHERE id = :id",
+                {"id": attempt_id},
+            )
+            if row is None:
+                raise NotFound(f"unknown attempt '{attempt_id}'")
+            if RunState(row["state"]).terminal:
+                return
+            was_unreachable = row["unreachable_since"] is not None
+            if reachable:
+                sets = "last_contact_at = :now, unreachable_since = NULL"
+                if was_unreachable:
+                    sets += ", reason = NULL, message = NULL"
+            else:
+                sets = "reason = :reason, message = :message"
+                if not was_unreachable:
+                    sets += ", unreachable_since = :now"
+            # only while it is in the state read above: an ending keeps its own reason
+            changed = tx.execute(
+                f"UPDATE attempts SET {sets} WHERE id = :id AND state = :state",
+                {
+                    "now": now,
+                    "reason": FailureReason.HOST_UNREACHABLE.value,
+                    "message": message,
+                    "id": attempt_id,
+                    "state": row["state"],
+                },
+            )
+            if changed != 1:
+                return
+            ids = {"run_id": row["run_id"], "attempt_id": attempt_id}
+            if reachable and was_unreachable:
+                append_event(tx, actor, "host.reachable", **ids)
+            elif not reachable and not was_unreachable:
+                append_event(tx, actor, "host.unreachable", **ids, message=message)
+
+    def request_cancel(self, attempt_id: str, actor: str) -> None:
+        with self._write() as tx:
+            run_id = tx.scalar("SELECT run_id FROM attempts WHERE id = :id", {"id": attempt_id})
+            if run_id is None:
+                raise NotFound(f"unknown attempt '{attempt_id}'")
+            tx.execute(
+                "UPDATE attempts SET cancel_requested = :yes WHERE id = :id",
+                {"yes": True, "id": attempt_id},
+            )
+            append_event(tx, actor, "run.cancel_requested", run_id=run_id, attempt_id=attempt_id)
