@@ -37,13 +37,13 @@ Text = Annotated[str, BeforeValidator(_scalar_text)]
 class Record(BaseModel):
     """A value that is never changed once made."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class Strict(BaseModel):
     """Input from a user: unknown keys are refused by name."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 # GPU model names that mean "any model" (ORBIT's original templates write `unknown`)
@@ -67,14 +67,14 @@ class Resources(Strict):
 class Placement(BaseModel):
     """Where a run executes. Settings beyond `kind` belong to the placement's backend."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
     kind: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
 
 
 class LaunchMode(BaseModel):
     """How a run is started there, orthogonal to where."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
     kind: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
 
 

@@ -1,0 +1,131 @@
+"""Benchmark: how fast the `orbit` CLI answers, beside `python3 -c pass` as the floor.
+
+Run from the repository root:
+
+    .venv/bin/python bench/cli.py                # 1,000 runs in the store, 10 runs each
+    .venv/bin/python bench/cli.py --runs 200 --repeat 5 --json
+
+A fresh ORBIT_HOME (SQLite, under a temporary folder) is filled with --runs runs of the
+example's kind, all ended but the newest (running on this machine, so that `runs list` and
+`status` also refresh one live attempt as they would for a user). Then each command is run
+--repeat times as a new process, as a user's shell runs it, after one untimed warm-up run:
+
+    orbit --help
+    orbit runs list              (the newest 50, with "50 of N runs")
+    orbit status RUN             (the running run: refreshed from where it runs)
+    python3 -c pass              (the interpreter's own start: the floor)
+
+Reported: the median and the slowest wall time in milliseconds. Goal: median <= 250 ms for
+the three orbit commands on the 2-core CI machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from orbit.core.models import FailureReason, RunState
+from orbit.store import Store
+
+
+def fill(store: Store, runs: int) -> None:
+    """`runs` runs, as ended ones (a fifth failed) of two experiments."""
+    experiments = [store.create_experiment(name, "bench").id for name in ("sft", "grpo")]
+    for i in range(runs):
+        run = store.create_run(
+            experiment_id=experiments[i % 2],
+            task_type="python",
+            template_id="local",
+            bundle_digest=f"{i:064x}",
+            submission={"retry": {"max_retries": 2}},
+            request={"template_id": "local", "stop_grace_s": 10},
+            target="localhost",
+            backend_key="local_host_process",
+            actor="bench",
+        )
+        attempt = run.current.id
+        if i % 5 == 4:
+            store.move_attempt(
+                attempt,
+                RunState.FAILED,
+                actor="bench",
+                reason=FailureReason.TASK_EXIT_NONZERO,
+                exit_code=1,
+            )
+        else:
+            store.move_attempt(attempt, RunState.SUCCEEDED, actor="bench", exit_code=0)
+
+
+def timed(argv: list[str], env: dict[str, str], repeat: int) -> list[float]:
+    subprocess.run(argv, env=env, check=True, capture_output=True)  # warm-up, untimed
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(argv, env=env, check=True, capture_output=True)
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000, help="runs in the store")
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs per command")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="orbit-bench-cli-") as scratch:
+        home = Path(scratch) / "home"
+        env = {**os.environ, "ORBIT_HOME": str(home), "COLUMNS": "120"}
+        env.pop("ORBIT_DATABASE_URL", None)
+        store = Store(f"sqlite:///{home / 'orbit.db'}")
+        fill(store, args.runs - 1)
+        store.close()
+        spec = Path(scratch) / "spec.yaml"
+        spec.write_text(
+            "experiment: sft\ntask_type: command\ntemplate: local\n"
+            "task: {command: 'sleep 600'}\n",
+            encoding="utf-8",
+        )
+        orbit = [sys.executable, "-m", "orbit"]
+        submitted = subprocess.run(
+            [*orbit, "submit", str(spec), "--json"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=scratch,
+        )
+        live = json.loads(submitted.stdout)["id"]
+        try:
+            cases = {
+                "python3 -c pass": [sys.executable, "-c", "pass"],
+                "orbit --help": [*orbit, "--help"],
+                "orbit runs list": [*orbit, "runs", "list"],
+                "orbit status RUN": [*orbit, "status", live],
+            }
+            results = {name: timed(argv, env, args.repeat) for name, argv in cases.items()}
+        finally:
+            subprocess.run([*orbit, "cancel", live], env=env, capture_output=True)
+
+    figures = {
+        name: {"median_ms": round(statistics.median(t), 1), "max_ms": round(max(t), 1)}
+        for name, t in results.items()
+    }
+    if args.json:
+        print(json.dumps({"runs": args.runs, "repeat": args.repeat, "figures": figures}))
+        return
+    print(f"{args.runs} runs in the store; {args.repeat} timed runs each (ms)")
+    print(f"{'command':<20} {'median':>8} {'max':>8}")
+    for name, f in figures.items():
+        print(f"{name:<20} {f['median_ms']:>8.1f} {f['max_ms']:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
