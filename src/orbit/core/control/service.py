@@ -21,6 +21,7 @@ from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogL
 from orbit.core.execution.backends.ssh_host_process import SshDockerBackend
 from orbit.core.execution.bundle import FrozenBundle, freeze_bundle
 from orbit.core.execution.docker.host import SweepResult
+from orbit.core.execution.launch_modes import task_entrypoint
 from orbit.core.execution.service import ExecutionService
 from orbit.core.execution.sources import (
     parse_sources,
@@ -135,7 +136,7 @@ class CoreControlService:
             task_type=submission.task_type,
             template_id=template.id,
             launch_mode=request.launch_mode,
-            entrypoint=shaped.entrypoint,
+            entrypoint=task_entrypoint(request.launch_mode, shaped),
             workdir=shaped.workdir,
             env={**request.runtime_env, **shaped.env},
             resources=request.resources,
