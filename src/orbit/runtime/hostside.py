@@ -173,13 +173,16 @@ def prepare(work: str, digest: str, attempt_id: str) -> dict[str, Any]:
     return {"location": dest}
 
 
-def launch(attempt_dir: str, env: dict[str, str]) -> dict[str, Any]:
-    """Start the attempt's wrapper detached: a new session, its pid in runtime/pid."""
+def launch(
+    attempt_dir: str, env: dict[str, str], base: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Start the attempt's wrapper detached: a new session, its pid in runtime/pid. Its
+    environment is `base` (default: this process's) with `env` laid over it."""
     wrapper = os.path.join(attempt_dir, "scripts", "orbit_wrapper.py")
     try:
         proc = subprocess.run(
             [sys.executable, wrapper, "--bundle", attempt_dir, "--detach"],
-            env={**os.environ, **env},
+            env={**(os.environ if base is None else base), **env},
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

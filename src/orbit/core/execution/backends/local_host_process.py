@@ -9,6 +9,7 @@ from orbit.core.errors import Refused
 from orbit.core.execution.artifacts import CollectResult, verify_manifest
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer
 from orbit.core.execution.bundle import FrozenBundle, copy_frozen
+from orbit.core.execution.local_env import task_environ
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
 from orbit.runtime import hostside
@@ -49,8 +50,11 @@ class LocalHostProcessBackend:
             raise LaunchError(
                 FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}"
             ) from exc
-        # the same start an SSH host makes; the job's own env is in job.json
-        started = hostside.launch(str(attempt_dir), {**attempt.env(), **self.launch_env()})
+        # the same start an SSH host makes; the job's own env is in job.json. The wrapper
+        # runs with this interpreter, the task with this shell's PATH minus ORBIT's own venv
+        started = hostside.launch(
+            str(attempt_dir), {**attempt.env(), **self.launch_env()}, base=task_environ()
+        )
         if "error" in started:
             raise LaunchError(FailureReason.LAUNCH_FAILED, str(started["error"]))
         return RunHandle(

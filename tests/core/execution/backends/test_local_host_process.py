@@ -1,0 +1,79 @@
+"""`local_host_process` as a user drives it: the `orbit` CLI as a real process, the attempt a
+real detached process tree on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.helpers import write_spec
+
+from orbit.core.execution.local_env import without_venv
+
+ORBIT = [sys.executable, "-m", "orbit"]
+
+
+@pytest.fixture
+def env(orbit_home: Path, tmp_path: Path) -> dict[str, str]:
+    """SQLite is enough here: the store is tested on both databases elsewhere."""
+    return {
+        **os.environ,
+        "ORBIT_HOME": str(orbit_home),
+        "ORBIT_DATABASE_URL": f"sqlite:///{tmp_path / 'orbit.db'}",
+        "COLUMNS": "200",
+    }
+
+
+def orbit(
+    env: dict[str, str], *args: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"orbit {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def orbit_json(env: dict[str, str], *args: str) -> Any:
+    return json.loads(orbit(env, *args, "--json").stdout)
+
+
+# --- the task's environment -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests do not run from a venv")
+def test_a_tasks_python3_is_not_orbits_own_venv(env: dict[str, str], tmp_path: Path) -> None:
+    """ORBIT's venv first on PATH, as when it is activated: the task's `python3` is still the
+    one the user has without ORBIT (the wrapper runs all the same, with ORBIT's interpreter)."""
+    venv = sys.prefix
+    activated = {
+        **env,
+        "PATH": f"{venv}/bin{os.pathsep}{env['PATH']}",
+        "VIRTUAL_ENV": venv,
+    }
+    spec = write_spec(
+        tmp_path,
+        task={"command": 'python3 -c "import sys; print(sys.prefix)"; echo "venv=$VIRTUAL_ENV"'},
+    )
+    run = orbit_json(activated, "submit", str(spec), "--wait")
+    assert run["state"] == "succeeded", run["attempts"][0]
+    prefix, venv_line = orbit(activated, "logs", run["id"]).stdout.splitlines()
+    assert os.path.realpath(prefix) != os.path.realpath(venv)
+    assert venv_line == "venv="
+
+
+def test_only_orbits_venv_leaves_the_environment() -> None:
+    environ = {
+        "PATH": "/opt/orbit-venv/bin:/home/u/.venv/bin:/usr/bin:/opt/orbit-venv/bin/",
+        "VIRTUAL_ENV": "/opt/orbit-venv",
+        "HOME": "/home/u",
+    }
+    cleaned = without_venv(environ, "/opt/orbit-venv")
+    assert cleaned == {"PATH": "/home/u/.venv/bin:/usr/bin", "HOME": "/home/u"}
+    own = {**environ, "VIRTUAL_ENV": "/home/u/.venv"}  # the user's own activated venv stays
+    assert without_venv(own, "/opt/orbit-venv")["VIRTUAL_ENV"] == "/home/u/.venv"
+    assert without_venv(environ, None) == environ
