@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,32 @@ def test_only_orbits_venv_leaves_the_environment() -> None:
     own = {**environ, "VIRTUAL_ENV": "/home/u/.venv"}  # the user's own activated venv stays
     assert without_venv(own, "/opt/orbit-venv")["VIRTUAL_ENV"] == "/home/u/.venv"
     assert without_venv(environ, None) == environ
+
+
+# --- GPUs -------------------------------------------------------------------------------------
+
+
+def submit_refused(env: dict[str, str], tmp_path: Path, *sets: str) -> str:
+    spec = write_spec(tmp_path, task={"command": "nvidia-smi"})
+    args = [item for s in sets for item in ("--set", s)]
+    proc = orbit(env, "submit", str(spec), *args, check=False)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("orbit: error: "), proc.stderr
+    assert orbit_json(env, "runs", "list") == []  # nothing written
+    assert not (Path(env["ORBIT_HOME"]) / "bundles").exists() or not any(
+        (Path(env["ORBIT_HOME"]) / "bundles").iterdir()
+    )
+    return lines[0].removeprefix("orbit: error: ")
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
+def test_gpus_this_machine_does_not_have_are_refused_at_submit(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    assert submit_refused(env, tmp_path, "resources.gpu_count=1") == (
+        "resources.gpu_count: 1 requested, this machine has 0 GPUs (nvidia-smi: not found)"
+    )
+    assert "resources.gpu_count: 64 requested" in submit_refused(
+        env, tmp_path, "resources.gpu_count=64", "resources.gpu_type=H100"
+    )
