@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
@@ -190,6 +191,8 @@ class Wrapper:
             except OSError as exc:
                 out.write(f"orbit: cannot start {argv[0]!r}: {exc}\n".encode())
                 self.log(f"cannot start the task: {exc}")
+                if exc.errno == errno.E2BIG:  # this host's limit, not the task's doing
+                    return self.finish("failed", **too_long(argv[0], exc))
                 return self.finish(
                     "failed",
                     reason="task_exit_nonzero",
@@ -247,6 +250,8 @@ class Wrapper:
             self.log(message)
             with open(os.path.join(self.artifacts, "runtime-precheck.log"), "a") as f:
                 f.write(message + "\n")
+            if isinstance(exc, OSError) and exc.errno == errno.E2BIG:
+                return too_long(argv[0], exc)  # the task could not start either
             if spec.get("critical_imports"):
                 return {"reason": "dependency_missing", "message": message}
             return None
@@ -378,6 +383,16 @@ class Wrapper:
         write_json(
             os.path.join(self.artifacts, "manifest.json"), {"schema_version": 1, "files": files}
         )
+
+
+def too_long(program: str, exc: OSError) -> dict[str, Any]:
+    """The failure fields of an exec the system refused for the size of its arguments and
+    environment (E2BIG): infrastructure, since the host's own environment takes part."""
+    return {
+        "reason": "launch_failed",
+        "message": f"cannot start {program!r}: its arguments and environment, with this "
+        f"host's, are over the system's limit ({exc.strerror})",
+    }
 
 
 def load_docker(bundle: str) -> Any:

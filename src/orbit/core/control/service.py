@@ -21,6 +21,7 @@ from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogL
 from orbit.core.execution.backends.ssh_host_process import SshDockerBackend
 from orbit.core.execution.bundle import FrozenBundle, freeze_bundle
 from orbit.core.execution.docker.host import SweepResult
+from orbit.core.execution.exec_limits import check_exec_limits
 from orbit.core.execution.launch_modes import task_entrypoint
 from orbit.core.execution.service import ExecutionService
 from orbit.core.execution.sources import (
@@ -146,6 +147,7 @@ class CoreControlService:
             ),
             task_request={**shaped.request, **common.model_dump(exclude_defaults=True)},
         )
+        check_exec_limits(job, request)
         for key in job.env:
             if looks_secret(key):
                 raise Refused(
