@@ -8,11 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.helpers import write_spec
+from tests.helpers import process_alive, write_spec
 
 from orbit.core.execution.local_env import without_venv
 
@@ -41,6 +42,33 @@ def orbit(
 
 def orbit_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(orbit(env, *args, "--json").stdout)
+
+
+# --- nothing of an ended attempt keeps running -------------------------------------------------
+
+
+def test_a_child_that_left_the_process_group_is_stopped_when_the_task_ends(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """tensorboard, `vllm serve`: started in a session of their own, they escape the task's
+    process group, but not its environment marker."""
+    command = (
+        "setsid bash -c 'while true; do echo tick; sleep 0.1; done' & "
+        'echo $! > "$ORBIT_ARTIFACTS_DIR/child.pid"; sleep 0.5; echo done'
+    )
+    spec = write_spec(tmp_path, task={"command": command})
+    run = orbit_json(env, "submit", str(spec), "--wait")
+    assert run["state"] == "succeeded", run["attempts"][0]
+    location = Path(run["attempts"][0]["handle"]["location"])
+    child = int((location / "artifacts" / "child.pid").read_text())
+    assert not process_alive(child)
+    log = location / "artifacts" / "training.log"
+    size = log.stat().st_size
+    time.sleep(0.5)
+    assert log.stat().st_size == size and "tick" in log.read_text()
+    assert "leftover process" in (location / "runtime" / "runtime.log").read_text()
+    collected = orbit_json(env, "collect", run["id"], "--dest", str(tmp_path / "out"))
+    assert collected["verified"] is True and collected["problems"] == []
 
 
 # --- the task's environment -------------------------------------------------------------------
