@@ -321,11 +321,20 @@ def logs(
 
 @app.command()
 def cancel(run: str = RUN, as_json: bool = JSON) -> None:
-    """Stop a run gracefully (SIGTERM, then SIGKILL after the template's stop_grace_s)."""
+    """Stop a run gracefully (SIGTERM, then SIGKILL after the template's stop_grace_s). Of an
+    ended run, what still runs (a host given up on that came back) is stopped."""
     before = service().get_run(run)
-    record = service().cancel_run(run)
+    if before.state.terminal:
+        stopped, record = service().stop_leftovers(run), before
+    else:
+        stopped, record = 0, service().cancel_run(run)
     if as_json:
-        render.print_json(run_json(record))
+        render.print_json(run_json(record) | {"leftovers_stopped": stopped})
+    elif before.state.terminal and stopped:
+        plural = "es" if stopped != 1 else ""
+        console.print(
+            f"{record.id} already {record.state}; stopped {stopped} leftover process{plural}"
+        )
     elif before.state.terminal:
         console.print(f"{record.id} already {record.state}: nothing to cancel")
     else:

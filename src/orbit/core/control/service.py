@@ -17,12 +17,13 @@ from orbit.core.config import Settings
 from orbit.core.control.host_registry import HostRegistry
 from orbit.core.errors import InvalidInput, NoBackend, NotFound, OrbitError, Refused, Unreachable
 from orbit.core.execution.artifacts import CollectResult
-from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer
-from orbit.core.execution.backends.ssh_host_process import SshDockerBackend
+from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, ProcessSweep
+from orbit.core.execution.backends.ssh_host_process import SshDockerBackend, SshHostProcessBackend
 from orbit.core.execution.bundle import FrozenBundle, freeze_bundle
 from orbit.core.execution.docker.host import SweepResult
 from orbit.core.execution.exec_limits import check_exec_limits
 from orbit.core.execution.launch_modes import task_entrypoint
+from orbit.core.execution.leftovers import stop_leftovers, sweep_after_contact
 from orbit.core.execution.service import ExecutionService
 from orbit.core.execution.sources import (
     parse_sources,
@@ -97,7 +98,11 @@ class CoreControlService:
         self.bundles_dir = bundles_dir
         self.actor = actor or current_actor()
         self.hosts = HostRegistry(
-            store, ssh_options or SshOptions(), self.actor, sweep=self._sweep_host
+            store,
+            ssh_options or SshOptions(),
+            self.actor,
+            sweep=self._sweep_host,
+            sweep_processes=self._sweep_host_processes,
         )
 
     @classmethod
@@ -118,6 +123,11 @@ class CoreControlService:
         backend = self.execution.backend("ssh_docker")
         assert isinstance(backend, SshDockerBackend)
         return backend.sweep(host, known)
+
+    def _sweep_host_processes(self, host: HostRecord, known: set[str]) -> ProcessSweep:
+        backend = self.execution.backend("ssh_host_process")
+        assert isinstance(backend, SshHostProcessBackend)
+        return backend.sweep_processes(host, known)
 
     # --- submit ---------------------------------------------------------------------------
 
@@ -271,6 +281,11 @@ class CoreControlService:
             return self.store.get_run(run.id)
         if attempt.unreachable_since is not None or _contact_is_old(attempt):
             self.store.record_contact(attempt.id, reachable=True, actor="orbit")
+        if attempt.unreachable_since is not None:  # back: stop what was given up on meanwhile
+            live = self.store.hosts.active_attempts()
+            swept = sweep_after_contact(self.execution, attempt, live)
+            if swept is not None:
+                self.hosts.record_stopped(attempt.target or "", swept, actor="orbit")
         if attempt.cancel_requested and attempt.unreachable_since and not status.state.terminal:
             # a cancel asked for while the host did not answer is delivered now (a repeat is
             # harmless: the wrapper is already stopping)
@@ -400,6 +415,8 @@ class CoreControlService:
         run = self.refresh_run_status(ref)
         attempt = run.current
         if attempt.state.terminal:
+            with contextlib.suppress(Unreachable):
+                self.stop_leftovers(run.id)
             return run
         self.store.request_cancel(attempt.id, self.actor)
         if attempt.handle is None:
@@ -423,6 +440,21 @@ class CoreControlService:
             return self.store.get_run(run.id)
         grace = float(run.request.get("stop_grace_s", 10.0))
         return self.wait_for(run.id, timeout_s=grace + 5 if wait_s is None else wait_s, poll_s=0.2)
+
+    def stop_leftovers(self, ref: str) -> int:
+        """Stop the processes still running of a run's ended attempts (on a host that was given
+        up on and came back, say); how many were stopped."""
+        run = self.store.get_run(ref)
+        stopped = stop_leftovers(self.execution, run.attempts)
+        for attempt_id, count in stopped.items():
+            self.store.record_event(
+                self.actor,
+                "run.leftovers_stopped",
+                run_id=run.id,
+                attempt_id=attempt_id,
+                processes=count,
+            )
+        return sum(stopped.values())
 
     def _same_bundle_request(
         self, run: RunRecord, overrides: ExecutionOverrides, verb: str

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.helpers import process_alive, write_spec
+from tests.helpers import eventually, process_alive, write_spec
 
 from orbit.core.execution.local_env import without_venv
 
@@ -69,6 +70,26 @@ def test_a_child_that_left_the_process_group_is_stopped_when_the_task_ends(
     assert "leftover process" in (location / "runtime" / "runtime.log").read_text()
     collected = orbit_json(env, "collect", run["id"], "--dest", str(tmp_path / "out"))
     assert collected["verified"] is True and collected["problems"] == []
+
+
+def test_a_vanished_wrappers_escaped_children_go_with_it(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """The wrapper is SIGKILLed: nobody is left to stop its task; the look that finds it gone
+    (runtime_lost) stops everything that carries the attempt's marker."""
+    command = 'setsid sleep 300 & echo $! > "$ORBIT_ARTIFACTS_DIR/child.pid"; sleep 300'
+    spec = write_spec(tmp_path, task={"command": command}, retry={"max_retries": 0})
+    run = orbit_json(env, "submit", str(spec))
+    location = Path(run["attempts"][0]["handle"]["location"])
+    child_file = location / "artifacts" / "child.pid"
+    eventually(lambda: child_file.exists() and child_file.read_text().strip())
+    child = int(child_file.read_text())
+    os.kill(int((location / "runtime" / "pid").read_text()), signal.SIGKILL)
+    ended = eventually(
+        lambda: (r := orbit_json(env, "status", run["id"]))["state"] == "failed" and r
+    )
+    assert ended["attempts"][0]["reason"] == "runtime_lost"
+    assert not process_alive(child)
 
 
 # --- the task's environment -------------------------------------------------------------------

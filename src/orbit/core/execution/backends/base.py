@@ -3,10 +3,10 @@ it reconstructs an attempt's state from the bundle's runtime/ files each time.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from orbit.core.execution.artifacts import CollectResult
 from orbit.core.execution.bundle import FrozenBundle
@@ -72,3 +72,35 @@ class ExecutionBackend(Protocol):
         """Ask the wrapper to stop the task gracefully (it kills after the grace period)."""
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult: ...
+
+
+# --- optional abilities -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessSweep:
+    """What a sweep of ended attempts' processes on a host stopped: attempt id -> pids."""
+
+    stopped: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(len(pids) for pids in self.stopped.values())
+
+
+@runtime_checkable
+class StopsLeftovers(Protocol):
+    """A backend that can stop what still runs of an attempt that has ended (its processes
+    carry the attempt's ORBIT_ATTEMPT_ID): `orbit cancel` of an ended run."""
+
+    def stop_leftovers(self, handle: RunHandle) -> int:
+        """SIGTERM, then SIGKILL after the grace period; how many processes were stopped."""
+        ...
+
+
+@runtime_checkable
+class SweepsEndedProcesses(Protocol):
+    """A backend whose hosts outlive the control plane's contact with them: on the host where
+    `handle` ran, it stops the processes of this control plane's attempts not in `live`."""
+
+    def sweep_processes_near(self, handle: RunHandle, live: set[str]) -> ProcessSweep: ...

@@ -97,6 +97,9 @@ class LocalHostProcessBackend:
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
         hostside.cancel(handle.location, reason.value)
 
+    def stop_leftovers(self, handle: RunHandle) -> int:
+        return len(hostside.stop_attempt(handle.location, handle.attempt_id)["stopped"])
+
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         source = Path(handle.location) / "artifacts"
         dest.mkdir(parents=True, exist_ok=True)
