@@ -281,10 +281,19 @@ def logs(
     svc = service()
     out = sys.stdout.buffer
     offset, current, ending, lost = 0, None, False, False
+    written = 0  # by the current read: a read broken off part way goes on from there
+
+    def sink(data: bytes) -> None:
+        nonlocal written
+        out.write(data)
+        written += len(data)
+
     while True:
-        try:
-            chunk = svc.read_log(run, layer, offset, attempt)
+        written = 0
+        try:  # the rest of the log, streamed (over SSH: one call, not one per chunk)
+            chunk = svc.stream_log(run, layer, offset, sink, attempt, only_attempt=current)
         except Unreachable as exc:
+            offset += written
             if not follow:
                 raise
             if not lost:  # say it once; go on from the same offset when the host is back
@@ -303,13 +312,12 @@ def logs(
             current = chunk.attempt.id
             continue
         current = chunk.attempt.id
-        out.write(chunk.data)
         out.flush()
-        offset = chunk.offset
-        if chunk.data:
-            continue
-        if not follow or ending:
+        got, offset = chunk.offset != offset, chunk.offset
+        if not follow or ending:  # a read goes to the log's end: nothing more to ask for
             return
+        if got:
+            continue
         record = svc.refresh_run_status(run)
         followed = next(a for a in record.attempts if a.id == current)
         # the current attempt is followed into retries; an earlier one only to its own end

@@ -17,7 +17,14 @@ from orbit.core.config import Settings
 from orbit.core.control.host_registry import HostRegistry
 from orbit.core.errors import InvalidInput, NoBackend, NotFound, OrbitError, Refused, Unreachable
 from orbit.core.execution.artifacts import CollectResult
-from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, ProcessSweep
+from orbit.core.execution.backends.base import (
+    AttemptContext,
+    LaunchError,
+    LogLayer,
+    LogSink,
+    ProcessSweep,
+    stream_log,
+)
 from orbit.core.execution.backends.ssh_host_process import SshDockerBackend, SshHostProcessBackend
 from orbit.core.execution.bundle import FrozenBundle, freeze_bundle
 from orbit.core.execution.docker.host import SweepResult
@@ -575,6 +582,25 @@ class CoreControlService:
             found.handle, layer, offset
         )
         return LogChunk(data, new_offset, found)
+
+    def stream_log(
+        self,
+        ref: str,
+        layer: LogLayer,
+        offset: int,
+        sink: LogSink,
+        attempt: int | None = None,
+        only_attempt: str | None = None,
+    ) -> LogChunk:
+        """read_log to the log's current end: its bytes go to `sink` as they arrive, in one
+        transfer where the backend can (see StreamsLogs); the chunk's data is empty, its offset
+        where to go on from. With `only_attempt`, nothing is read unless that is the attempt
+        found (a retry began: the caller starts its log from 0)."""
+        found = self._attempt(self.store.get_run(ref), attempt)
+        if found.handle is None or only_attempt not in (None, found.id):
+            return LogChunk(b"", offset, found)
+        backend = self.execution.backend(found.backend_key)
+        return LogChunk(b"", stream_log(backend, found.handle, layer, offset, sink), found)
 
     def collect_run_artifacts(
         self, ref: str, dest: Path, attempt: int | None = None

@@ -546,3 +546,52 @@ def test_hosts_check_and_the_next_launch_stop_ended_attempts_and_nothing_else(
         assert all(process_alive(p) for p in processes[untouched]), untouched
     orbit(env, "cancel", live["id"])
     orbit(other, "cancel", theirs["id"])
+
+
+# --- reading logs -----------------------------------------------------------------------------
+
+
+def test_a_whole_log_comes_in_one_ssh_call_byte_for_byte_with_its_offsets(
+    env: dict[str, str], sshd_factory: SshdFactory, tmp_path: Path
+) -> None:
+    import shutil
+    import stat
+
+    from orbit.core.execution.backends.base import LogLayer
+    from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
+    from orbit.core.models import RunHandle
+
+    add_host(env, "h100-a", sshd_factory(alias="h100-a"))
+    size = 5_000_000  # five of read_log's chunks; binary, every byte value
+    spec = spec_for(tmp_path / "job", "h100-a", f"head -c {size} /dev/urandom")
+    run = json.loads(orbit(env, "submit", str(spec), "--wait", "--json").stdout)
+    handle = RunHandle.model_validate(run["attempts"][0]["handle"])
+    log = (Path(handle.location) / "artifacts" / "training.log").read_bytes()
+    assert len(log) == size
+
+    calls = tmp_path / "ssh-calls"
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "ssh").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {shutil.which("ssh")} "$@"\n')
+    (shim / "ssh").chmod(stat.S_IRWXU)
+    counted = {**env, "PATH": f"{shim}{os.pathsep}{env['PATH']}"}
+    shown = subprocess.run(
+        [*ORBIT, "logs", run["id"]], env=counted, capture_output=True, timeout=120, check=True
+    )
+    assert shown.stdout == log
+    assert len(calls.read_text().splitlines()) == 1  # one call, not one per MiB
+
+    settings = Settings(
+        home=Path(env["ORBIT_HOME"]).absolute(),
+        database_url="",
+        ssh_config=Path(env["ORBIT_SSH_CONFIG"]),
+    )
+    backend = SshHostProcessBackend(NoHosts(), options_for(settings))
+    got = bytearray()
+    end = backend.stream_log(handle, LogLayer.TRAINING, 1234, got.extend)
+    assert end == size and bytes(got) == log[1234:]
+    assert backend.stream_log(handle, LogLayer.TRAINING, end, got.extend) == end  # nothing new
+    data, after = backend.read_log(handle, LogLayer.TRAINING, 1234)  # the same offsets
+    assert after == 1234 + len(data) and data == log[1234:after]
+    gone = handle.model_copy(update={"location": f"{handle.location}-never"})
+    assert backend.stream_log(gone, LogLayer.TRAINING, 0, got.extend) == 0  # not written yet

@@ -3,6 +3,7 @@ it reconstructs an attempt's state from the bundle's runtime/ files each time.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -104,3 +105,31 @@ class SweepsEndedProcesses(Protocol):
     `handle` ran, it stops the processes of this control plane's attempts not in `live`."""
 
     def sweep_processes_near(self, handle: RunHandle, live: set[str]) -> ProcessSweep: ...
+
+
+LogSink = Callable[[bytes], object]
+
+
+@runtime_checkable
+class StreamsLogs(Protocol):
+    """A backend that sends the rest of a log in one transfer (over SSH: one ssh call), where
+    read_log's chunks would each cost a round trip."""
+
+    def stream_log(self, handle: RunHandle, layer: LogLayer, offset: int, sink: LogSink) -> int:
+        """Every byte of the log from `offset` to its current end, given to `sink` as it
+        arrives; the offset to ask from next time. If it fails part way (Unreachable), what
+        `sink` got was delivered: the caller goes on from `offset` plus that."""
+        ...
+
+
+def stream_log(
+    backend: ExecutionBackend, handle: RunHandle, layer: LogLayer, offset: int, sink: LogSink
+) -> int:
+    """The rest of a log into `sink`, streamed where the backend can, else read_log's chunks."""
+    if isinstance(backend, StreamsLogs):
+        return backend.stream_log(handle, layer, offset, sink)
+    while True:
+        data, offset = backend.read_log(handle, layer, offset)
+        if not data:
+            return offset
+        sink(data)
