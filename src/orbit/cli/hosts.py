@@ -180,6 +180,8 @@ def hosts_check(name: str = NAME, as_json: bool = JSON) -> None:
         )
     for problem in swept.errors if swept else ():
         err.print(f"orbit: the container sweep failed: {problem}", markup=False)
+    for problem in stopped.errors if stopped else ():
+        err.print(f"orbit: the process sweep failed: {problem}", markup=False)
 
 
 @hosts_app.command("remove")

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 COMPLETE = ".orbit-complete"
@@ -128,7 +129,7 @@ def attempt_processes(plane: str | None = None) -> dict[int, str]:
     return found
 
 
-def stop_processes(select: Any, grace: float) -> list[int]:
+def stop_processes(select: Callable[[], Iterable[int]], grace: float) -> list[int]:
     """SIGTERM the processes `select()` returns, SIGKILL those still there after `grace` (looking
     again: they may have started more); the pids signalled."""
     signalled: set[int] = set()
@@ -376,8 +377,8 @@ def main(argv: list[str]) -> dict[str, Any]:
         return launch(args[0], dict(item.split("=", 1) for item in args[1:]))
     if command == "stop-attempt":
         return stop_attempt(args[0], args[1])
-    if command == "stop-ended":
-        return stop_ended(args[0], [a for a in args[1].split(",") if a], args[2])
+    if command == "stop-ended":  # ATTEMPTS_DIR PLANE LIVE_IDS,... (in as many arguments)
+        return stop_ended(args[0], [a for arg in args[2:] for a in arg.split(",") if a], args[1])
     return {"error": f"unknown command {command!r}"}
 
 

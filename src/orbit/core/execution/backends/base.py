@@ -83,6 +83,7 @@ class ProcessSweep:
     """What a sweep of ended attempts' processes on a host stopped: attempt id -> pids."""
 
     stopped: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
 
     @property
     def count(self) -> int:

@@ -41,6 +41,7 @@ from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunSta
 READ_CHUNK = 1 << 20
 DOWN_MEMORY_S = 30.0  # within one command, a host that did not answer is not asked again
 SWEEP_TIMEOUT_S = 90.0  # a stop waits for a graceful end there (hostside.MAX_GRACE_S at most)
+LIVE_IDS_PER_ARG = 2000
 
 
 class HostDirectory(Protocol):
@@ -285,7 +286,7 @@ class SshHostProcessBackend:
             raise Unreachable(str(exc)) from exc
         self._down.pop(handle.target, None)
         if code != 0 and not count and "No such file" not in stderr:
-            raise Unreachable(
+            raise OrbitError(
                 f"host '{handle.target}': reading {layer.relpath} failed (exit {code}: "
                 f"{last_line(stderr) or 'no message'})"
             )
@@ -328,11 +329,13 @@ class SshHostProcessBackend:
     def _sweep(self, ssh: Ssh, attempts: str, live: Iterable[str]) -> ProcessSweep:
         if not self.plane:
             return ProcessSweep()  # which processes are ours is not known: touch none
-        found = ssh.hostside(
-            "stop-ended", attempts, ",".join(sorted(live)), self.plane, timeout=SWEEP_TIMEOUT_S
-        )
+        ids, chunks = sorted(live), []
+        while ids:  # a few thousand ids an argument: none nears the system's limit
+            chunks.append(",".join(ids[:LIVE_IDS_PER_ARG]))
+            ids = ids[LIVE_IDS_PER_ARG:]
+        found = ssh.hostside("stop-ended", attempts, self.plane, *chunks, timeout=SWEEP_TIMEOUT_S)
         if "error" in found:
-            raise OrbitError(f"host '{ssh.spec.name}': {found['error']}")
+            return ProcessSweep(errors=(f"host '{ssh.spec.name}': {found['error']}",))
         stopped = dict(found.get("stopped") or {})
         return ProcessSweep({str(a): tuple(int(p) for p in pids) for a, pids in stopped.items()})
 
