@@ -89,8 +89,7 @@ def main() -> None:
         store.close()
         spec = Path(scratch) / "spec.yaml"
         spec.write_text(
-            "experiment: sft\ntask_type: command\ntemplate: local\n"
-            "task: {command: 'sleep 600'}\n",
+            "experiment: sft\ntask_type: command\ntemplate: local\ntask: {command: 'sleep 600'}\n",
             encoding="utf-8",
         )
         orbit = [sys.executable, "-m", "orbit"]

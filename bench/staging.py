@@ -42,8 +42,8 @@ from tests.sshd import SshdFactory
 
 from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
 from orbit.core.execution.bundle import freeze_bundle
-from orbit.core.hosts import HostSpec
 from orbit.core.execution.ssh.transport import Ssh, SshOptions
+from orbit.core.hosts import HostSpec
 from orbit.core.models import JobSpec, LaunchMode, RunHandle
 from orbit.core.tasks.base import StagedPath
 

@@ -156,18 +156,28 @@ def hosts_show(name: str = NAME, as_json: bool = JSON) -> None:
 
 @hosts_app.command("check")
 def hosts_check(name: str = NAME, as_json: bool = JSON) -> None:
-    """Probe a host again and record what it has; sweep ORBIT's stray containers there.
+    """Probe a host again and record what it has; sweep ORBIT's strays there.
 
     It records OS, python3, GPUs (nvidia-smi), free disk in the work dir, docker and rsync;
-    submissions are validated against that. Where it has docker, ORBIT's containers there that
-    no live run owns are stopped and removed (others' containers are never touched).
+    submissions are validated against that. Processes there of this control plane's attempts
+    that have ended are stopped; where it has docker, ORBIT's containers there that no live run
+    owns are stopped and removed (others' processes and containers are never touched).
     """
     checked = service().check_host(name)
     host, removed = checked.host, list(checked.removed_containers)
+    processes = {k: list(v) for k, v in checked.stopped_processes.items()}
     if as_json:
-        print_json(host_json(host) | {"removed_containers": removed})
+        print_json(
+            host_json(host) | {"removed_containers": removed, "stopped_processes": processes}
+        )
         return
     show_host(host)
+    if processes:
+        console.print(
+            f"stopped {sum(map(len, processes.values()))} process(es) of ended attempts: "
+            f"{', '.join(sorted(processes))}",
+            markup=False,
+        )
     if removed:
         console.print(
             f"removed {len(removed)} ORBIT container(s) no live run owns: {', '.join(removed)}",
@@ -175,6 +185,8 @@ def hosts_check(name: str = NAME, as_json: bool = JSON) -> None:
         )
     for problem in checked.sweep_errors:
         err.print(f"orbit: the container sweep failed: {problem}", markup=False)
+    for problem in checked.process_errors:
+        err.print(f"orbit: the process sweep failed: {problem}", markup=False)
 
 
 @hosts_app.command("remove")

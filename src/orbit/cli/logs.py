@@ -34,10 +34,19 @@ def logs(
     svc = service()
     out = sys.stdout.buffer
     offset, current, lost = 0, None, False
+    written = 0  # by the current read: a read broken off part way goes on from there
+
+    def sink(data: bytes) -> None:
+        nonlocal written
+        out.write(data)
+        written += len(data)
+
     while True:
-        try:
-            chunk = svc.read_log(run, layer, offset, attempt)
+        written = 0
+        try:  # the rest of the log, streamed (over SSH: one call, not one per chunk)
+            chunk = svc.stream_log(run, layer, offset, sink, attempt, only_attempt=current)
         except Unreachable as exc:
+            offset += written
             if not follow:
                 raise
             if not lost:  # say it once; go on from the same offset when the host is back
@@ -55,13 +64,12 @@ def logs(
             offset, current = 0, chunk.attempt_id
             continue
         current = chunk.attempt_id
-        out.write(chunk.data)
         out.flush()
-        offset = chunk.offset
-        if chunk.data:
-            continue
-        if not follow:
+        got, offset = chunk.offset != offset, chunk.offset
+        if not follow:  # a read goes to the log's end: nothing more to ask for
             return
+        if got:
+            continue
         if chunk.ended:  # it had ended before this read: everything it wrote has been read
             record = svc.refresh_run_status(run)
             # the current attempt is followed into retries; an earlier one only to its own end

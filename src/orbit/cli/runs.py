@@ -173,14 +173,24 @@ def status(run: str = RUN, as_json: bool = JSON) -> None:
 
 
 def cancel(run: str = RUN, as_json: bool = JSON) -> None:
-    """Stop a run gracefully (SIGTERM, then SIGKILL after the template's stop_grace_s)."""
+    """Stop a run gracefully (SIGTERM, then SIGKILL after the template's stop_grace_s). Of an
+    ended run, what still runs (a host given up on that came back) is stopped."""
     from orbit.cli import render
 
     svc = service()
     before = svc.get_run(run)
-    record = svc.cancel_run(run)
+    if before.state.terminal:
+        stopped, record = svc.stop_leftovers(run), before
+    else:
+        stopped, record = 0, svc.cancel_run(run)
     if as_json:
-        print_json(render.run_json(svc.run_view(record.id, refresh=False)))
+        view = svc.run_view(record.id, refresh=False)
+        print_json(render.run_json(view) | {"leftovers_stopped": stopped})
+    elif before.state.terminal and stopped:
+        plural = "es" if stopped != 1 else ""
+        console.print(
+            f"{record.id} already {record.state}; stopped {stopped} leftover process{plural}"
+        )
     elif before.state.terminal:
         console.print(f"{record.id} already {record.state}: nothing to cancel")
     else:

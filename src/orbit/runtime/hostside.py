@@ -9,6 +9,10 @@ Layout under the host's work dir:
   bundles/DIGEST/         frozen bundles, one per digest (complete when .orbit-complete exists)
   bundles/.partial-DIGEST/  a transfer in progress; a later push continues it
   attempts/ATTEMPT_ID/    one attempt's copy of the bundle, with its own runtime/ and artifacts/
+
+Processes are ORBIT's only by their environment: everything an attempt starts (its wrapper,
+its task and whatever that starts, even outside its process group) carries ORBIT_ATTEMPT_ID,
+and ORBIT_PLANE names the control plane that launched it. Nothing else is ever signalled.
 """
 
 from __future__ import annotations
@@ -24,10 +28,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 COMPLETE = ".orbit-complete"
 FROZEN_PARTS = ("job.json", "inputs", "scripts")
+MARKER = b"ORBIT_ATTEMPT_ID="
+PLANE = b"ORBIT_PLANE="
+MAX_GRACE_S = 20.0  # a sweep waits at most this for a graceful end (it runs inside an ssh call)
 
 
 def _read_text(path: str) -> str | None:
@@ -66,6 +75,147 @@ def runs_attempt(pid: int, attempt_id: str) -> bool:
     return f"ORBIT_ATTEMPT_ID={attempt_id}".encode() in environ.split(b"\0")
 
 
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:  # gone, a zombie, or not ours to read
+        return []
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat's fields after the command name: state, ppid, ..."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != b"Z"
+
+
+def _ourselves() -> set[int]:
+    """This process and its parents: never signalled, whatever their environment says."""
+    found, pid = {os.getpid()}, os.getpid()
+    while pid > 1:
+        fields = _stat(pid)
+        if fields is None:
+            break
+        pid = int(fields[1])
+        found.add(pid)
+    return found
+
+
+def attempt_processes(plane: str | None = None) -> dict[int, str]:
+    """pid -> attempt id of every live process carrying ORBIT's marker (and, given `plane`,
+    that control plane's). Where there is no /proc, none."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    skip, found = _ourselves(), {}
+    for name in names:
+        if not name.isdigit() or int(name) in skip:
+            continue
+        environ = _environ(int(name))
+        ids = [e[len(MARKER) :] for e in environ if e.startswith(MARKER)]
+        if not ids or (plane is not None and PLANE + plane.encode() not in environ):
+            continue
+        found[int(name)] = ids[0].decode(errors="replace")
+    return found
+
+
+def stop_processes(select: Callable[[], Iterable[int]], grace: float) -> list[int]:
+    """SIGTERM the processes `select()` returns, SIGKILL those still there after `grace` (looking
+    again: they may have started more); the pids signalled."""
+    signalled: set[int] = set()
+    for sig, wait, rounds in ((signal.SIGTERM, grace, 1), (signal.SIGKILL, 1.0, 5)):
+        for _ in range(rounds):
+            pids = list(select())
+            if not pids:
+                return sorted(signalled)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+                    signalled.add(pid)
+            deadline = time.monotonic() + wait
+            while pids and time.monotonic() < deadline:
+                time.sleep(0.05)
+                pids = [pid for pid in pids if _alive(pid)]
+    return sorted(signalled)
+
+
+def _grace(attempt_dir: str) -> float:
+    try:
+        with open(os.path.join(attempt_dir, "job.json"), encoding="utf-8") as f:
+            grace = float(json.load(f).get("stop_grace_s", 10.0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        grace = 10.0
+    return min(max(grace, 0.0), MAX_GRACE_S)
+
+
+def _say_why(attempt_dir: str, why: str) -> None:
+    """A wrapper about to get SIGTERM records its end as asked for, not as a preemption."""
+    runtime = os.path.join(attempt_dir, "runtime")
+    path = os.path.join(runtime, "stop_request.json")
+    if os.path.isdir(runtime) and not os.path.exists(path):
+        at = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"reason": "cancelled", "at": at, "message": why}) + "\n")
+
+
+def stop_attempt(attempt_dir: str, attempt_id: str) -> dict[str, Any]:
+    """Stop what still runs of an attempt the control plane has ended (its wrapper included):
+    SIGTERM, SIGKILL after the job's grace period."""
+
+    def mine() -> list[int]:
+        return [pid for pid, a in attempt_processes().items() if a == attempt_id]
+
+    if not mine():
+        return {"stopped": []}
+    _say_why(attempt_dir, "stopped after the attempt had ended (orbit cancel)")
+    return {"stopped": stop_processes(mine, _grace(attempt_dir))}
+
+
+def stop_ended(attempts_dir: str, live: list[str], plane: str) -> dict[str, Any]:
+    """Stop every process of this control plane's attempts under `attempts_dir` that are not
+    among the `live` ones the control plane knows: attempts it has ended (given up on while
+    the host did not answer, say) whose processes went on. {attempt id: pids stopped}."""
+    attempts_dir = os.path.abspath(os.path.expanduser(attempts_dir))
+    if not plane:
+        return {"error": "no control plane named: nothing is stopped"}
+    keep = set(live)
+
+    def ended() -> dict[int, str]:
+        return {
+            pid: a
+            for pid, a in attempt_processes(plane).items()
+            if a not in keep and a and "/" not in a and os.path.isdir(os.path.join(attempts_dir, a))
+        }
+
+    found = ended()
+    if not found:
+        return {"stopped": {}}
+    for attempt_id in set(found.values()):
+        _say_why(os.path.join(attempts_dir, attempt_id), "the control plane had ended this attempt")
+    grace = max(_grace(os.path.join(attempts_dir, a)) for a in set(found.values()))
+    owner = dict(found)
+
+    def select() -> list[int]:
+        now = ended()
+        owner.update(now)
+        return list(now)
+
+    stopped: dict[str, list[int]] = {}
+    for pid in stop_processes(select, grace):
+        stopped.setdefault(owner[pid], []).append(pid)
+    return {"stopped": stopped}
+
+
 def probe(attempt_dir: str, attempt_id: str) -> dict[str, Any]:
     """runtime/status.json and result.json, whether the wrapper lives, and, when it died
     without a result, the killing of its orphaned task (never a stranger that reused the pid)."""
@@ -83,6 +233,8 @@ def probe(attempt_dir: str, attempt_id: str) -> dict[str, Any]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
                     killed = pid
+        # and what had left the task's process group: nobody else will stop it now
+        stop_processes(lambda: [p for p, a in attempt_processes().items() if a == attempt_id], 0)
     return {"alive": alive, "status": status, "result": result, "killed_orphan": killed}
 
 
@@ -173,13 +325,16 @@ def prepare(work: str, digest: str, attempt_id: str) -> dict[str, Any]:
     return {"location": dest}
 
 
-def launch(attempt_dir: str, env: dict[str, str]) -> dict[str, Any]:
-    """Start the attempt's wrapper detached: a new session, its pid in runtime/pid."""
+def launch(
+    attempt_dir: str, env: dict[str, str], base: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Start the attempt's wrapper detached: a new session, its pid in runtime/pid. Its
+    environment is `base` (default: this process's) with `env` laid over it."""
     wrapper = os.path.join(attempt_dir, "scripts", "orbit_wrapper.py")
     try:
         proc = subprocess.run(
             [sys.executable, wrapper, "--bundle", attempt_dir, "--detach"],
-            env={**os.environ, **env},
+            env={**(os.environ if base is None else base), **env},
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -220,6 +375,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         return prepare(args[0], args[1], args[2])
     if command == "launch":
         return launch(args[0], dict(item.split("=", 1) for item in args[1:]))
+    if command == "stop-attempt":
+        return stop_attempt(args[0], args[1])
+    if command == "stop-ended":  # ATTEMPTS_DIR PLANE LIVE_IDS,... (in as many arguments)
+        return stop_ended(args[0], [a for arg in args[2:] for a in arg.split(",") if a], args[1])
     return {"error": f"unknown command {command!r}"}
 
 

@@ -15,6 +15,12 @@ standard library. Files it writes:
 SIGTERM (or SIGINT, SIGHUP) asks for a graceful stop: the task's process group gets SIGTERM,
 then SIGKILL after the job's stop_grace_s. runtime/stop_request.json, if present, says why.
 
+Nothing of an ended attempt keeps running: when the task ends (success, failure, stop), every
+process still carrying the attempt's marker in its environment (ORBIT_ATTEMPT_ID, inherited by
+whatever the task starts, also what left its process group: setsid, tensorboard, `vllm
+serve`) gets SIGTERM, then SIGKILL after the grace period, before the manifest and result are
+written.
+
 With a docker launch mode (job.json's launch_mode.kind), the task and the precheck run in a
 container through scripts/docker_run.sh, a stop is scripts/docker_stop.sh, and the image that
 ran is recorded in runtime/image.json: see scripts/orbit_docker.py.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
@@ -38,6 +45,8 @@ from typing import Any
 
 PRECHECK_MISSING = 10  # the exit statuses of orbit_precheck.py
 PRECHECK_MISMATCH = 11
+MARKER = "ORBIT_ATTEMPT_ID"  # in the environment of everything an attempt starts
+LAUNCHER_PID = 0  # the process that detached this wrapper (it may still be printing our pid)
 
 
 def now() -> str:
@@ -190,6 +199,8 @@ class Wrapper:
             except OSError as exc:
                 out.write(f"orbit: cannot start {argv[0]!r}: {exc}\n".encode())
                 self.log(f"cannot start the task: {exc}")
+                if exc.errno == errno.E2BIG:  # this host's limit, not the task's doing
+                    return self.finish("failed", **too_long(argv[0], exc))
                 return self.finish(
                     "failed",
                     reason="task_exit_nonzero",
@@ -247,6 +258,8 @@ class Wrapper:
             self.log(message)
             with open(os.path.join(self.artifacts, "runtime-precheck.log"), "a") as f:
                 f.write(message + "\n")
+            if isinstance(exc, OSError) and exc.errno == errno.E2BIG:
+                return too_long(argv[0], exc)  # the task could not start either
             if spec.get("critical_imports"):
                 return {"reason": "dependency_missing", "message": message}
             return None
@@ -344,6 +357,7 @@ class Wrapper:
         if self.docker is not None:
             self.docker.finish()  # whatever happened, no container of the attempt is left
         self.stop_audit()
+        self.stop_leftovers()  # before the manifest: nothing writes into artifacts/ after it
         try:
             self.write_manifest()
         except OSError as exc:
@@ -358,6 +372,25 @@ class Wrapper:
         write_json(os.path.join(self.runtime, "result.json"), result)
         self.status(state, **{k: v for k, v in fields.items() if k != "state"})
         return 0 if state == "succeeded" else 1
+
+    def stop_leftovers(self) -> None:
+        """SIGTERM, then after the grace period SIGKILL, every process that still carries this
+        attempt's marker: what the task started outside its process group. An attempt run by
+        hand is "manual", like every other run by hand, so its bundle must match too."""
+        marks = [f"{MARKER}={os.environ.get(MARKER, 'manual')}"]
+        if MARKER not in os.environ:
+            marks.append(f"ORBIT_BUNDLE_DIR={self.bundle}")
+        keep = {os.getpid(), LAUNCHER_PID, *ancestors()}
+        try:
+            stopped = stop_marked(marks, keep, self.grace)
+        except OSError as exc:  # no /proc (not Linux): the process group was all there was
+            self.log(f"cannot look for leftover processes: {exc}")
+            return
+        if stopped:
+            self.log(
+                f"stopped {len(stopped)} leftover process(es) of the attempt that had left the "
+                f"task's process group: {', '.join(map(str, sorted(stopped)))}"
+            )
 
     def write_manifest(self) -> None:
         files = []
@@ -378,6 +411,81 @@ class Wrapper:
         write_json(
             os.path.join(self.artifacts, "manifest.json"), {"schema_version": 1, "files": files}
         )
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:  # gone, a zombie, or not ours to read
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may take its time)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :][:1] != b"Z"
+
+
+def ancestors() -> set[int]:
+    """This process's parents up to init: a shell that exported the marker is not a leftover."""
+    found, pid = set(), os.getpid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            break
+        pid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        found.add(pid)
+    return found
+
+
+def marked(marks: list[str], keep: set[int]) -> list[int]:
+    """The live processes whose environment holds every one of `marks` ("NAME=value")."""
+    wanted = [m.encode() for m in marks]
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in keep:
+            continue
+        environ = _environ(int(name))
+        if environ and all(m in environ for m in wanted):
+            found.append(int(name))
+    return found
+
+
+def stop_marked(marks: list[str], keep: set[int], grace: float) -> set[int]:
+    """SIGTERM every marked process, SIGKILL those left after `grace` seconds (looking again,
+    for what they started meanwhile); the pids signalled."""
+    signalled: set[int] = set()
+    for sig, wait, rounds in ((signal.SIGTERM, grace, 1), (signal.SIGKILL, 1.0, 5)):
+        for _ in range(rounds):
+            pids = marked(marks, keep)
+            if not pids:
+                return signalled
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+                    signalled.add(pid)
+            deadline = time.monotonic() + wait
+            while pids and time.monotonic() < deadline:
+                time.sleep(0.05)
+                pids = [pid for pid in pids if _alive(pid)]
+    return signalled
+
+
+def too_long(program: str, exc: OSError) -> dict[str, Any]:
+    """The failure fields of an exec the system refused for the size of its arguments and
+    environment (E2BIG): infrastructure, since the host's own environment takes part."""
+    return {
+        "reason": "launch_failed",
+        "message": f"cannot start {program!r}: its arguments and environment, with this "
+        f"host's, are over the system's limit ({exc.strerror})",
+    }
 
 
 def load_docker(bundle: str) -> Any:
@@ -405,6 +513,8 @@ def detach(bundle: str) -> None:
             sys.exit(f"orbit wrapper: {bundle} is already running (runtime/lock is held)")
         if os.path.exists(pid_file):
             os.unlink(pid_file)
+    global LAUNCHER_PID
+    LAUNCHER_PID = os.getpid()
     first = os.fork()
     if first > 0:
         os.waitpid(first, 0)

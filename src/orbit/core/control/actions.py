@@ -3,10 +3,12 @@ and replay (a new run of the same bundle)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from orbit.core.control.submit import Submitting
 from orbit.core.errors import Refused, Unreachable
+from orbit.core.execution.leftovers import stop_leftovers
 from orbit.core.models import (
     ATTEMPT_FIELDS,
     ExecutionOverrides,
@@ -24,6 +26,8 @@ class RunActions(Submitting):
         run = self.refresh_run_status(ref)
         attempt = run.current
         if attempt.state.terminal:
+            with contextlib.suppress(Unreachable):
+                self.stop_leftovers(run.id)
             return run
         self.store.request_cancel(attempt.id, self.actor)
         if attempt.handle is None:
@@ -47,6 +51,21 @@ class RunActions(Submitting):
             return self.store.get_run(run.id)
         grace = float(run.request.get("stop_grace_s", 10.0))
         return self.wait_for(run.id, timeout_s=grace + 5 if wait_s is None else wait_s, poll_s=0.2)
+
+    def stop_leftovers(self, ref: str) -> int:
+        """Stop the processes still running of a run's ended attempts (on a host that was given
+        up on and came back, say); how many were stopped."""
+        run = self.store.get_run(ref)
+        stopped = stop_leftovers(self.execution, run.attempts)
+        for attempt_id, count in stopped.items():
+            self.store.record_event(
+                self.actor,
+                "run.leftovers_stopped",
+                run_id=run.id,
+                attempt_id=attempt_id,
+                processes=count,
+            )
+        return sum(stopped.values())
 
     def _same_bundle_request(
         self, run: RunRecord, overrides: ExecutionOverrides, verb: str

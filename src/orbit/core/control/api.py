@@ -5,6 +5,7 @@ tell the two apart."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -60,6 +61,16 @@ class ControlAPI(Protocol):
     def read_log(
         self, ref: str, layer: LogLayer, offset: int = ..., attempt: int | None = ...
     ) -> LogChunk: ...
+    def stream_log(
+        self,
+        ref: str,
+        layer: LogLayer,
+        offset: int,
+        sink: Callable[[bytes], None],
+        attempt: int | None = ...,
+        only_attempt: str | None = ...,
+    ) -> LogChunk: ...
+    def stop_leftovers(self, ref: str) -> int: ...
     def collect_run_artifacts(
         self, ref: str, dest: Path, attempt: int | None = ...
     ) -> CollectResult: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from orbit.core.execution.backends.base import ProcessSweep
 from orbit.core.execution.docker.host import SweepResult
 from orbit.core.execution.ssh.transport import SshOptions, probe_host
 from orbit.core.hosts import HostFacts, HostRecord, HostSpec
@@ -14,6 +15,8 @@ from orbit.store.host_table import already_exists
 Prober = Callable[[HostSpec, SshOptions], HostFacts]
 # stops and removes the ORBIT containers on a host that none of the given attempts owns
 Sweeper = Callable[[HostRecord, set[str]], SweepResult]
+# stops the processes on a host of this control plane's attempts that none of the given owns
+ProcessSweeper = Callable[[HostRecord, set[str]], ProcessSweep]
 
 
 class HostRegistry:
@@ -24,12 +27,14 @@ class HostRegistry:
         actor: str,
         probe: Prober = probe_host,
         sweep: Sweeper | None = None,
+        sweep_processes: ProcessSweeper | None = None,
     ) -> None:
         self.store = store
         self.options = options
         self.actor = actor
         self.probe = probe
         self.sweep = sweep
+        self.sweep_processes = sweep_processes
 
     def add(self, spec: HostSpec, *, check: bool = True) -> HostRecord:
         """Record a host. With `check` (the default) it is probed first, and a host that
@@ -39,15 +44,21 @@ class HostRegistry:
         facts = self.probe(spec, self.options) if check else None
         return self.store.hosts.add(spec, facts, self.actor)
 
-    def check(self, name: str) -> tuple[HostRecord, SweepResult | None]:
-        """Probe the host again and record what it has now. Where it has docker, ORBIT's
+    def check(self, name: str) -> tuple[HostRecord, SweepResult | None, ProcessSweep | None]:
+        """Probe the host again and record what it has now. The processes there of this
+        control plane's attempts that have ended are stopped; where it has docker, ORBIT's
         containers there that no live attempt owns are stopped and removed."""
         host = self.store.hosts.get(name)
         facts = self.probe(host.spec, self.options)
         host = self.store.hosts.set_facts(name, facts, self.actor)
+        live = self.store.hosts.active_attempts()
+        stopped = None
+        if self.sweep_processes is not None:
+            stopped = self.sweep_processes(host, live)
+            self.record_stopped(name, stopped)
         swept = None
         if facts.docker and facts.docker != "client only" and self.sweep is not None:
-            swept = self.sweep(host, self.store.hosts.active_attempts())
+            swept = self.sweep(host, live)
             if swept.removed:
                 self.store.record_event(
                     self.actor,
@@ -56,7 +67,17 @@ class HostRegistry:
                     containers=[c.name for c in swept.removed],
                     attempts=sorted({c.attempt_id for c in swept.removed}),
                 )
-        return host, swept
+        return host, swept, stopped
+
+    def record_stopped(self, name: str, stopped: ProcessSweep, actor: str | None = None) -> None:
+        if stopped.count:
+            self.store.record_event(
+                actor or self.actor,
+                "host.processes_stopped",
+                host=name,
+                attempts=sorted(stopped.stopped),
+                processes=stopped.count,
+            )
 
     def get(self, name: str) -> HostRecord:
         return self.store.hosts.get(name)

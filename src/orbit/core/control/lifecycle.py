@@ -19,6 +19,7 @@ from orbit.core import failpoints
 from orbit.core.control.base import ServiceBase
 from orbit.core.errors import NoBackend, OrbitError, Unreachable
 from orbit.core.execution.backends.base import AttemptContext, LaunchError
+from orbit.core.execution.leftovers import sweep_after_contact
 from orbit.core.models import ExecutionRequest, FailureReason, RetryPolicy, RunState, RunStatus
 from orbit.core.records import AttemptRecord, RunRecord
 from orbit.core.retry import backoff_delay, should_retry
@@ -237,6 +238,11 @@ class Lifecycle(ServiceBase):
             return self.store.get_run(run.id)
         if attempt.unreachable_since is not None or _contact_is_old(attempt):
             self.store.record_contact(attempt.id, reachable=True, actor="orbit")
+        if attempt.unreachable_since is not None:  # back: stop what was given up on meanwhile
+            live = self.store.hosts.active_attempts()
+            swept = sweep_after_contact(self.execution, attempt, live)
+            if swept is not None:
+                self.hosts.record_stopped(attempt.target or "", swept, actor="orbit")
         if attempt.cancel_requested and attempt.unreachable_since and not status.state.terminal:
             # a cancel asked for while the host did not answer is delivered now (a repeat is
             # harmless: the wrapper is already stopping)

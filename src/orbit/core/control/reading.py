@@ -9,6 +9,7 @@ from typing import Any
 from orbit.core.control.actions import RunActions
 from orbit.core.control.views import LogChunk, RunDiff, RunPage, RunView
 from orbit.core.errors import InvalidInput, OrbitError, Unreachable
+from orbit.core.execution.backends.base import LogSink, stream_log
 from orbit.core.execution.runtime_state import parse_json
 from orbit.core.execution.sources import read_provenance
 from orbit.core.layers import LogLayer
@@ -151,6 +152,29 @@ class Reading(RunActions):
             )
         return LogChunk(
             data=data, offset=new_offset, attempt=found.number, attempt_id=found.id, ended=ended
+        )
+
+    def stream_log(
+        self,
+        ref: str,
+        layer: LogLayer,
+        offset: int,
+        sink: LogSink,
+        attempt: int | None = None,
+        only_attempt: str | None = None,
+    ) -> LogChunk:
+        """read_log to the log's current end: its bytes go to `sink` as they arrive, in one
+        transfer where the backend can (see StreamsLogs); the chunk's data is empty, its offset
+        where to go on from. With `only_attempt`, nothing is read unless that is the attempt
+        found (a retry began: the caller starts its log from 0)."""
+        found = self._attempt(self.store.get_run(ref), attempt)
+        ended = found.state.terminal
+        new_offset = offset
+        if found.handle is not None and only_attempt in (None, found.id):
+            backend = self.execution.backend(found.backend_key)
+            new_offset = stream_log(backend, found.handle, layer, offset, sink)
+        return LogChunk(
+            data=b"", offset=new_offset, attempt=found.number, attempt_id=found.id, ended=ended
         )
 
     def collect_run_artifacts(

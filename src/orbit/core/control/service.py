@@ -14,7 +14,8 @@ from orbit.core.control.base import current_actor
 from orbit.core.control.host_registry import HostRegistry
 from orbit.core.control.reading import Reading
 from orbit.core.control.views import HostCheck, TemplateView
-from orbit.core.execution.backends.ssh_host_process import SshDockerBackend
+from orbit.core.execution.backends.base import ProcessSweep
+from orbit.core.execution.backends.ssh_host_process import SshDockerBackend, SshHostProcessBackend
 from orbit.core.execution.docker.host import SweepResult
 from orbit.core.execution.service import ExecutionService, canonical_placement
 from orbit.core.execution.ssh.transport import SshOptions, options_for
@@ -43,7 +44,11 @@ class CoreControlService(Reading):
         self.bundles_dir = bundles_dir
         self.actor = actor or current_actor()
         self.hosts = HostRegistry(
-            store, ssh_options or SshOptions(), self.actor, sweep=self._sweep_host
+            store,
+            ssh_options or SshOptions(),
+            self.actor,
+            sweep=self._sweep_host,
+            sweep_processes=self._sweep_host_processes,
         )
 
     @classmethod
@@ -64,6 +69,11 @@ class CoreControlService(Reading):
         backend = self.execution.backend("ssh_docker")
         assert isinstance(backend, SshDockerBackend)
         return backend.sweep(host, known)
+
+    def _sweep_host_processes(self, host: HostRecord, known: set[str]) -> ProcessSweep:
+        backend = self.execution.backend("ssh_host_process")
+        assert isinstance(backend, SshHostProcessBackend)
+        return backend.sweep_processes(host, known)
 
     # --- templates ------------------------------------------------------------------------
 
@@ -109,11 +119,13 @@ class CoreControlService(Reading):
         return self.hosts.get(name)
 
     def check_host(self, name: str) -> HostCheck:
-        host, swept = self.hosts.check(name)
+        host, swept, stopped = self.hosts.check(name)
         return HostCheck(
             host=host,
             removed_containers=tuple(c.name for c in swept.removed) if swept else (),
             sweep_errors=tuple(swept.errors) if swept else (),
+            stopped_processes=dict(stopped.stopped) if stopped else {},
+            process_errors=tuple(stopped.errors) if stopped else (),
         )
 
     def remove_host(self, name: str) -> list[str]:

@@ -13,6 +13,8 @@ from orbit.core.control.lifecycle import Lifecycle
 from orbit.core.control.views import SubmitPlan
 from orbit.core.errors import Refused
 from orbit.core.execution.bundle import FrozenBundle, freeze_bundle
+from orbit.core.execution.exec_limits import check_exec_limits
+from orbit.core.execution.launch_modes import task_entrypoint
 from orbit.core.execution.sources import (
     parse_sources,
     place_sources,
@@ -104,7 +106,7 @@ class Submitting(Lifecycle):
             task_type=submission.task_type,
             template_id=template.id,
             launch_mode=request.launch_mode,
-            entrypoint=shaped.entrypoint,
+            entrypoint=task_entrypoint(request.launch_mode, shaped),
             workdir=shaped.workdir,
             env={**request.runtime_env, **shaped.env},
             resources=request.resources,
@@ -114,6 +116,7 @@ class Submitting(Lifecycle):
             ),
             task_request={**shaped.request, **common.model_dump(exclude_defaults=True)},
         )
+        check_exec_limits(job, request)
         for key in job.env:
             if looks_secret(key):
                 raise Refused(

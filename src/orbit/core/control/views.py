@@ -52,9 +52,15 @@ class TemplateView(Record):
 
 
 class HostCheck(Record):
+    """What `hosts check` found and cleaned up: the host's facts, the ORBIT containers no live
+    attempt owns that were removed, and the processes of ended attempts that were stopped
+    (attempt id -> pids)."""
+
     host: HostRecord
     removed_containers: tuple[str, ...] = ()
     sweep_errors: tuple[str, ...] = ()
+    stopped_processes: dict[str, tuple[int, ...]] = {}
+    process_errors: tuple[str, ...] = ()
 
 
 class RunDiff(Record):

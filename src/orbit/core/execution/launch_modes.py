@@ -16,10 +16,15 @@ from pydantic import Field, ValidationError, field_validator
 
 from orbit.core.errors import InvalidInput, describe_validation_error
 from orbit.core.models import IMAGE_REF, LaunchMode, Record, Strict
+from orbit.core.tasks.base import ShapedTask
 
 HOST_PROCESS = "host_process"
 DOCKER = "docker"
 KNOWN_KINDS = (DOCKER, HOST_PROCESS)
+# The shell of a shell-form command: bash on a host, where ORBIT's runtime needs it anyway; in a
+# container /bin/sh, as Docker's own shell form, since many images (alpine, busybox) lack bash.
+HOST_SHELL = ("bash", "-c")
+CONTAINER_SHELL = ("/bin/sh", "-c")
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -149,3 +154,12 @@ def resolve_launch_mode(mode: LaunchMode, image: str | None, template_id: str) -
             "--set image=REF (or `overrides: {image: REF}` in the spec)"
         )
     return LaunchMode.model_validate({"kind": DOCKER, **settings.model_dump(mode="json")})
+
+
+def task_entrypoint(mode: LaunchMode, shaped: ShapedTask) -> tuple[str, ...]:
+    """What job.json runs: the task's argv, or its shell-form command under the launch mode's
+    shell. Only the launch mode decides, so the same submission gives the same bundle."""
+    if shaped.shell_command is None:
+        return shaped.entrypoint
+    shell = CONTAINER_SHELL if mode.kind == DOCKER else HOST_SHELL
+    return (*shell, shaped.shell_command)

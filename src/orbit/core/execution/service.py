@@ -63,7 +63,7 @@ class ExecutionService:
                 LocalHostProcessBackend(settings.work_dir),
                 # the same placement, the task in a container
                 LocalDockerBackend(settings.work_dir, live=directory.active_attempts),
-                SshHostProcessBackend(directory, ssh),
+                SshHostProcessBackend(directory, ssh, plane=plane_id(settings.work_dir)),
                 SshDockerBackend(directory, ssh, plane=plane_id(settings.work_dir)),
             ]
         )

@@ -29,6 +29,9 @@ class ShapedTask:
     workdir: str = "workdir"
     staged: tuple[StagedPath, ...] = ()
     interpreter: str = "python3"  # the python the task runs with: the precheck runs in it
+    # a command in shell form: the launch mode picks its shell (orbit.core.execution.launch_modes
+    # .task_entrypoint); `entrypoint` is then its host-process form, `bash -c COMMAND`
+    shell_command: str | None = None
 
 
 class CommonTaskFields(BaseModel):

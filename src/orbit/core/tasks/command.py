@@ -32,10 +32,8 @@ class CommandTask:
     request_model: ClassVar[type[BaseModel]] = CommandRequest
 
     def shape(self, request: CommandRequest, base_dir: Path) -> ShapedTask:
-        if isinstance(request.command, str):
-            entrypoint: tuple[str, ...] = ("bash", "-c", request.command)
-        else:
-            entrypoint = tuple(request.command)
+        shell = request.command if isinstance(request.command, str) else None
+        entrypoint = ("bash", "-c", shell) if shell is not None else tuple(request.command)
         staged = (
             () if request.workdir is None else (stage_folder(base_dir, "workdir", request.workdir),)
         )
@@ -44,4 +42,5 @@ class CommandTask:
             request=request.model_dump(),
             env=dict(request.env),
             staged=staged,
+            shell_command=shell,
         )

@@ -169,6 +169,23 @@ def test_a_failing_task_keeps_its_exit_code_and_leaves_no_container(
     assert "about to fail" in log
 
 
+def test_a_string_command_runs_with_sh_in_an_image_without_bash(
+    env: dict[str, str], docker_host: Dockerd, tmp_path: Path
+) -> None:
+    """busybox has /bin/sh and no bash: a string command runs there as Docker's shell form."""
+    assert docker_host.docker(
+        "run", "--rm", docker_host.image, "ls", "/bin/bash", check=False
+    ).returncode
+    spec = write_spec(
+        tmp_path,
+        template="local-docker",
+        task={"command": 'for word in shell form; do echo "$word"; done; echo "ran by $0"'},
+    )
+    run = orbit_json(env, "submit", str(spec), "--set", f"image={docker_host.image}", "--wait")
+    assert run["state"] == "succeeded", run["attempts"][0]
+    assert orbit(env, "logs", run["id"]).stdout == "shell\nform\nran by /bin/sh\n"
+
+
 def test_cancel_stops_the_container_gracefully_then_removes_it(
     env: dict[str, str], docker_host: Dockerd, tmp_path: Path
 ) -> None:

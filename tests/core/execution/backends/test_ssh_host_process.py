@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -420,3 +421,179 @@ def test_an_automatic_retry_to_a_removed_host_fails_instead_of_hanging(
     assert first["reason"] == "runtime_lost"
     assert second["trigger"] == "auto_retry" and second["reason"] == "launch_failed"
     assert "not a registered host" in second["message"]
+
+
+# --- nothing of an ended attempt keeps running ------------------------------------------------
+
+ESCAPING = 'setsid sleep 300 & echo $! > "$ORBIT_ARTIFACTS_DIR/escaped.pid"; sleep 300'
+NO_RETRY = {"max_retries": 0}
+
+
+def task_processes(env: dict[str, str], run_id: str) -> list[int]:
+    """The attempt's wrapper, its task and the child that left the task's process group."""
+    location = Path(orbit_json(env, "runs", "show", run_id)["attempts"][0]["handle"]["location"])
+    escaped = eventually(lambda: (location / "artifacts" / "escaped.pid").exists())
+    assert escaped
+    status = json.loads((location / "runtime" / "status.json").read_text())
+    return [
+        int((location / "runtime" / "pid").read_text()),
+        int(status["task_pid"]),
+        int((location / "artifacts" / "escaped.pid").read_text()),
+    ]
+
+
+def test_an_attempt_given_up_on_is_stopped_by_cancel_and_by_the_hosts_next_contact(
+    env: dict[str, str], sshd_factory: SshdFactory, tmp_path: Path
+) -> None:
+    """A host that went away: its runs ended as terminated (host_unreachable), but their tasks
+    went on there. Once the host answers again nothing of them is left running: `orbit cancel`
+    of an ended run stops what is left of it, and the next look that reaches the host stops
+    the rest."""
+    from tests.helpers import process_alive
+
+    server = sshd_factory(alias="flaky", netns=True)
+    add_host(env, "flaky", server, "--unreachable-timeout", "4")
+    add_host(env, "flaky-too", server)  # the same box under another name: 600 s to wait out
+    given_up = [
+        orbit_json(env, "submit", str(spec_for(tmp_path / n, "flaky", ESCAPING, retry=NO_RETRY)))[
+            "id"
+        ]
+        for n in ("a", "c")
+    ]
+    kept = orbit_json(env, "submit", str(spec_for(tmp_path / "b", "flaky-too", ESCAPING)))["id"]
+    for run_id in (*given_up, kept):
+        eventually(lambda r=run_id: orbit_json(env, "status", r)["state"] == "running", 60)
+    processes = {run_id: task_processes(env, run_id) for run_id in (*given_up, kept)}
+
+    server.link_down()
+    assert orbit_json(env, "status", kept)["state"] == "running"  # its clock starts: 600 s
+    for run_id in given_up:
+        ended = eventually(
+            lambda r=run_id: (s := orbit_json(env, "status", r))["state"] == "terminated" and s,
+            timeout=60,
+            every=0.5,
+        )
+        assert ended["attempts"][0]["reason"] == "host_unreachable"
+    assert all(process_alive(p) for pids in processes.values() for p in pids)  # they go on
+    server.link_up()
+
+    first, second = given_up
+    out = orbit(env, "cancel", first).stdout
+    assert re.search(rf"^{first} already terminated; stopped \d+ leftover processes$", out), out
+    assert not any(process_alive(p) for p in processes[first])
+    assert all(process_alive(p) for p in processes[second])  # that run's only
+    assert "nothing to cancel" in orbit(env, "cancel", first).stdout
+
+    looked = orbit_json(env, "status", kept)  # the next look that reaches the host
+    assert looked["state"] == "running" and looked["attempts"][0]["reason"] is None
+    assert not any(process_alive(p) for p in processes[second])
+    assert all(process_alive(p) for p in processes[kept])  # a live attempt is never touched
+    actions = [e["action"] for e in orbit_json(env, "audit")]
+    assert "run.leftovers_stopped" in actions and "host.processes_stopped" in actions
+    orbit(env, "cancel", kept)
+
+
+def test_hosts_check_and_the_next_launch_stop_ended_attempts_and_nothing_else(
+    env: dict[str, str], sshd_factory: SshdFactory, tmp_path: Path
+) -> None:
+    """The store says an attempt ended (given up on, say) while the host still runs it: `orbit
+    hosts check` stops it, and so does the next launch there. A live attempt, and another
+    control plane's attempts in the same work dir, are never touched."""
+    from tests.helpers import process_alive
+
+    from orbit.core.models import FailureReason, RunState
+    from orbit.store import Store
+
+    server = sshd_factory(alias="h100-a")
+    add_host(env, "h100-a", server)
+    other_home = tmp_path / "other-home"
+    other_home.mkdir()
+    other = {  # a colleague's control plane, the same box and work dir
+        **env,
+        "ORBIT_HOME": str(other_home),
+        "ORBIT_DATABASE_URL": f"sqlite:///{other_home / 'orbit.db'}",
+    }
+    add_host(other, "h100-a", server)
+    theirs = orbit_json(other, "submit", str(spec_for(tmp_path / "theirs", "h100-a", ESCAPING)))
+    runs = [
+        orbit_json(env, "submit", str(spec_for(tmp_path / n, "h100-a", ESCAPING)))
+        for n in ("ended-1", "ended-2", "live")
+    ]
+    processes = {r["id"]: task_processes(env, r["id"]) for r in runs}
+    processes[theirs["id"]] = task_processes(other, theirs["id"])
+
+    def give_up(run: dict[str, Any]) -> None:
+        """As the service does when the host has not answered for its timeout."""
+        store = Store(env["ORBIT_DATABASE_URL"])
+        try:
+            store.move_attempt(
+                run["attempts"][0]["id"],
+                RunState.TERMINATED,
+                actor="tester",
+                reason=FailureReason.HOST_UNREACHABLE,
+            )
+        finally:
+            store.close()
+
+    first, second, live = runs
+    give_up(first)
+    checked = orbit_json(env, "hosts", "check", "h100-a")
+    assert list(checked["stopped_processes"]) == [first["attempts"][0]["id"]]
+    assert not any(process_alive(p) for p in processes[first["id"]])
+    give_up(second)
+    assert all(process_alive(p) for p in processes[second["id"]])
+    orbit_json(env, "submit", str(spec_for(tmp_path / "next", "h100-a", "true")))
+    assert not any(process_alive(p) for p in processes[second["id"]])
+    for untouched in (live["id"], theirs["id"]):
+        assert all(process_alive(p) for p in processes[untouched]), untouched
+    orbit(env, "cancel", live["id"])
+    orbit(other, "cancel", theirs["id"])
+
+
+# --- reading logs -----------------------------------------------------------------------------
+
+
+def test_a_whole_log_comes_in_one_ssh_call_byte_for_byte_with_its_offsets(
+    env: dict[str, str], sshd_factory: SshdFactory, tmp_path: Path
+) -> None:
+    import shutil
+    import stat
+
+    from orbit.core.execution.backends.base import LogLayer
+    from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
+    from orbit.core.models import RunHandle
+
+    add_host(env, "h100-a", sshd_factory(alias="h100-a"))
+    size = 5_000_000  # five of read_log's chunks; binary, every byte value
+    spec = spec_for(tmp_path / "job", "h100-a", f"head -c {size} /dev/urandom")
+    run = json.loads(orbit(env, "submit", str(spec), "--wait", "--json").stdout)
+    handle = RunHandle.model_validate(run["attempts"][0]["handle"])
+    log = (Path(handle.location) / "artifacts" / "training.log").read_bytes()
+    assert len(log) == size
+
+    calls = tmp_path / "ssh-calls"
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "ssh").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {shutil.which("ssh")} "$@"\n')
+    (shim / "ssh").chmod(stat.S_IRWXU)
+    counted = {**env, "PATH": f"{shim}{os.pathsep}{env['PATH']}"}
+    shown = subprocess.run(
+        [*ORBIT, "logs", run["id"]], env=counted, capture_output=True, timeout=120, check=True
+    )
+    assert shown.stdout == log
+    assert len(calls.read_text().splitlines()) == 1  # one call, not one per MiB
+
+    settings = Settings(
+        home=Path(env["ORBIT_HOME"]).absolute(),
+        database_url="",
+        ssh_config=Path(env["ORBIT_SSH_CONFIG"]),
+    )
+    backend = SshHostProcessBackend(NoHosts(), options_for(settings))
+    got = bytearray()
+    end = backend.stream_log(handle, LogLayer.TRAINING, 1234, got.extend)
+    assert end == size and bytes(got) == log[1234:]
+    assert backend.stream_log(handle, LogLayer.TRAINING, end, got.extend) == end  # nothing new
+    data, after = backend.read_log(handle, LogLayer.TRAINING, 1234)  # the same offsets
+    assert after == 1234 + len(data) and data == log[1234:after]
+    gone = handle.model_copy(update={"location": f"{handle.location}-never"})
+    assert backend.stream_log(gone, LogLayer.TRAINING, 0, got.extend) == 0  # not written yet

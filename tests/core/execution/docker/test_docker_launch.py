@@ -17,6 +17,7 @@ from orbit.core.errors import InvalidInput
 from orbit.core.execution.bundle import freeze_bundle
 from orbit.core.execution.docker.host import DockerFacts
 from orbit.core.execution.docker.scripts import run_script, stop_script
+from orbit.core.execution.launch_modes import task_entrypoint
 from orbit.core.models import (
     ExecutionOverrides,
     FailureKind,
@@ -28,6 +29,7 @@ from orbit.core.models import (
 )
 from orbit.core.overrides import resolve
 from orbit.core.records import AttemptRecord, RunRecord
+from orbit.core.tasks import TaskRegistry
 from orbit.core.tasks.base import StagedPath
 from orbit.core.templates import TemplateRegistry, builtin_dir, load_template_file
 from orbit.forensics.diagnose import Verdict, inspect_run
@@ -181,6 +183,32 @@ def test_the_scripts_are_readable_deterministic_and_part_of_the_digest(tmp_path:
     other_image = resolve(template(tmp_path), ExecutionOverrides(image="repo/train:2"))
     moved = freeze_bundle(job_for(other_image, env=job.env, stop_grace_s=7.5), [], tmp_path / "c3")
     assert moved.digest != first.digest  # the image is part of what ran
+
+
+def test_a_string_command_runs_with_sh_in_a_container_and_bash_on_a_host(tmp_path: Path) -> None:
+    """Docker's own shell form: images without bash (alpine, busybox) still run a string
+    command. The shell follows from the launch mode alone, so the digest stays the same."""
+    shaped = TaskRegistry().shape("command", {"command": "echo $0; exit 3"}, tmp_path, "spec")
+    registry = TemplateRegistry([builtin_dir()])
+    docker = resolve(registry.get("local-docker"), ExecutionOverrides(image="alpine:3"))
+    host = resolve(registry.get("local"), ExecutionOverrides())
+    assert task_entrypoint(docker.launch_mode, shaped) == ("/bin/sh", "-c", "echo $0; exit 3")
+    assert task_entrypoint(host.launch_mode, shaped) == ("bash", "-c", "echo $0; exit 3")
+    argv = TaskRegistry().shape("command", {"command": ["bash", "-c", "x"]}, tmp_path, "spec")
+    assert task_entrypoint(docker.launch_mode, argv) == ("bash", "-c", "x")  # as given
+
+    def job() -> JobSpec:
+        return JobSpec(
+            task_type="command",
+            template_id=docker.template_id,
+            launch_mode=docker.launch_mode,
+            entrypoint=task_entrypoint(docker.launch_mode, shaped),
+        )
+
+    assert "set -- \"$image\" /bin/sh -c 'echo $0; exit 3'" in run_script(job())
+    first = freeze_bundle(job(), [], tmp_path / "cache")
+    again = freeze_bundle(job(), [], tmp_path / "cache2")
+    assert first.digest == again.digest
 
 
 def test_a_host_process_bundle_gets_no_docker_scripts(tmp_path: Path) -> None:

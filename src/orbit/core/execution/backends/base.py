@@ -3,9 +3,10 @@ it reconstructs an attempt's state from the bundle's runtime/ files each time.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from orbit.core.execution.bundle import FrozenBundle
 from orbit.core.layers import LogLayer as LogLayer
@@ -69,3 +70,64 @@ class ExecutionBackend(Protocol):
         """Ask the wrapper to stop the task gracefully (it kills after the grace period)."""
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult: ...
+
+
+# --- optional abilities -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessSweep:
+    """What a sweep of ended attempts' processes on a host stopped: attempt id -> pids."""
+
+    stopped: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return sum(len(pids) for pids in self.stopped.values())
+
+
+@runtime_checkable
+class StopsLeftovers(Protocol):
+    """A backend that can stop what still runs of an attempt that has ended (its processes
+    carry the attempt's ORBIT_ATTEMPT_ID): `orbit cancel` of an ended run."""
+
+    def stop_leftovers(self, handle: RunHandle) -> int:
+        """SIGTERM, then SIGKILL after the grace period; how many processes were stopped."""
+        ...
+
+
+@runtime_checkable
+class SweepsEndedProcesses(Protocol):
+    """A backend whose hosts outlive the control plane's contact with them: on the host where
+    `handle` ran, it stops the processes of this control plane's attempts not in `live`."""
+
+    def sweep_processes_near(self, handle: RunHandle, live: set[str]) -> ProcessSweep: ...
+
+
+LogSink = Callable[[bytes], object]
+
+
+@runtime_checkable
+class StreamsLogs(Protocol):
+    """A backend that sends the rest of a log in one transfer (over SSH: one ssh call), where
+    read_log's chunks would each cost a round trip."""
+
+    def stream_log(self, handle: RunHandle, layer: LogLayer, offset: int, sink: LogSink) -> int:
+        """Every byte of the log from `offset` to its current end, given to `sink` as it
+        arrives; the offset to ask from next time. If it fails part way (Unreachable), what
+        `sink` got was delivered: the caller goes on from `offset` plus that."""
+        ...
+
+
+def stream_log(
+    backend: ExecutionBackend, handle: RunHandle, layer: LogLayer, offset: int, sink: LogSink
+) -> int:
+    """The rest of a log into `sink`, streamed where the backend can, else read_log's chunks."""
+    if isinstance(backend, StreamsLogs):
+        return backend.stream_log(handle, layer, offset, sink)
+    while True:
+        data, offset = backend.read_log(handle, layer, offset)
+        if not data:
+            return offset
+        sink(data)

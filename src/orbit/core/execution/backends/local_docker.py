@@ -22,6 +22,7 @@ from orbit.core.execution.docker.host import (
     check_docker_request,
     docker_endpoint,
     docker_facts,
+    docker_is_local,
     local_runner,
     plane_id,
     remove_attempt_containers,
@@ -54,8 +55,10 @@ class LocalDockerBackend(LocalHostProcessBackend):
         return super().launch(bundle, request, attempt)
 
     def validate(self, request: ExecutionRequest) -> None:
-        super().validate(request)  # this machine only
+        self.check_target(request)  # this machine only
         check_docker_request(request, docker_facts(self.run), docker_endpoint())
+        if docker_is_local():  # a Docker host elsewhere has GPUs of its own, not this machine's
+            self.check_gpus(request)
 
     def launch_env(self) -> dict[str, str]:
         return {"ORBIT_PLANE": self.plane}

@@ -9,6 +9,8 @@ from orbit.core.errors import Refused
 from orbit.core.execution.artifacts import CollectResult, verify_manifest
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer
 from orbit.core.execution.bundle import FrozenBundle, copy_frozen
+from orbit.core.execution.local_env import task_environ
+from orbit.core.execution.local_gpus import check_local_gpus, local_gpus
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
 from orbit.runtime import hostside
@@ -29,11 +31,20 @@ class LocalHostProcessBackend:
         self.work_dir = work_dir
 
     def validate(self, request: ExecutionRequest) -> None:
+        self.check_target(request)
+        self.check_gpus(request)
+
+    def check_target(self, request: ExecutionRequest) -> None:
         if request.target not in LOCAL_TARGETS:
             raise Refused(
                 f"target '{request.target}' is not this machine: the '{request.template_id}' "
                 "template runs locally (use a template with an ssh placement for other hosts)"
             )
+
+    def check_gpus(self, request: ExecutionRequest) -> None:
+        """GPUs this machine lacks are refused, as an SSH host's last check refuses them."""
+        if request.resources.gpu_count > 0:
+            check_local_gpus(request, local_gpus())
 
     def launch_env(self) -> dict[str, str]:
         """More environment for the wrapper, from a launch mode that needs it."""
@@ -49,8 +60,11 @@ class LocalHostProcessBackend:
             raise LaunchError(
                 FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}"
             ) from exc
-        # the same start an SSH host makes; the job's own env is in job.json
-        started = hostside.launch(str(attempt_dir), {**attempt.env(), **self.launch_env()})
+        # the same start an SSH host makes; the job's own env is in job.json. The wrapper
+        # runs with this interpreter, the task with this shell's PATH minus ORBIT's own venv
+        started = hostside.launch(
+            str(attempt_dir), {**attempt.env(), **self.launch_env()}, base=task_environ()
+        )
         if "error" in started:
             raise LaunchError(FailureReason.LAUNCH_FAILED, str(started["error"]))
         return RunHandle(
@@ -93,6 +107,9 @@ class LocalHostProcessBackend:
 
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
         hostside.cancel(handle.location, reason.value)
+
+    def stop_leftovers(self, handle: RunHandle) -> int:
+        return len(hostside.stop_attempt(handle.location, handle.attempt_id)["stopped"])
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         source = Path(handle.location) / "artifacts"

@@ -19,7 +19,13 @@ from typing import Any, Protocol
 
 from orbit.core.errors import OrbitError, Refused, Unreachable
 from orbit.core.execution.artifacts import CollectResult, sha256_file, verify_manifest
-from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer
+from orbit.core.execution.backends.base import (
+    AttemptContext,
+    LaunchError,
+    LogLayer,
+    LogSink,
+    ProcessSweep,
+)
 from orbit.core.execution.bundle import FROZEN_PARTS, FrozenBundle
 from orbit.core.execution.docker.host import (
     Runner,
@@ -35,6 +41,8 @@ from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunSta
 
 READ_CHUNK = 1 << 20
 DOWN_MEMORY_S = 30.0  # within one command, a host that did not answer is not asked again
+SWEEP_TIMEOUT_S = 90.0  # a stop waits for a graceful end there (hostside.MAX_GRACE_S at most)
+LIVE_IDS_PER_ARG = 2000
 
 
 class HostDirectory(Protocol):
@@ -83,8 +91,9 @@ class SshHostProcessBackend:
         self._down: dict[str, tuple[float, str]] = {}  # host -> (when, why) it did not answer
 
     def launch_env(self) -> dict[str, str]:
-        """More environment for the wrapper, from a launch mode that needs it."""
-        return {}
+        """More environment for the wrapper: which control plane started it, so that a sweep
+        of ended attempts' processes never touches another's (several may share a host)."""
+        return {"ORBIT_PLANE": self.plane} if self.plane else {}
 
     # --- before the store is written ------------------------------------------------------
 
@@ -115,6 +124,8 @@ class SshHostProcessBackend:
         under way, the attempt may have started: it is recorded at its known location, and
         the next status probe tells (a wrapper that never started reads as runtime_lost)."""
         host = self.host(request.target, request.template_id)  # refused: launch_failed
+        with contextlib.suppress(OrbitError):  # the host's next contact; never stops a launch
+            self.sweep_processes(host, self.hosts.active_attempts())
         ssh = Ssh(host.spec, self.options)
         env = [f"{k}={v}" for k, v in {**attempt.env(), **self.launch_env()}.items()]
         try:
@@ -209,11 +220,13 @@ class SshHostProcessBackend:
 
     # --- an attempt that was launched ----------------------------------------------------
 
-    def _hostside(self, handle: RunHandle, *args: str) -> dict[str, Any]:
+    def _hostside(
+        self, handle: RunHandle, *args: str, timeout: float | None = None
+    ) -> dict[str, Any]:
         """A hostside call for a launched attempt. Any failure to get an answer (a refused
         key or a changed host key included) is Unreachable: the run is not lost for it."""
         try:
-            found = self._ssh(handle).hostside(*args)
+            found = self._ssh(handle).hostside(*args, timeout=timeout)
         except OrbitError as exc:
             self._down[handle.target] = (time.monotonic(), str(exc))
             raise Unreachable(str(exc)) from exc
@@ -273,6 +286,30 @@ class SshHostProcessBackend:
         data = _decode(found.get("data")) or b""
         return data, offset + len(data)
 
+    def stream_log(self, handle: RunHandle, layer: LogLayer, offset: int, sink: LogSink) -> int:
+        """The rest of the log in one ssh call (`tail -c +N`, its bytes as they are), where
+        read_log would take one call per chunk, base64 in JSON."""
+        count = 0
+
+        def counted(data: bytes) -> None:
+            nonlocal count
+            count += len(data)
+            sink(data)
+
+        path = f"{handle.location}/{layer.relpath}"
+        try:
+            code, stderr = self._ssh(handle).stream(["tail", "-c", f"+{offset + 1}", path], counted)
+        except OrbitError as exc:  # as _hostside: a run is not lost for a missed answer
+            self._down[handle.target] = (time.monotonic(), str(exc))
+            raise Unreachable(str(exc)) from exc
+        self._down.pop(handle.target, None)
+        if code != 0 and not count and "No such file" not in stderr:
+            raise OrbitError(
+                f"host '{handle.target}': reading {layer.relpath} failed (exit {code}: "
+                f"{last_line(stderr) or 'no message'})"
+            )
+        return offset + count  # a log not written yet reads as empty, as read_log's
+
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
         found = self._hostside(
             handle, "read", f"{handle.location}/{relpath}", "0", str(64 * READ_CHUNK)
@@ -285,6 +322,40 @@ class SshHostProcessBackend:
 
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
         self._hostside(handle, "cancel", handle.location, reason.value)
+
+    # --- what is left of ended attempts ---------------------------------------------------
+
+    def stop_leftovers(self, handle: RunHandle) -> int:
+        found = self._hostside(
+            handle, "stop-attempt", handle.location, handle.attempt_id, timeout=SWEEP_TIMEOUT_S
+        )
+        if "error" in found:
+            raise OrbitError(f"host '{handle.target}': {found['error']}")
+        return len(found.get("stopped") or [])
+
+    def sweep_processes(self, host: HostRecord, live: Iterable[str]) -> ProcessSweep:
+        """Stop the processes of this control plane's attempts on the host that are not
+        among the `live` ones (at `orbit hosts check` and before every launch there)."""
+        return self._sweep(Ssh(host.spec, self.options), f"{host.spec.work_dir}/attempts", live)
+
+    def sweep_processes_near(self, handle: RunHandle, live: set[str]) -> ProcessSweep:
+        """The same sweep, on the host where `handle` ran (when it answers again after it
+        did not: what was given up on meanwhile may still run there)."""
+        work = handle.data.get("work_dir") or str(Path(handle.location).parent.parent)
+        return self._sweep(self._ssh(handle), f"{work}/attempts", live)
+
+    def _sweep(self, ssh: Ssh, attempts: str, live: Iterable[str]) -> ProcessSweep:
+        if not self.plane:
+            return ProcessSweep()  # which processes are ours is not known: touch none
+        ids, chunks = sorted(live), []
+        while ids:  # a few thousand ids an argument: none nears the system's limit
+            chunks.append(",".join(ids[:LIVE_IDS_PER_ARG]))
+            ids = ids[LIVE_IDS_PER_ARG:]
+        found = ssh.hostside("stop-ended", attempts, self.plane, *chunks, timeout=SWEEP_TIMEOUT_S)
+        if "error" in found:
+            return ProcessSweep(errors=(f"host '{ssh.spec.name}': {found['error']}",))
+        stopped = dict(found.get("stopped") or {})
+        return ProcessSweep({str(a): tuple(int(p) for p in pids) for a, pids in stopped.items()})
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         """rsync artifacts/ here: incremental (files already here are skipped) and resumable
@@ -346,9 +417,6 @@ class SshDockerBackend(SshHostProcessBackend):
     next contact) and at `orbit hosts check`."""
 
     key = "ssh_docker"
-
-    def launch_env(self) -> dict[str, str]:
-        return {"ORBIT_PLANE": self.plane}
 
     def launch(
         self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext

@@ -51,6 +51,13 @@ def docker_endpoint(env: Mapping[str, str] | None = None) -> str:
     return runtime_docker_endpoint(os.environ if env is None else env)
 
 
+def docker_is_local(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the Docker host is this machine: the default socket or another unix socket."""
+    env = os.environ if env is None else env
+    host = env.get("DOCKER_HOST") or ""
+    return not env.get("DOCKER_CONTEXT") and (not host or host.startswith("unix://"))
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""

@@ -10,6 +10,9 @@ from orbit.core.errors import Refused
 from orbit.core.hosts import GpuInfo, HostFacts, HostRecord
 from orbit.core.models import ExecutionRequest
 
+# How a machine's GPUs are listed, here and by `orbit` for this machine (one GpuInfo a line)
+NVIDIA_SMI_QUERY = ("--query-gpu=index,name,memory.total,uuid", "--format=csv,noheader,nounits")
+
 # Runs on the host with `sh -s -- WORK_DIR PYTHON`: POSIX sh only, so that it also reports a
 # host without python3. One `key=value` per line; a GPU per `gpu=` line.
 CHECK_SCRIPT = r"""

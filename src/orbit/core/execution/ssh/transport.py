@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -140,6 +141,28 @@ class Ssh:
         if proc.returncode == 255:
             raise classify(self.spec, proc.stderr.decode(errors="replace"))
         return proc
+
+    def stream(
+        self, argv: list[str], sink: Callable[[bytes], object], chunk: int = 1 << 20
+    ) -> tuple[int, str]:
+        """Run a command on the host, its stdout going to `sink` as it arrives, nothing of it
+        held here: (the command's exit status, its stderr). Raises as run() does when ssh
+        itself failed, also part way (what `sink` got by then did arrive)."""
+        with subprocess.Popen(
+            [*self.ssh_argv(), "--", self.spec.ssh, shlex.join(argv)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+        ) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            while data := os.read(proc.stdout.fileno(), chunk):  # what has arrived, at once
+                sink(data)
+            stderr = proc.stderr.read().decode(errors="replace")
+            code = proc.wait()
+        if code == 255:  # a broken connection stalls no longer than ServerAlive lets it
+            raise classify(self.spec, stderr)
+        return code, stderr
 
     def close(self) -> None:
         """Let the shared connection go as soon as no one uses it, rather than when it has
