@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from orbit.cli.common import ATTEMPT, JSON, RUN, console, print_json, service
+from orbit.cli.text import paint
 
 VERDICT_STYLE = {  # by orbit.forensics.diagnose.Verdict
     "ok": "green",
@@ -24,11 +25,11 @@ def inspect(run: str = RUN, attempt: int | None = ATTEMPT, as_json: bool = JSON)
         data["first_wrong"] = found.first_wrong.layer if found.first_wrong else None
         print_json(data)
         return
-    console.print(f"[bold]{found.run_id}[/bold] attempt {found.attempt}  {found.state}")
+    console.print(f"{paint(found.run_id, 'bold')} attempt {found.attempt}  {found.state}")
     for report in found.layers:
         style = VERDICT_STYLE[report.verdict]
         console.print(
-            f"  [{style}]{report.verdict:<8}[/{style}] [bold]{report.layer:<9}[/bold]"
+            f"  {paint(f'{report.verdict:<8}', style)} {paint(f'{report.layer:<9}', 'bold')}"
             f" {report.question}"
         )
         console.print(f"           {report.summary}", markup=False, soft_wrap=True)
@@ -36,7 +37,7 @@ def inspect(run: str = RUN, attempt: int | None = ATTEMPT, as_json: bool = JSON)
             console.print(f"             | {line}", markup=False, soft_wrap=True, style="dim")
     first = found.first_wrong
     if first is not None:
-        console.print(f"first went wrong at: [bold red]{first.layer}[/bold red] ({first.summary})")
+        console.print(f"first went wrong at: {paint(first.layer, 'bold red')} ({first.summary})")
     elif found.state.terminal:
         console.print("no layer reports a failure")
 
@@ -58,7 +59,7 @@ def diff(
     if not differences:
         console.print(f"{a} and {b}: no differences")
         return
-    table = render.table("FIELD", a, b, keep=("FIELD",))
+    table = render.table("FIELD", a, b)
     for d in differences:
         table.add_row(d.key, d.a or "-", d.b or "-")
     console.print(table)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from orbit.cli.common import JSON, console, err, print_json, service
+from orbit.cli.text import paint
 
 if TYPE_CHECKING:
     from orbit.core.hosts import HostRecord
@@ -26,7 +27,7 @@ def show_host(host: HostRecord) -> None:
     from orbit.cli.render import describe_facts
 
     spec = host.spec
-    console.print(f"[bold]{spec.name}[/bold]  ssh {spec.ssh}", soft_wrap=True)
+    console.print(f"{paint(spec.name, 'bold')}  ssh {spec.ssh}")
     rows = [
         ("port", str(spec.port) if spec.port else "(from ssh config, or 22)"),
         ("identity", spec.identity or "(from ssh config / agent)"),
@@ -125,7 +126,7 @@ def hosts_list(as_json: bool = JSON) -> None:
     if as_json:
         print_json([host_json(h) for h in hosts])
         return
-    table = render.table("NAME", "SSH", "GPUS", "PYTHON", "DISK FREE", "CHECKED", keep=("NAME",))
+    table = render.table("NAME", "SSH", "GPUS", "PYTHON", "DISK FREE", "CHECKED")
     for h in hosts:
         f = h.facts
         ssh = h.spec.ssh + (f":{h.spec.port}" if h.spec.port else "")

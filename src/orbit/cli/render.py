@@ -5,14 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
+from orbit.cli.text import Printer, Table, paint
 from orbit.core.control.views import RunView, SubmitPlan, TemplateView
 from orbit.core.hosts import HostFacts
 from orbit.core.models import RunState
 from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord
-from orbit.forensics.diagnose import image_line
 
 STATE_STYLE = {
     RunState.SUCCEEDED: "green",
@@ -39,8 +36,7 @@ def ago(value: datetime | None) -> str:
 
 
 def styled(state: RunState) -> str:
-    style = STATE_STYLE.get(state)
-    return f"[{style}]{state}[/{style}]" if style else str(state)
+    return paint(str(state), STATE_STYLE.get(state))
 
 
 def outcome(attempt: AttemptRecord) -> str:
@@ -107,13 +103,9 @@ def run_json(view: RunView) -> dict[str, Any]:
     }
 
 
-def table(*columns: str, keep: tuple[str, ...] = ()) -> Table:
-    """A borderless table. The `keep` columns (ids, states: what people copy and scan for) are
-    never cut; the others wrap between words and end in an ellipsis rather than split a word."""
-    out = Table(box=None, header_style="bold")
-    for column in columns:
-        out.add_column(column, no_wrap=column in keep, overflow="ellipsis")
-    return out
+def table(*columns: str) -> Table:
+    """An aligned table: no cell is ever cut or split (see orbit.cli.text)."""
+    return Table(*columns)
 
 
 def runs_table(views: tuple[RunView, ...]) -> Table:
@@ -126,14 +118,13 @@ def runs_table(views: tuple[RunView, ...]) -> Table:
         "TRY",
         "CREATED",
         "OUTCOME",
-        keep=("RUN", "STATE", "TRY", "CREATED"),
     )
     for view in views:
         run = view.run
         out.add_row(
             run.id,
             run.experiment_name,
-            styled(run.state) + (" [yellow]dirty[/yellow]" if view.dirty else ""),
+            styled(run.state) + (" " + paint("dirty", "yellow") if view.dirty else ""),
             run.task_type,
             run.template_id,
             str(run.current.number),
@@ -143,10 +134,10 @@ def runs_table(views: tuple[RunView, ...]) -> Table:
     return out
 
 
-def show_run(console: Console, view: RunView) -> None:
+def show_run(console: Printer, view: RunView) -> None:
     run, progress = view.run, view.progress
     a = run.current
-    console.print(f"[bold]{run.id}[/bold]  {styled(run.state)}  {outcome(a)}")
+    console.print(f"{paint(run.id, 'bold')}  {styled(run.state)}  {outcome(a)}".rstrip())
     rows = [
         ("experiment", f"{run.experiment_name} ({run.experiment_id})"),
         ("task", run.task_type),
@@ -159,6 +150,8 @@ def show_run(console: Console, view: RunView) -> None:
     code = provenance_line(view.provenance, view.dirty)
     if code:
         rows.append(("code", code))
+    from orbit.forensics.diagnose import image_line
+
     image = image_line(view.images.get(a.id))
     if image:
         rows.append(("image", image))
@@ -172,10 +165,8 @@ def show_run(console: Console, view: RunView) -> None:
         rows.append(("location", f"{a.handle.target}:{a.handle.location}"))
     for key, value in rows:
         console.print(f"  {key:<10} {value}", highlight=False, markup=False, soft_wrap=True)
-    attempts = table(
-        "#", "STATE", "TRIGGER", "TARGET", "STARTED", "FINISHED", "OUTCOME", keep=("#", "STATE")
-    )
-    attempts.title, attempts.title_justify = "attempts", "left"
+    attempts = Table("#", "STATE", "TRIGGER", "TARGET", "STARTED", "FINISHED", "OUTCOME")
+    attempts.title = "attempts"
     for attempt in run.attempts:
         attempts.add_row(
             str(attempt.number),
@@ -186,7 +177,7 @@ def show_run(console: Console, view: RunView) -> None:
             when(attempt.finished_at),
             outcome(attempt),
         )
-    console.print(attempts)
+    console.print(str(attempts), markup=False, highlight=False)
 
 
 def placement_name(view: TemplateView) -> str:
@@ -195,7 +186,7 @@ def placement_name(view: TemplateView) -> str:
 
 
 def templates_table(views: list[TemplateView]) -> Table:
-    out = table("ID", "PLACEMENT", "LAUNCH", "DESCRIPTION", keep=("ID",))
+    out = table("ID", "PLACEMENT", "LAUNCH", "DESCRIPTION")
     for view in views:
         t = view.template
         out.add_row(t.id, placement_name(view), t.launch_mode.kind, t.description)
@@ -203,14 +194,14 @@ def templates_table(views: list[TemplateView]) -> Table:
 
 
 def experiments_table(experiments: list[ExperimentRecord]) -> Table:
-    out = table("ID", "NAME", "RUNS", "CREATED", keep=("ID", "NAME"))
+    out = table("ID", "NAME", "RUNS", "CREATED")
     for e in experiments:
         out.add_row(e.id, e.name, str(e.run_count), when(e.created_at))
     return out
 
 
 def audit_table(events: list[AuditEvent]) -> Table:
-    out = table("#", "AT", "ACTOR", "ACTION", "RUN", "DETAIL", keep=("#", "AT", "ACTION"))
+    out = table("#", "AT", "ACTOR", "ACTION", "RUN", "DETAIL")
     for e in events:
         detail = " ".join(f"{k}={v}" for k, v in e.data.items())
         out.add_row(
@@ -241,7 +232,7 @@ def describe_facts(facts: HostFacts) -> list[tuple[str, str]]:
     ]
 
 
-def show_plan(console: Console, plan: SubmitPlan) -> None:
+def show_plan(console: Printer, plan: SubmitPlan) -> None:
     """What `submit --dry-run` found: what would run, where, from which bundle."""
     job = plan.job
     env = sorted(job.get("env", {}))
@@ -257,6 +248,6 @@ def show_plan(console: Console, plan: SubmitPlan) -> None:
         ("target", plan.target or "-"),
         ("bundle", f"{plan.bundle_digest} ({plan.bundle_files} files, {plan.bundle_bytes} bytes)"),
     ]
-    console.print("[bold]dry run[/bold]: nothing was submitted or written")
+    console.print(f"{paint('dry run', 'bold')}: nothing was submitted or written")
     for key, value in rows:
         console.print(f"  {key:<10} {value}", highlight=False, markup=False, soft_wrap=True)

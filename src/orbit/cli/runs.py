@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from orbit.cli.common import ATTEMPT, JSON, RUN, SETS, console, err, print_json, service
+from orbit.cli.text import paint
 
 if TYPE_CHECKING:
     from orbit.core.models import ExecutionOverrides, RunState
@@ -88,7 +89,7 @@ def submit(
     wait = wait or run.request.get("detach") is False  # a template may ask to stay attached
     if not as_json and not wait:
         console.print(
-            f"submitted [bold]{run.id}[/bold] ({run.state}); bundle {run.bundle_digest[:12]}"
+            f"submitted {paint(run.id, 'bold')} ({run.state}); bundle {run.bundle_digest[:12]}"
         )
         console.print(f"  follow it: orbit logs {run.id} --follow", style="dim")
         return
@@ -164,7 +165,7 @@ def status(run: str = RUN, as_json: bool = JSON) -> None:
     if render.outcome(a):
         line += f"  {render.outcome(a)}"
     if view.dirty:
-        line += "  [yellow]DIRTY code[/yellow]"
+        line += "  " + paint("DIRTY code", "yellow")
     console.print(line)
     if view.progress is not None:
         console.print(f"  {view.progress.describe()}", markup=False)
@@ -230,7 +231,7 @@ def replay(
     record = service().replay_run(run, overrides_from(sets))
     if not as_json and not wait:
         console.print(
-            f"replaying {record.replay_of} as [bold]{record.id}[/bold] ({record.state}); "
+            f"replaying {record.replay_of} as {paint(record.id, 'bold')} ({record.state}); "
             f"bundle {record.bundle_digest[:12]}"
         )
         return

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from orbit.core.errors import InvalidInput, NotFound, describe_validation_error
-from orbit.core.execution.launch_modes import check_launch_mode
 from orbit.core.models import ExecutionTemplate
-from orbit.core.yamlio import load_yaml_mapping
 
 
 @dataclass(frozen=True)
@@ -22,7 +19,7 @@ class TemplateSource:
 
 
 def builtin_dir() -> Path:
-    return Path(str(resources.files("orbit.core") / "builtin_templates"))
+    return Path(__file__).parent / "builtin_templates"
 
 
 def default_search_path(home_templates: Path, cwd: Path) -> list[Path]:
@@ -31,6 +28,9 @@ def default_search_path(home_templates: Path, cwd: Path) -> list[Path]:
 
 
 def load_template_file(path: Path) -> ExecutionTemplate:
+    from orbit.core.execution.launch_modes import check_launch_mode
+    from orbit.core.yamlio import load_yaml_mapping
+
     data = load_yaml_mapping(path)
     try:
         template = ExecutionTemplate.model_validate(data)

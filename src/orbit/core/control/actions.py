@@ -16,7 +16,6 @@ from orbit.core.models import (
     FailureReason,
     RunState,
 )
-from orbit.core.overrides import check_whitelist, set_paths
 from orbit.core.records import RunRecord
 
 
@@ -72,6 +71,8 @@ class RunActions(Submitting):
     ) -> tuple[ExecutionRequest, dict[str, Any]]:
         """The run's request with attempt-level overrides (target, detach) laid over it, for a
         push of the same bundle. Anything else would change the bundle and is refused."""
+        from orbit.core.overrides import check_whitelist, set_paths
+
         for path in set_paths(overrides):
             if path.split(".")[0] not in ATTEMPT_FIELDS:
                 raise Refused(

@@ -5,15 +5,18 @@ from __future__ import annotations
 import getpass
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from orbit.core.control.host_registry import HostRegistry
 from orbit.core.errors import InvalidInput, NotFound
-from orbit.core.execution.bundle import FrozenBundle
-from orbit.core.execution.service import ExecutionService
-from orbit.core.records import AttemptRecord, ExperimentRecord, RunRecord
-from orbit.core.tasks import TaskRegistry
-from orbit.core.templates import TemplateRegistry
-from orbit.store import Store
+
+if TYPE_CHECKING:  # loaded by the commands that use them, not by every command
+    from orbit.core.control.host_registry import HostRegistry
+    from orbit.core.execution.bundle import FrozenBundle
+    from orbit.core.execution.service import ExecutionService
+    from orbit.core.records import AttemptRecord, ExperimentRecord, RunRecord
+    from orbit.core.tasks import TaskRegistry
+    from orbit.core.templates import TemplateRegistry
+    from orbit.store import Store
 
 
 def current_actor() -> str:
@@ -35,6 +38,8 @@ class ServiceBase:
     hosts: HostRegistry
 
     def _bundle(self, digest: str) -> FrozenBundle:
+        from orbit.core.execution.bundle import FrozenBundle
+
         path = self.bundles_dir / digest
         if not (path / "job.json").is_file():
             raise NotFound(f"bundle {digest[:12]} is no longer in the cache at {path}")

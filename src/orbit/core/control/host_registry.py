@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from orbit.core.execution.backends.base import ProcessSweep
-from orbit.core.execution.docker.host import SweepResult
-from orbit.core.execution.ssh.transport import SshOptions, probe_host
 from orbit.core.hosts import HostFacts, HostRecord, HostSpec
 from orbit.core.models import RunState
-from orbit.store import Store
 from orbit.store.host_table import already_exists
 
-Prober = Callable[[HostSpec, SshOptions], HostFacts]
-# stops and removes the ORBIT containers on a host that none of the given attempts owns
-Sweeper = Callable[[HostRecord, set[str]], SweepResult]
-# stops the processes on a host of this control plane's attempts that none of the given owns
-ProcessSweeper = Callable[[HostRecord, set[str]], ProcessSweep]
+if TYPE_CHECKING:  # the SSH and Docker code loads when a host is first probed or swept
+    from orbit.core.execution.backends.base import ProcessSweep
+    from orbit.core.execution.docker.host import SweepResult
+    from orbit.core.execution.ssh.transport import SshOptions
+    from orbit.store import Store
+
+    Prober = Callable[[HostSpec, SshOptions], HostFacts]
+    # stops and removes the ORBIT containers on a host that none of the given attempts owns
+    Sweeper = Callable[[HostRecord, set[str]], SweepResult]
+    # stops the processes on a host of this control plane's attempts that none of the given owns
+    ProcessSweeper = Callable[[HostRecord, set[str]], ProcessSweep]
 
 
 class HostRegistry:
@@ -25,13 +28,17 @@ class HostRegistry:
         store: Store,
         options: SshOptions,
         actor: str,
-        probe: Prober = probe_host,
+        probe: Prober | None = None,
         sweep: Sweeper | None = None,
         sweep_processes: ProcessSweeper | None = None,
     ) -> None:
         self.store = store
         self.options = options
         self.actor = actor
+        if probe is None:
+            from orbit.core.execution.ssh.transport import probe_host
+
+            probe = probe_host
         self.probe = probe
         self.sweep = sweep
         self.sweep_processes = sweep_processes

@@ -137,7 +137,8 @@ class Lifecycle(ServiceBase):
             )
             self._end(run.id, attempt, ended, actor="orbit")
             return
-        self.store.defer_launch(attempt.id, now() + timedelta(seconds=HOST_WAIT_S))
+        wait = min(HOST_WAIT_S, timeout / 4)  # ask a few times before the timeout ends it
+        self.store.defer_launch(attempt.id, now() + timedelta(seconds=wait))
 
     def _unreachable_timeout(self, attempt: AttemptRecord) -> float:
         if attempt.handle is not None:

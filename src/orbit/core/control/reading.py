@@ -4,21 +4,21 @@ progress, the evidence a post-mortem reads, inspect and diff, and collecting art
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orbit.core.control.actions import RunActions
 from orbit.core.control.views import LogChunk, RunDiff, RunPage, RunView
 from orbit.core.errors import InvalidInput, OrbitError, Unreachable
 from orbit.core.execution.backends.base import LogSink, stream_log
 from orbit.core.execution.runtime_state import parse_json
-from orbit.core.execution.sources import read_provenance
 from orbit.core.layers import LogLayer
 from orbit.core.models import RunState
 from orbit.core.records import CollectResult, RunRecord
-from orbit.forensics.diagnose import Inspection, inspect_run
 from orbit.forensics.evidence import IMAGE_FILE, TAILS, WHOLE_FILES, Evidence
 from orbit.forensics.progress import PROGRESS_GLOB, TAIL_BYTES, Progress, latest_progress
-from orbit.forensics.rundiff import diff_runs
+
+if TYPE_CHECKING:
+    from orbit.forensics.diagnose import Inspection
 
 
 class Reading(RunActions):
@@ -71,6 +71,8 @@ class Reading(RunActions):
         progress: Progress | None = None,
         images: dict[str, dict[str, Any]] | None = None,
     ) -> RunView:
+        from orbit.core.execution.sources import read_provenance
+
         return RunView(
             run=run,
             bundle_path=str(self.bundles_dir / run.bundle_digest),
@@ -132,9 +134,13 @@ class Reading(RunActions):
 
     def inspect_run(self, ref: str, attempt: int | None = None) -> Inspection:
         """Walk the layered logs and say at which layer the run first went wrong."""
+        from orbit.forensics.diagnose import inspect_run
+
         return inspect_run(self.evidence(ref, attempt))
 
     def diff_runs(self, ref_a: str, ref_b: str) -> RunDiff:
+        from orbit.forensics.rundiff import diff_runs
+
         a, b = self.evidence(ref_a), self.evidence(ref_b)
         return RunDiff(a=a.run.id, b=b.run.id, differences=tuple(diff_runs(a, b)))
 

@@ -7,23 +7,25 @@ audit trail, hosts) and builds the whole from settings."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from orbit.core.audit_chain import ChainCheck
-from orbit.core.config import Settings
 from orbit.core.control.base import current_actor
 from orbit.core.control.host_registry import HostRegistry
 from orbit.core.control.reading import Reading
 from orbit.core.control.views import HostCheck, TemplateView
-from orbit.core.execution.backends.base import ProcessSweep
-from orbit.core.execution.backends.ssh_host_process import SshDockerBackend, SshHostProcessBackend
-from orbit.core.execution.docker.host import SweepResult
-from orbit.core.execution.service import ExecutionService, canonical_placement
-from orbit.core.execution.ssh.transport import SshOptions, options_for
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.records import AuditEvent, ExperimentRecord
-from orbit.core.tasks import TaskRegistry
-from orbit.core.templates import TemplateRegistry, TemplateSource, default_search_path
-from orbit.store import Store
+
+if TYPE_CHECKING:  # what only some commands need is loaded by them
+    from orbit.core.audit_chain import ChainCheck
+    from orbit.core.config import Settings
+    from orbit.core.execution.backends.base import ProcessSweep
+    from orbit.core.execution.docker.host import SweepResult
+    from orbit.core.execution.service import ExecutionService
+    from orbit.core.execution.ssh.transport import SshOptions
+    from orbit.core.tasks import TaskRegistry
+    from orbit.core.templates import TemplateRegistry, TemplateSource
+    from orbit.store import Store
 
 
 class CoreControlService(Reading):
@@ -43,9 +45,13 @@ class CoreControlService(Reading):
         self.tasks = tasks
         self.bundles_dir = bundles_dir
         self.actor = actor or current_actor()
+        if ssh_options is None:
+            from orbit.core.execution.ssh.transport import SshOptions
+
+            ssh_options = SshOptions()
         self.hosts = HostRegistry(
             store,
-            ssh_options or SshOptions(),
+            ssh_options,
             self.actor,
             sweep=self._sweep_host,
             sweep_processes=self._sweep_host_processes,
@@ -53,6 +59,12 @@ class CoreControlService(Reading):
 
     @classmethod
     def from_settings(cls, settings: Settings, cwd: Path | None = None) -> CoreControlService:
+        from orbit.core.execution.service import ExecutionService
+        from orbit.core.execution.ssh.transport import options_for
+        from orbit.core.tasks import TaskRegistry
+        from orbit.core.templates import TemplateRegistry, default_search_path
+        from orbit.store import Store
+
         store = Store(settings.database_url)
         return cls(
             store=store,
@@ -66,11 +78,15 @@ class CoreControlService(Reading):
         )
 
     def _sweep_host(self, host: HostRecord, known: set[str]) -> SweepResult:
+        from orbit.core.execution.backends.ssh_host_process import SshDockerBackend
+
         backend = self.execution.backend("ssh_docker")
         assert isinstance(backend, SshDockerBackend)
         return backend.sweep(host, known)
 
     def _sweep_host_processes(self, host: HostRecord, known: set[str]) -> ProcessSweep:
+        from orbit.core.execution.backends.ssh_host_process import SshHostProcessBackend
+
         backend = self.execution.backend("ssh_host_process")
         assert isinstance(backend, SshHostProcessBackend)
         return backend.sweep_processes(host, known)
@@ -78,6 +94,8 @@ class CoreControlService(Reading):
     # --- templates ------------------------------------------------------------------------
 
     def _template_view(self, source: TemplateSource) -> TemplateView:
+        from orbit.core.execution.service import canonical_placement
+
         return TemplateView(
             template=source.template,
             path=source.path,

@@ -8,20 +8,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orbit.core.control.lifecycle import Lifecycle
 from orbit.core.control.views import SubmitPlan
 from orbit.core.errors import Refused
-from orbit.core.execution.bundle import FrozenBundle, freeze_bundle
-from orbit.core.execution.exec_limits import check_exec_limits
-from orbit.core.execution.launch_modes import task_entrypoint
-from orbit.core.execution.sources import (
-    parse_sources,
-    place_sources,
-    snapshot_workdir,
-    stage_source,
-    write_provenance,
-)
 from orbit.core.models import (
     ExecutionRequest,
     ExecutionTemplate,
@@ -29,10 +20,11 @@ from orbit.core.models import (
     PrecheckSpec,
     TaskSubmission,
 )
-from orbit.core.overrides import resolve
 from orbit.core.records import RunRecord
-from orbit.core.secret_names import looks_secret
-from orbit.core.tasks.base import CommonTaskFields, ShapedTask
+
+if TYPE_CHECKING:
+    from orbit.core.execution.bundle import FrozenBundle
+    from orbit.core.tasks.base import CommonTaskFields, ShapedTask
 
 
 @dataclass(frozen=True)
@@ -97,6 +89,11 @@ class Submitting(Lifecycle):
         )
 
     def _prepare(self, submission: TaskSubmission, base_dir: Path, source: str) -> _Shaped:
+        from orbit.core.execution.exec_limits import check_exec_limits
+        from orbit.core.execution.launch_modes import task_entrypoint
+        from orbit.core.overrides import resolve
+        from orbit.core.secret_names import looks_secret
+
         shaped = self.tasks.shape(submission.task_type, submission.task_request, base_dir, source)
         common = self.tasks.common_fields(submission.task_request, source)
         template = self.templates.get(submission.template_id)
@@ -131,6 +128,15 @@ class Submitting(Lifecycle):
     ) -> FrozenBundle:
         """Stage pinned git sources (refusing dirty checkouts unless allowed), snapshot the
         workdir's git state, and freeze it all with its provenance into one bundle."""
+        from orbit.core.execution.bundle import freeze_bundle
+        from orbit.core.execution.sources import (
+            parse_sources,
+            place_sources,
+            snapshot_workdir,
+            stage_source,
+            write_provenance,
+        )
+
         shaped, common = prepared.shaped, prepared.common
         specs = parse_sources(
             common.sources, reserved=[shaped.workdir, *(s.dest for s in shaped.staged)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from orbit.core.execution.sources import is_dirty
 from orbit.core.hosts import HostRecord
 from orbit.core.models import ExecutionTemplate, Record
 from orbit.core.records import RunRecord
@@ -26,6 +25,8 @@ class RunView(Record):
 
     @property
     def dirty(self) -> bool:
+        from orbit.core.execution.sources import is_dirty
+
         return is_dirty(self.provenance)
 
 

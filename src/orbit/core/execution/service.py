@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from orbit.core.config import Settings
@@ -31,39 +31,73 @@ def canonical_key(key: str) -> str:
 
 
 class ExecutionService:
-    def __init__(self, backends: Iterable[ExecutionBackend]) -> None:
+    """Backends by key. A backend given as a factory is made the first time it is asked for,
+    so a command that only reads local runs never loads the SSH or Docker code."""
+
+    def __init__(
+        self,
+        backends: Iterable[ExecutionBackend] = (),
+        factories: Mapping[str, Callable[[], ExecutionBackend]] | None = None,
+    ) -> None:
         self._backends = {b.key: b for b in backends}
+        self._factories = dict(factories or {})
 
     def keys(self) -> list[str]:
-        return sorted(self._backends)
+        return sorted({*self._backends, *self._factories})
 
     def backend(self, key: str) -> ExecutionBackend:
-        try:
-            return self._backends[canonical_key(key)]
-        except KeyError:
-            known = ", ".join(self.keys())
-            raise NoBackend(f"no backend for {key} yet (available: {known})") from None
+        key = canonical_key(key)
+        found = self._backends.get(key)
+        if found is None:
+            factory = self._factories.get(key)
+            if factory is None:
+                known = ", ".join(self.keys())
+                raise NoBackend(f"no backend for {key} yet (available: {known})")
+            found = self._backends[key] = factory()
+        return found
 
     @classmethod
     def default(cls, settings: Settings, hosts: HostDirectory | None = None) -> ExecutionService:
         """Every backend this control plane can drive; SSH ones find hosts in `hosts`."""
-        from orbit.core.execution.backends.local_docker import LocalDockerBackend
-        from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend
-        from orbit.core.execution.backends.ssh_host_process import (
-            NoHosts,
-            SshDockerBackend,
-            SshHostProcessBackend,
-        )
-        from orbit.core.execution.docker.host import plane_id
-        from orbit.core.execution.ssh.transport import options_for
 
-        ssh, directory = options_for(settings), hosts or NoHosts()
+        def local_host_process() -> ExecutionBackend:
+            from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend
+
+            return LocalHostProcessBackend(settings.work_dir)
+
+        def local_docker() -> ExecutionBackend:  # the same placement, the task in a container
+            from orbit.core.execution.backends.local_docker import LocalDockerBackend
+
+            return LocalDockerBackend(settings.work_dir, live=directory().active_attempts)
+
+        def ssh_host_process() -> ExecutionBackend:
+            from orbit.core.execution.backends.ssh_host_process import SshHostProcessBackend
+            from orbit.core.execution.docker.host import plane_id
+            from orbit.core.execution.ssh.transport import options_for
+
+            return SshHostProcessBackend(
+                directory(), options_for(settings), plane=plane_id(settings.work_dir)
+            )
+
+        def ssh_docker() -> ExecutionBackend:
+            from orbit.core.execution.backends.ssh_host_process import SshDockerBackend
+            from orbit.core.execution.docker.host import plane_id
+            from orbit.core.execution.ssh.transport import options_for
+
+            return SshDockerBackend(
+                directory(), options_for(settings), plane=plane_id(settings.work_dir)
+            )
+
+        def directory() -> HostDirectory:
+            from orbit.core.execution.backends.ssh_host_process import NoHosts
+
+            return hosts or NoHosts()
+
         return cls(
-            [
-                LocalHostProcessBackend(settings.work_dir),
-                # the same placement, the task in a container
-                LocalDockerBackend(settings.work_dir, live=directory.active_attempts),
-                SshHostProcessBackend(directory, ssh, plane=plane_id(settings.work_dir)),
-                SshDockerBackend(directory, ssh, plane=plane_id(settings.work_dir)),
-            ]
+            factories={
+                "local_host_process": local_host_process,
+                "local_docker": local_docker,
+                "ssh_host_process": ssh_host_process,
+                "ssh_docker": ssh_docker,
+            }
         )

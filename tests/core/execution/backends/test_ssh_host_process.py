@@ -597,3 +597,43 @@ def test_a_whole_log_comes_in_one_ssh_call_byte_for_byte_with_its_offsets(
     assert after == 1234 + len(data) and data == log[1234:after]
     gone = handle.model_copy(update={"location": f"{handle.location}-never"})
     assert backend.stream_log(gone, LogLayer.TRAINING, 0, got.extend) == 0  # not written yet
+
+
+def test_retries_to_a_host_that_is_away_wait_for_it_instead_of_burning_out(
+    env: dict[str, str], sshd_factory: SshdFactory, tmp_path: Path
+) -> None:
+    """A launch whose host does not answer is not a failure that uses up a retry: the attempt
+    waits (prepared, host_unreachable) and is launched when the host answers. Past the host's
+    timeout it ends as a running attempt would (terminated, host_unreachable), and the next
+    retry comes after its backoff, not at once."""
+    server = sshd_factory(alias="flaky", netns=True)
+    add_host(env, "flaky", server, "--unreachable-timeout", "6")
+    server.link_down()
+    spec = spec_for(
+        tmp_path / "job", "flaky", "echo done", retry={"max_retries": 2, "backoff_s": 1}
+    )
+    run = orbit_json(env, "submit", str(spec))
+    assert run["state"] == "prepared"
+    first = run["attempts"][0]
+    assert first["reason"] == "host_unreachable" and first["handle"] is None
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # looking again and again spends no retry
+        seen = orbit_json(env, "status", run["id"])
+        assert len(seen["attempts"]) == 1 and seen["state"] == "prepared"
+        time.sleep(0.5)
+    assert "waiting for its host" in orbit(env, "status", run["id"]).stdout
+    second = eventually(
+        lambda: len((r := orbit_json(env, "status", run["id"]))["attempts"]) == 2 and r,
+        timeout=40,
+        every=0.5,
+    )
+    gave_up = second["attempts"][0]
+    assert (gave_up["state"], gave_up["reason"]) == ("terminated", "host_unreachable")
+    assert second["attempts"][1]["trigger"] == "auto_retry"
+    server.link_up()
+    done = eventually(
+        lambda: (r := orbit_json(env, "status", run["id"]))["state"] == "succeeded" and r,
+        timeout=60,
+        every=0.5,
+    )
+    assert len(done["attempts"]) == 2  # one retry used, not all of them in a second

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 
 from orbit.cli import render
+from orbit.cli.text import Printer
 from orbit.core.control.views import RunView
 from orbit.core.errors import InvalidInput
 from orbit.core.execution.bundle import freeze_bundle
@@ -297,14 +297,13 @@ def test_inspect_puts_a_missing_image_in_the_runtime_layer() -> None:
     assert "image repo/train:1 @ sha256:555555555555" in ran.layers[0].summary
 
 
-def test_runs_show_names_the_image_that_ran() -> None:
+def test_runs_show_names_the_image_that_ran(capsys: pytest.CaptureFixture[str]) -> None:
     ev = evidence("run-e", image("repo/train:1", "4"), None)
     images = {ev.attempt.id: image("repo/train:1", "4")}
     view = RunView(run=ev.run, bundle_path="/cache/d", images=images)
-    console = Console(width=200, record=True)
-    render.show_run(console, view)
+    render.show_run(Printer("stdout"), view)
     assert "image      repo/train:1 @ sha256:444444444444 (repo/train@sha256:4)" in (
-        console.export_text()
+        capsys.readouterr().out
     )
     data = render.run_json(view)
     assert data["attempts"][0]["image"]["id"] == "sha256:" + "4" * 64

@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from orbit.core.execution.bundle import FrozenBundle
 from orbit.core.layers import LogLayer as LogLayer
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
 from orbit.core.records import CollectResult
+
+if TYPE_CHECKING:
+    from orbit.core.execution.bundle import FrozenBundle
 
 
 @dataclass(frozen=True)
