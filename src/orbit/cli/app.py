@@ -17,7 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
-    rich_markup_mode="rich",
+    rich_markup_mode=None,  # plain help: loading Rich for it would double the time --help takes
 )
 app.command()(runs.submit)
 app.add_typer(catalog.templates_app, name="templates")

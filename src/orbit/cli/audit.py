@@ -8,7 +8,7 @@ import typer
 
 from orbit.cli.common import JSON, console, err, print_json, service
 
-audit_app = typer.Typer(invoke_without_command=True, rich_markup_mode="rich")
+audit_app = typer.Typer(invoke_without_command=True)
 
 
 @audit_app.callback()
@@ -21,6 +21,7 @@ def audit(
     """The audit trail: who did what to which run, and when. Each event holds the digest of
     the one before it, so a changed, removed or inserted event breaks the chain.
 
+    \b
     orbit audit [--run RUN] [--limit N] [--json]   list the events
     orbit audit verify                             check the chain; exit 1 naming each problem
     orbit audit export --json [--out FILE]         write the whole chain, hashes included

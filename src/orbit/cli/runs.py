@@ -208,7 +208,7 @@ def overrides_from(sets: list[str]) -> ExecutionOverrides:
 
 
 def retry(run: str = RUN, sets: list[str] = SETS, wait: bool = WAIT, as_json: bool = JSON) -> None:
-    """Run the same bundle again as a new attempt, e.g. on another box: --set target=h100-b."""
+    """Run the same bundle again as a new attempt (on another box: --set target=h100-b)."""
     from orbit.cli import render
 
     record = service().retry_run(run, overrides_from(sets))
