@@ -72,5 +72,5 @@ def main() -> None:
 def fail(message: str, code: int) -> None:
     from orbit.cli.common import err
 
-    err.print(f"orbit: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"orbit: error: {message}")
     sys.exit(code)

@@ -55,12 +55,12 @@ def audit_verify(as_json: bool = JSON) -> None:
             }
         )
     elif check.intact:
-        console.print(f"audit chain intact: {check.events} events", soft_wrap=True)
+        console.print(f"audit chain intact: {check.events} events")
         if check.head:
-            console.print(f"head: {check.head}", soft_wrap=True)
+            console.print(f"head: {check.head}")
     else:
         for problem in check.problems:
-            err.print(problem, markup=False, soft_wrap=True)
+            err.print(problem)
     if not check.intact:
         raise typer.Exit(1)
 
@@ -81,4 +81,4 @@ def audit_export(
     import json
 
     out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    console.print(f"exported {len(data)} events to {out}", markup=False, soft_wrap=True)
+    console.print(f"exported {len(data)} events to {out}")

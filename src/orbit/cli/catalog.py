@@ -54,7 +54,7 @@ def experiments_create(name: str, as_json: bool = JSON) -> None:
     if as_json:
         print_json(experiment.model_dump(mode="json"))
     else:
-        console.print(f"created experiment {experiment.name} ({experiment.id})", markup=False)
+        console.print(f"created experiment {experiment.name} ({experiment.id})")
 
 
 @experiments_app.command("list")

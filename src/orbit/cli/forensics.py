@@ -32,9 +32,9 @@ def inspect(run: str = RUN, attempt: int | None = ATTEMPT, as_json: bool = JSON)
             f"  {paint(f'{report.verdict:<8}', style)} {paint(f'{report.layer:<9}', 'bold')}"
             f" {report.question}"
         )
-        console.print(f"           {report.summary}", markup=False, soft_wrap=True)
+        console.print(f"           {report.summary}")
         for line in report.details:
-            console.print(f"             | {line}", markup=False, soft_wrap=True, style="dim")
+            console.print(f"             | {line}", style="dim")
     first = found.first_wrong
     if first is not None:
         console.print(f"first went wrong at: {paint(first.layer, 'bold red')} ({first.summary})")

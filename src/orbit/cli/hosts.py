@@ -40,7 +40,7 @@ def show_host(host: HostRecord) -> None:
         rows.append(("host key", "accepted on first use (--accept-new-host-key)"))
     rows += describe_facts(host.facts) if host.facts else [("checked", "never")]
     for label, value in rows:
-        console.print(f"  {label + ':':<19}{value}", markup=False, soft_wrap=True)
+        console.print(f"  {label + ':':<19}{value}")
 
 
 @hosts_app.command("add")
@@ -113,7 +113,7 @@ def hosts_add(
     if as_json:
         print_json(host_json(host))
         return
-    console.print(f"added host {host.name}", markup=False)
+    console.print(f"added host {host.name}")
     show_host(host)
 
 
@@ -177,27 +177,24 @@ def hosts_check(name: str = NAME, as_json: bool = JSON) -> None:
         console.print(
             f"stopped {sum(map(len, processes.values()))} process(es) of ended attempts: "
             f"{', '.join(sorted(processes))}",
-            markup=False,
         )
     if removed:
         console.print(
             f"removed {len(removed)} ORBIT container(s) no live run owns: {', '.join(removed)}",
-            markup=False,
         )
     for problem in checked.sweep_errors:
-        err.print(f"orbit: the container sweep failed: {problem}", markup=False)
+        err.print(f"orbit: the container sweep failed: {problem}")
     for problem in checked.process_errors:
-        err.print(f"orbit: the process sweep failed: {problem}", markup=False)
+        err.print(f"orbit: the process sweep failed: {problem}")
 
 
 @hosts_app.command("remove")
 def hosts_remove(name: str = NAME) -> None:
     """Forget a host. Runs on it are not touched and can still be followed and collected."""
     active = service().remove_host(name)
-    console.print(f"removed host {name}", markup=False)
+    console.print(f"removed host {name}")
     if active:
         err.print(
             f"note: {len(active)} run(s) still active there ({', '.join(active)}); "
             "they keep what they need to be followed, cancelled and collected",
-            markup=False,
         )

@@ -50,14 +50,14 @@ def logs(
             if not follow:
                 raise
             if not lost:  # say it once; go on from the same offset when the host is back
-                err.print(f"orbit: {exc}; retrying (Ctrl-C stops following)", markup=False)
+                err.print(f"orbit: {exc}; retrying (Ctrl-C stops following)")
                 lost = True
             if svc.refresh_run_status(run).current.state.terminal and attempt is None:
                 break  # gave up on the host: the run ended as host_unreachable
             time.sleep(2)
             continue
         if lost:
-            err.print("orbit: reconnected; the log goes on", markup=False)
+            err.print("orbit: reconnected; the log goes on")
             lost = False
         if current is not None and chunk.attempt_id != current:  # an automatic retry began
             out.write(f"--- attempt {chunk.attempt} ---\n".encode())
@@ -94,8 +94,6 @@ def ended(run: str, attempt: int | None) -> None:
     err.print(
         f"orbit: {record.id} attempt {followed.number} {followed.state}"
         + (f": {outcome}" if outcome else ""),
-        markup=False,
-        highlight=False,
     )
     if followed.state != "succeeded":
         raise typer.Exit(1)

@@ -164,7 +164,7 @@ def show_run(console: Printer, view: RunView) -> None:
     if a.handle is not None:
         rows.append(("location", f"{a.handle.target}:{a.handle.location}"))
     for key, value in rows:
-        console.print(f"  {key:<10} {value}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"  {key:<10} {value}")
     attempts = Table("#", "STATE", "TRIGGER", "TARGET", "STARTED", "FINISHED", "OUTCOME")
     attempts.title = "attempts"
     for attempt in run.attempts:
@@ -177,7 +177,7 @@ def show_run(console: Printer, view: RunView) -> None:
             when(attempt.finished_at),
             outcome(attempt),
         )
-    console.print(str(attempts), markup=False, highlight=False)
+    console.print(str(attempts))
 
 
 def placement_name(view: TemplateView) -> str:
@@ -250,4 +250,4 @@ def show_plan(console: Printer, plan: SubmitPlan) -> None:
     ]
     console.print(f"{paint('dry run', 'bold')}: nothing was submitted or written")
     for key, value in rows:
-        console.print(f"  {key:<10} {value}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"  {key:<10} {value}")

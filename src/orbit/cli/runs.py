@@ -168,9 +168,9 @@ def status(run: str = RUN, as_json: bool = JSON) -> None:
         line += "  " + paint("DIRTY code", "yellow")
     console.print(line)
     if view.progress is not None:
-        console.print(f"  {view.progress.describe()}", markup=False)
+        console.print(f"  {view.progress.describe()}")
     if a.message:
-        console.print(f"  {a.message}", markup=False)
+        console.print(f"  {a.message}")
 
 
 def cancel(run: str = RUN, as_json: bool = JSON) -> None:
@@ -270,6 +270,6 @@ def collect(
         note = "verified against manifest.json" if result.verified else "NOT verified"
         console.print(f"{result.files} files, {result.bytes} bytes -> {result.dest} ({note})")
         for problem in result.problems:
-            err.print(f"  {problem}", markup=False)
+            err.print(f"  {problem}")
     if result.problems:
         raise typer.Exit(1)

@@ -63,8 +63,7 @@ class Table:
 
 
 class Printer:
-    """What the commands print with: `print(text_or_table, style=...)`. Takes (and ignores)
-    the keyword arguments of Rich's Console.print that the commands pass."""
+    """What the commands print with: `print(text_or_table, style=...)`."""
 
     def __init__(self, stream: str = "stdout") -> None:
         self._stream = stream
@@ -74,7 +73,7 @@ class Printer:
         found: TextIO = getattr(sys, self._stream)
         return found
 
-    def print(self, *objects: Any, style: str | None = None, **_rich: Any) -> None:
+    def print(self, *objects: Any, style: str | None = None) -> None:
         stream = self.stream
         for obj in objects:
             lines = obj.lines(stream) if isinstance(obj, Table) else [str(obj)]
