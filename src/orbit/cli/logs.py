@@ -52,8 +52,11 @@ def logs(
             if not lost:  # say it once; go on from the same offset when the host is back
                 err.print(f"orbit: {exc}; retrying (Ctrl-C stops following)")
                 lost = True
-            if svc.refresh_run_status(run).current.state.terminal and attempt is None:
-                break  # gave up on the host: the run ended as host_unreachable
+            record = svc.refresh_run_status(run)
+            asked = [a for a in record.attempts if a.number == attempt]
+            followed = asked[0] if asked else record.current
+            if followed.state.terminal and (attempt is not None or current in (None, followed.id)):
+                break  # gave up on the host: it ended as host_unreachable
             time.sleep(2)
             continue
         if lost:

@@ -1,13 +1,21 @@
-"""Named points where a test may have ORBIT's own process killed, to prove that what a crash
-leaves behind is reconciled: `ORBIT_FAILPOINTS=after-launch` kills the process with SIGKILL
-right after the attempt started and before the store recorded it. Unset, it costs one lookup."""
+"""Named points where a test may have ORBIT's own process killed or held, to prove that what a
+crash or a race leaves behind is reconciled. `ORBIT_FAILPOINTS=after-launch` kills the process
+with SIGKILL right after the attempt started and before the store recorded it;
+`before-launch=sleep:3` holds it there for 3 s. Unset, a point costs one lookup."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 
 def hit(name: str) -> None:
-    if name in os.environ.get("ORBIT_FAILPOINTS", "").split(","):
-        os.kill(os.getpid(), signal.SIGKILL)
+    for point in os.environ.get("ORBIT_FAILPOINTS", "").split(","):
+        found, _, action = point.partition("=")
+        if found != name:
+            continue
+        if action.startswith("sleep:"):
+            time.sleep(float(action.removeprefix("sleep:")))
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -98,7 +98,7 @@ def _alive(pid: int) -> bool:
     return fields is not None and fields[0] != b"Z"
 
 
-def _ourselves() -> set[int]:
+def ourselves() -> set[int]:
     """This process and its parents: never signalled, whatever their environment says."""
     found, pid = {os.getpid()}, os.getpid()
     while pid > 1:
@@ -117,7 +117,7 @@ def attempt_processes(plane: str | None = None) -> dict[int, str]:
         names = os.listdir("/proc")
     except OSError:
         return {}
-    skip, found = _ourselves(), {}
+    skip, found = ourselves(), {}
     for name in names:
         if not name.isdigit() or int(name) in skip:
             continue
@@ -126,6 +126,20 @@ def attempt_processes(plane: str | None = None) -> dict[int, str]:
         if not ids or (plane is not None and PLANE + plane.encode() not in environ):
             continue
         found[int(name)] = ids[0].decode(errors="replace")
+    return found
+
+
+def marked(marks: list[str], keep: set[int]) -> list[int]:
+    """The live processes, but those in `keep`, whose environment holds every one of `marks`
+    ("NAME=value")."""
+    wanted = [m.encode() for m in marks]
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in keep:
+            continue
+        environ = _environ(int(name))
+        if environ and all(m in environ for m in wanted):
+            found.append(int(name))
     return found
 
 
@@ -205,8 +219,12 @@ def stop_ended(attempts_dir: str, live: list[str], plane: str) -> dict[str, Any]
     grace = max(_grace(os.path.join(attempts_dir, a)) for a in set(found.values()))
     owner = dict(found)
 
+    targets = set(found.values())
+
     def select() -> list[int]:
-        now = ended()
+        # only the attempts found ended at the start: one launched while this sweep waits out
+        # its grace period is not among the live ids it was given, and must not be touched
+        now = {pid: a for pid, a in ended().items() if a in targets}
         owner.update(now)
         return list(now)
 
@@ -311,7 +329,9 @@ def prepare(work: str, digest: str, attempt_id: str) -> dict[str, Any]:
     if not os.path.exists(os.path.join(bundle, COMPLETE)):
         return {"error": f"bundle {digest[:12]} is not staged in {bundle}"}
     if os.path.exists(dest):
-        return {"error": f"{dest} already exists: attempt {attempt_id} was prepared before"}
+        if os.path.exists(os.path.join(dest, "runtime", "pid")):
+            return {"error": f"{dest} already exists: attempt {attempt_id} was launched before"}
+        shutil.rmtree(dest)  # prepared before, never launched (its reply was lost): again
     try:
         os.makedirs(dest)
         shutil.copy2(os.path.join(bundle, "job.json"), os.path.join(dest, "job.json"))

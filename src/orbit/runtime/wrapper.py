@@ -380,16 +380,20 @@ class Wrapper:
         marks = [f"{MARKER}={os.environ.get(MARKER, 'manual')}"]
         if MARKER not in os.environ:
             marks.append(f"ORBIT_BUNDLE_DIR={self.bundle}")
-        keep = {os.getpid(), LAUNCHER_PID, *ancestors()}
+        import orbit_hostside  # type: ignore[import-not-found]  # beside this file in scripts/
+
+        keep = {LAUNCHER_PID, *orbit_hostside.ourselves()}
         try:
-            stopped = stop_marked(marks, keep, self.grace)
+            stopped = orbit_hostside.stop_processes(
+                lambda: orbit_hostside.marked(marks, keep), self.grace
+            )
         except OSError as exc:  # no /proc (not Linux): the process group was all there was
             self.log(f"cannot look for leftover processes: {exc}")
             return
         if stopped:
             self.log(
                 f"stopped {len(stopped)} leftover process(es) of the attempt that had left the "
-                f"task's process group: {', '.join(map(str, sorted(stopped)))}"
+                f"task's process group: {', '.join(map(str, stopped))}"
             )
 
     def write_manifest(self) -> None:
@@ -411,71 +415,6 @@ class Wrapper:
         write_json(
             os.path.join(self.artifacts, "manifest.json"), {"schema_version": 1, "files": files}
         )
-
-
-def _environ(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:  # gone, a zombie, or not ours to read
-        return []
-
-
-def _alive(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's reaper may take its time)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 :][:1] != b"Z"
-
-
-def ancestors() -> set[int]:
-    """This process's parents up to init: a shell that exported the marker is not a leftover."""
-    found, pid = set(), os.getpid()
-    while pid > 1:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            break
-        pid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        found.add(pid)
-    return found
-
-
-def marked(marks: list[str], keep: set[int]) -> list[int]:
-    """The live processes whose environment holds every one of `marks` ("NAME=value")."""
-    wanted = [m.encode() for m in marks]
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in keep:
-            continue
-        environ = _environ(int(name))
-        if environ and all(m in environ for m in wanted):
-            found.append(int(name))
-    return found
-
-
-def stop_marked(marks: list[str], keep: set[int], grace: float) -> set[int]:
-    """SIGTERM every marked process, SIGKILL those left after `grace` seconds (looking again,
-    for what they started meanwhile); the pids signalled."""
-    signalled: set[int] = set()
-    for sig, wait, rounds in ((signal.SIGTERM, grace, 1), (signal.SIGKILL, 1.0, 5)):
-        for _ in range(rounds):
-            pids = marked(marks, keep)
-            if not pids:
-                return signalled
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-                    signalled.add(pid)
-            deadline = time.monotonic() + wait
-            while pids and time.monotonic() < deadline:
-                time.sleep(0.05)
-                pids = [pid for pid in pids if _alive(pid)]
-    return signalled
 
 
 def too_long(program: str, exc: OSError) -> dict[str, Any]:

@@ -15,6 +15,9 @@ from orbit.store.base import utcnow
 from orbit.store.run_queries import RunQueriesMixin
 from orbit.store.sql import Conflict, Tx
 
+# who claims an attempt for launching, and until when the claim holds without a renewal
+Lease = tuple[str, datetime]
+
 
 class RunsMixin(RunQueriesMixin):
     def create_run(
@@ -30,8 +33,10 @@ class RunsMixin(RunQueriesMixin):
         backend_key: str,
         actor: str,
         replay_of: str | None = None,
+        launcher: Lease | None = None,
     ) -> RunRecord:
-        """A new run with its first attempt, in state prepared."""
+        """A new run with its first attempt, in state prepared; with `launcher`, claimed for
+        launching by it in the same transaction (no other process can launch it first)."""
         run_id = base.new_id("run")
         with self._write() as tx:
             tx.execute(
@@ -61,7 +66,8 @@ class RunsMixin(RunQueriesMixin):
                 template_id=template_id,
                 task_type=task_type,
             )
-            self._add_attempt(tx, run_id, 1, target, backend_key, "submit", actor)
+            attempt_id = self._add_attempt(tx, run_id, 1, target, backend_key, "submit", actor)
+            self._claimed(tx, attempt_id, launcher=launcher, not_before=None)
         return self.get_run(run_id)
 
     @staticmethod
@@ -113,9 +119,11 @@ class RunsMixin(RunQueriesMixin):
         trigger: str,
         actor: str,
         not_before: datetime | None = None,
+        launcher: Lease | None = None,
     ) -> AttemptRecord:
         """A new attempt of the run's bundle, once the current one has ended; with
-        `not_before`, it is not to be launched before then (a retry's backoff)."""
+        `not_before`, it is not to be launched before then (a retry's backoff); with
+        `launcher`, it is claimed for launching by it in the same transaction."""
         number = 0
         try:
             with self._write() as tx:
@@ -134,11 +142,7 @@ class RunsMixin(RunQueriesMixin):
                 attempt_id = self._add_attempt(
                     tx, run_id, number, target, backend_key, trigger, actor
                 )
-                if not_before is not None:
-                    tx.execute(
-                        "UPDATE attempts SET not_before = :at WHERE id = :id",
-                        {"at": not_before, "id": attempt_id},
-                    )
+                self._claimed(tx, attempt_id, launcher=launcher, not_before=not_before)
         except Conflict:  # another process added attempt `number` first
             raise InvalidInput(
                 f"run {run_id} already has a new attempt {number}: another retry was first"
@@ -203,6 +207,19 @@ class RunsMixin(RunQueriesMixin):
             )
         return True
 
+    @staticmethod
+    def _claimed(
+        tx: Tx, attempt_id: str, *, launcher: Lease | None, not_before: datetime | None
+    ) -> None:
+        if launcher is None and not_before is None:
+            return
+        owner, until = launcher if launcher is not None else (None, None)
+        tx.execute(
+            "UPDATE attempts SET lease_owner = :owner, lease_expires_at = :until, "
+            "not_before = :at WHERE id = :id",
+            {"owner": owner, "until": until, "at": not_before, "id": attempt_id},
+        )
+
     def claim_launch(
         self, attempt_id: str, owner: str, until: datetime, *, expect: str | None
     ) -> bool:
@@ -237,13 +254,18 @@ class RunsMixin(RunQueriesMixin):
             )
         return changed == 1
 
-    def defer_launch(self, attempt_id: str, not_before: datetime) -> None:
-        """Give up the launch claim; the attempt is due again at `not_before`."""
+    def defer_launch(self, attempt_id: str, owner: str, not_before: datetime) -> None:
+        """Give up `owner`'s launch claim; the attempt is due again at `not_before`."""
         with self._write() as tx:
             tx.execute(
                 "UPDATE attempts SET lease_owner = NULL, lease_expires_at = NULL, "
-                "not_before = :at WHERE id = :id AND state = :prepared",
-                {"at": not_before, "id": attempt_id, "prepared": RunState.PREPARED.value},
+                "not_before = :at WHERE id = :id AND state = :prepared AND lease_owner = :owner",
+                {
+                    "at": not_before,
+                    "id": attempt_id,
+                    "prepared": RunState.PREPARED.value,
+                    "owner": owner,
+                },
             )
 
     def record_launch(self, attempt_id: str, handle: RunHandle, *, actor: str, **data: Any) -> bool:

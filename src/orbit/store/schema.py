@@ -52,6 +52,11 @@ def migrate(db: Database) -> None:
         revision, ready = _look(db)
         if not ready and isinstance(db.driver, SqliteDriver):
             db.driver.enable_wal()
+        if revision is not None and revision.isdigit() and int(revision) > int(HEAD_REVISION):
+            raise StoreError(
+                f"the store's schema is at revision {revision}, newer than this ORBIT knows "
+                f"({HEAD_REVISION}): upgrade ORBIT (a newer version has used this store)"
+            )
         if revision != HEAD_REVISION:
             _upgrade(db.url)
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -330,3 +331,42 @@ def test_a_submit_killed_while_staging_ends_as_staging_failed_and_is_retried(
     followed = orbit_cli(env, "logs", run["id"], "--follow")
     assert followed.returncode == 0, followed.stderr
     assert count.read_text() == "ran\n"  # only the retry ran
+
+
+def test_a_cancel_while_the_attempt_is_being_launched_stops_it_once_started(
+    orbit_home: Path, store_url: str, tmp_path: Path
+) -> None:
+    """The launching process holds the attempt; a cancel from elsewhere is kept and delivered
+    as soon as the launch is recorded, so nothing starts untracked or runs on."""
+    ran = tmp_path / "ran"
+    spec = write_spec(tmp_path, task={"command": f"sleep 2; touch {ran}"})
+    env = {**os.environ, "ORBIT_DATABASE_URL": store_url}
+    submitting = subprocess.Popen(
+        [sys.executable, "-m", "orbit", "submit", str(spec), "--json"],
+        env={**env, "ORBIT_FAILPOINTS": "before-launch=sleep:3"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    store = Store(store_url)
+    try:
+        run = eventually(lambda: (runs := store.list_runs()) and runs[0])
+    finally:
+        store.close()
+    cancelled = orbit_cli(env, "cancel", run.id, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    asked = json.loads(cancelled.stdout)
+    assert asked["state"] == "prepared" and asked["attempts"][0]["cancel_requested"] is True
+    submitting.communicate(timeout=60)
+    assert submitting.returncode == 0
+    ended = eventually(
+        lambda: (
+            (r := json.loads(orbit_cli(env, "status", run.id, "--json").stdout))["state"]
+            == "terminated"
+            and r
+        ),
+        timeout=30,
+    )
+    assert ended["attempts"][0]["reason"] == "cancelled"
+    assert len(ended["attempts"]) == 1  # a cancelled attempt is not retried
+    time.sleep(2.5)
+    assert not ran.exists()  # it was stopped, not left to finish

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from orbit.core.control.lifecycle import lease_lapsed, now
 from orbit.core.control.submit import Submitting
 from orbit.core.errors import Refused, Unreachable
 from orbit.core.execution.leftovers import stop_leftovers
@@ -30,9 +31,17 @@ class RunActions(Submitting):
             return run
         self.store.request_cancel(attempt.id, self.actor)
         if attempt.handle is None:
-            self.store.move_attempt(
-                attempt.id, RunState.TERMINATED, actor=self.actor, reason=FailureReason.CANCELLED
-            )
+            if not lease_lapsed(attempt, now()):
+                # another process is launching it right now: it stops it once recorded
+                return self.store.get_run(run.id)
+            if not self.store.move_attempt(
+                attempt.id,
+                RunState.TERMINATED,
+                actor=self.actor,
+                reason=FailureReason.CANCELLED,
+                expect=attempt.state,
+            ):  # it moved meanwhile (launched, or ended): cancel it where it is now
+                return self.cancel_run(ref, wait_s)
             return self.store.get_run(run.id)
         try:
             self.execution.backend(attempt.backend_key).cancel(
@@ -102,6 +111,7 @@ class RunActions(Submitting):
             backend_key=request.backend_key,
             trigger="retry",
             actor=self.actor,
+            launcher=self._claim(),
         )
         self.store.record_event(
             self.actor, "run.retry", run_id=run.id, attempt_id=attempt.id, overrides=changed
@@ -127,6 +137,7 @@ class RunActions(Submitting):
             backend_key=request.backend_key,
             actor=self.actor,
             replay_of=original.id,
+            launcher=self._claim(),
         )
         self.store.record_event(
             self.actor, "run.replayed", run_id=run.id, replay_of=original.id, overrides=changed

@@ -110,7 +110,7 @@ class Lifecycle(ServiceBase):
                 failpoints.hit("after-launch")
         except LaunchError as exc:
             if exc.reason is FailureReason.HOST_UNREACHABLE:
-                self._wait_for_host(run, self.store.get_attempt(attempt.id), str(exc))
+                self._wait_for_host(run, self.store.get_attempt(attempt.id), str(exc), owner)
                 return
             ended = RunStatus(state=RunState.FAILED, reason=exc.reason, message=str(exc))
             self._end(run.id, attempt, ended, actor=self.actor)
@@ -118,13 +118,32 @@ class Lifecycle(ServiceBase):
         extra: dict[str, Any] = {
             k: handle.data[k] for k in ("staged_bytes", "bundle_cached") if k in handle.data
         }
-        self.store.record_launch(attempt.id, handle, actor=self.actor, **extra)
+        recorded = self.store.record_launch(attempt.id, handle, actor=self.actor, **extra)
+        now_known = self.store.get_attempt(attempt.id)
+        if not recorded and (
+            now_known.handle is None or now_known.handle.location != handle.location
+        ):
+            # another process judged the attempt while this launch went on (its lease had
+            # lapsed): what this launch started is nobody's, so it is stopped
+            with contextlib.suppress(OrbitError):
+                backend.cancel(handle, FailureReason.CANCELLED)
+            self.store.record_event(
+                "orbit", "attempt.launch_discarded", run_id=run.id, attempt_id=attempt.id
+            )
+        elif now_known.cancel_requested and not now_known.state.terminal:
+            # cancelled while it was being launched: the cancel reaches it now
+            with contextlib.suppress(OrbitError):
+                backend.cancel(handle, FailureReason.CANCELLED)
 
-    def _wait_for_host(self, run: RunRecord, attempt: AttemptRecord, message: str) -> None:
+    def _wait_for_host(
+        self, run: RunRecord, attempt: AttemptRecord, message: str, owner: str | None
+    ) -> None:
         """The attempt's host did not answer at launch. Like a running attempt whose host went
         quiet, it keeps its state (prepared), marked host_unreachable, and is launched when the
         host answers; after the host's unreachable timeout it ends terminated
-        (host_unreachable), the same end as a running attempt's for the same cause."""
+        (host_unreachable), the same end as a running attempt's for the same cause. `owner`
+        gives up its claim (a launch to try again later); without one (an adoption) the claim
+        stays, so the next look tries to adopt it again."""
         self.store.record_contact(attempt.id, reachable=False, actor="orbit", message=message)
         attempt = self.store.get_attempt(attempt.id)
         timeout = self._unreachable_timeout(attempt)
@@ -137,8 +156,9 @@ class Lifecycle(ServiceBase):
             )
             self._end(run.id, attempt, ended, actor="orbit")
             return
-        wait = min(HOST_WAIT_S, timeout / 4)  # ask a few times before the timeout ends it
-        self.store.defer_launch(attempt.id, now() + timedelta(seconds=wait))
+        if owner is not None:
+            wait = min(HOST_WAIT_S, timeout / 4)  # ask a few times before the timeout ends it
+            self.store.defer_launch(attempt.id, owner, now() + timedelta(seconds=wait))
 
     def _unreachable_timeout(self, attempt: AttemptRecord) -> float:
         if attempt.handle is not None:
@@ -176,10 +196,15 @@ class Lifecycle(ServiceBase):
             return
         if attempt.not_before is not None and attempt.not_before > at:
             return  # its backoff, or its wait for the host, is not over
+        self._launch(run, attempt, self._request_for(run, attempt))
+
+    @staticmethod
+    def _request_for(run: RunRecord, attempt: AttemptRecord) -> ExecutionRequest:
+        """The run's request, aimed at the attempt's own target."""
         request = ExecutionRequest.model_validate(run.request)
         if attempt.target is not None:
             request = request.model_copy(update={"target": attempt.target})
-        self._launch(run, attempt, request)
+        return request
 
     def _adopt(self, run: RunRecord, attempt: AttemptRecord) -> None:
         """The process launching this attempt died (killed while staging, or between the start
@@ -191,16 +216,14 @@ class Lifecycle(ServiceBase):
             attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner
         ):
             return
-        request = ExecutionRequest.model_validate(run.request)
-        if attempt.target is not None:
-            request = request.model_copy(update={"target": attempt.target})
+        request = self._request_for(run, attempt)
         backend = self.execution.backend(attempt.backend_key)
         context = AttemptContext(run_id=run.id, attempt_id=attempt.id)
         launcher = attempt.lease_owner
         try:
             handle = backend.locate(request, context)
-        except Unreachable as exc:
-            self._wait_for_host(run, attempt, str(exc))
+        except Unreachable as exc:  # may have started there: only the host can tell
+            self._wait_for_host(run, attempt, str(exc), owner=None)
             return
         except OrbitError as exc:  # its host is no longer registered, say
             handle, why = None, str(exc)
@@ -306,9 +329,16 @@ class Lifecycle(ServiceBase):
             trigger="auto_retry",
             actor="orbit",
             not_before=now() + timedelta(seconds=delay) if delay > 0 else None,
+            launcher=self._claim() if delay <= 0 else None,
         )
         if delay <= 0:
-            self._advance_prepared(self.store.get_run(run.id), new)
+            run = self.store.get_run(run.id)
+            self._launch(run, new, self._request_for(run, new))
+
+    @staticmethod
+    def _claim() -> tuple[str, datetime]:
+        """A launch claim for this process, for an attempt made to be launched at once."""
+        return launcher_id(), now() + timedelta(seconds=LEASE_S)
 
     def refresh_active(self, runs: list[RunRecord]) -> None:
         """Refresh every active run; one whose backend is not available here stays as stored."""

@@ -57,6 +57,7 @@ class Submitting(Lifecycle):
             target=prepared.request.target,
             backend_key=prepared.request.backend_key,
             actor=self.actor,
+            launcher=self._claim(),
         )
         self._launch(run, run.current, prepared.request)
         return self.store.get_run(run.id)
