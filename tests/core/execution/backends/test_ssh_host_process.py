@@ -607,7 +607,9 @@ def test_retries_to_a_host_that_is_away_wait_for_it_instead_of_burning_out(
     timeout it ends as a running attempt would (terminated, host_unreachable), and the next
     retry comes after its backoff, not at once."""
     server = sshd_factory(alias="flaky", netns=True)
-    add_host(env, "flaky", server, "--unreachable-timeout", "6")
+    # long enough that the looks below (each launch try waits out the 2 s ssh timeout, twice:
+    # the leftover sweep, then staging) stay well inside it even on a slow machine
+    add_host(env, "flaky", server, "--unreachable-timeout", "15")
     server.link_down()
     spec = spec_for(
         tmp_path / "job", "flaky", "echo done", retry={"max_retries": 2, "backoff_s": 1}
@@ -624,7 +626,7 @@ def test_retries_to_a_host_that_is_away_wait_for_it_instead_of_burning_out(
     assert "waiting for its host" in orbit(env, "status", run["id"]).stdout
     second = eventually(
         lambda: len((r := orbit_json(env, "status", run["id"]))["attempts"]) == 2 and r,
-        timeout=40,
+        timeout=60,
         every=0.5,
     )
     gave_up = second["attempts"][0]
