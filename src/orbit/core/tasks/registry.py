@@ -36,8 +36,17 @@ def _discover() -> dict[str, Loader]:
 
 
 class TaskRegistry:
+    """Task plugins by name. The entry points are looked up on first use: a command that
+    submits nothing never reads the installed packages' metadata."""
+
     def __init__(self, plugins: dict[str, type[TaskPlugin]] | None = None) -> None:
-        self._plugins: dict[str, Loader] = dict(plugins) if plugins is not None else _discover()
+        self._found: dict[str, Loader] | None = dict(plugins) if plugins is not None else None
+
+    @property
+    def _plugins(self) -> dict[str, Loader]:
+        if self._found is None:
+            self._found = _discover()
+        return self._found
 
     def names(self) -> list[str]:
         return sorted(self._plugins)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orbit.core.errors import Refused
-from orbit.core.execution.artifacts import CollectResult, verify_manifest
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer
-from orbit.core.execution.bundle import FrozenBundle, copy_frozen
-from orbit.core.execution.local_env import task_environ
-from orbit.core.execution.local_gpus import check_local_gpus, local_gpus
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
 from orbit.runtime import hostside
+
+if TYPE_CHECKING:  # launching and collecting load what they need; looking at a run does not
+    from orbit.core.execution.bundle import FrozenBundle
+    from orbit.core.records import CollectResult
 
 LOCAL_TARGETS = {None, "localhost", "local"}
 READ_CHUNK = 1 << 20
@@ -44,6 +45,8 @@ class LocalHostProcessBackend:
     def check_gpus(self, request: ExecutionRequest) -> None:
         """GPUs this machine lacks are refused, as an SSH host's last check refuses them."""
         if request.resources.gpu_count > 0:
+            from orbit.core.execution.local_gpus import check_local_gpus, local_gpus
+
             check_local_gpus(request, local_gpus())
 
     def launch_env(self) -> dict[str, str]:
@@ -53,6 +56,9 @@ class LocalHostProcessBackend:
     def launch(
         self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
     ) -> RunHandle:
+        from orbit.core.execution.bundle import copy_frozen
+        from orbit.core.execution.local_env import task_environ
+
         attempt_dir = self.work_dir / attempt.attempt_id
         try:
             copy_frozen(bundle.path, attempt_dir)
@@ -112,6 +118,8 @@ class LocalHostProcessBackend:
         return len(hostside.stop_attempt(handle.location, handle.attempt_id)["stopped"])
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
+        from orbit.core.execution.artifacts import CollectResult, verify_manifest
+
         source = Path(handle.location) / "artifacts"
         dest.mkdir(parents=True, exist_ok=True)
         files = size = 0
