@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +14,7 @@ from typing import Any, TypeVar
 import yaml
 
 T = TypeVar("T")
+ORBIT = [sys.executable, "-m", "orbit"]
 HAVE_PROC = Path("/proc/self/stat").exists()
 
 
@@ -76,3 +80,27 @@ def group_alive(pgid: int) -> bool:
             if found and found[1] == pgid and found[0] != "Z":
                 return True
     return False
+
+
+def orbit(
+    env: dict[str, str], *args: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The `orbit` CLI as a process, as a user runs it; with `check`, a non-zero exit fails."""
+    proc = subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"orbit {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def orbit_json(env: dict[str, str], *args: str) -> Any:
+    return json.loads(orbit(env, *args, "--json").stdout)
+
+
+def sqlite_env(orbit_home: Path, database: Path) -> dict[str, str]:
+    """The environment of a CLI run against a private ORBIT home and a SQLite store."""
+    return {
+        **os.environ,
+        "ORBIT_HOME": str(orbit_home),
+        "ORBIT_DATABASE_URL": f"sqlite:///{database}",
+        "COLUMNS": "200",
+    }

@@ -22,7 +22,7 @@ from orbit.core.models import (
     TaskSubmission,
 )
 from orbit.store import Store
-from tests.helpers import eventually, group_alive, write_spec
+from tests.helpers import eventually, group_alive, orbit, write_spec
 
 
 def submission(command: str | list[str] = "echo hello", **fields: object) -> TaskSubmission:
@@ -278,12 +278,6 @@ def test_automatic_retries_back_off_exponentially(
     assert events == [1.0, 1.5, 1.5]
 
 
-def orbit_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orbit", *args], env=env, capture_output=True, text=True
-    )
-
-
 def test_a_submit_killed_after_the_start_is_reconciled_to_its_true_state(
     orbit_home: Path, store_url: str, tmp_path: Path
 ) -> None:
@@ -292,7 +286,7 @@ def test_a_submit_killed_after_the_start_is_reconciled_to_its_true_state(
     count = tmp_path / "count"
     spec = write_spec(tmp_path, task={"command": f"echo ran >> {count}; sleep 1"})
     env = {**os.environ, "ORBIT_DATABASE_URL": store_url}
-    killed = orbit_cli({**env, "ORBIT_FAILPOINTS": "after-launch"}, "submit", str(spec))
+    killed = orbit({**env, "ORBIT_FAILPOINTS": "after-launch"}, "submit", str(spec), check=False)
     assert killed.returncode == -signal.SIGKILL
     store = Store(store_url)
     try:
@@ -300,13 +294,13 @@ def test_a_submit_killed_after_the_start_is_reconciled_to_its_true_state(
     finally:
         store.close()
     assert left.current.state is RunState.PREPARED and left.current.handle is None
-    adopted = json.loads(orbit_cli(env, "status", left.id, "--json").stdout)
+    adopted = json.loads(orbit(env, "status", left.id, "--json", check=False).stdout)
     assert adopted["state"] in {"submitted", "starting", "running", "succeeded"}
     assert adopted["attempts"][0]["handle"]["location"].endswith(left.current.id)
-    followed = orbit_cli(env, "logs", left.id, "--follow")
+    followed = orbit(env, "logs", left.id, "--follow", check=False)
     assert followed.returncode == 0 and "succeeded" in followed.stderr
     assert count.read_text() == "ran\n"  # it ran once
-    audit = json.loads(orbit_cli(env, "audit", "--run", left.id, "--json").stdout)
+    audit = json.loads(orbit(env, "audit", "--run", left.id, "--json", check=False).stdout)
     (submitted,) = [e for e in audit if e["action"] == "run.submitted"]
     assert submitted["actor"] == "orbit" and submitted["data"]["adopted_from"]  # the dead one
 
@@ -321,14 +315,14 @@ def test_a_submit_killed_while_staging_ends_as_staging_failed_and_is_retried(
         retry={"max_retries": 1, "backoff_s": 0},
     )
     env = {**os.environ, "ORBIT_DATABASE_URL": store_url}
-    killed = orbit_cli({**env, "ORBIT_FAILPOINTS": "before-launch"}, "submit", str(spec))
+    killed = orbit({**env, "ORBIT_FAILPOINTS": "before-launch"}, "submit", str(spec), check=False)
     assert killed.returncode == -signal.SIGKILL
-    (run,) = json.loads(orbit_cli(env, "runs", "list", "--json").stdout)
+    (run,) = json.loads(orbit(env, "runs", "list", "--json", check=False).stdout)
     first = run["attempts"][0]
     assert (first["state"], first["reason"]) == ("failed", "staging_failed")
     assert "stopped before it started" in first["message"]
     assert [a["trigger"] for a in run["attempts"]] == ["submit", "auto_retry"]
-    followed = orbit_cli(env, "logs", run["id"], "--follow")
+    followed = orbit(env, "logs", run["id"], "--follow", check=False)
     assert followed.returncode == 0, followed.stderr
     assert count.read_text() == "ran\n"  # only the retry ran
 
@@ -352,7 +346,7 @@ def test_a_cancel_while_the_attempt_is_being_launched_stops_it_once_started(
         run = eventually(lambda: (runs := store.list_runs()) and runs[0])
     finally:
         store.close()
-    cancelled = orbit_cli(env, "cancel", run.id, "--json")
+    cancelled = orbit(env, "cancel", run.id, "--json", check=False)
     assert cancelled.returncode == 0, cancelled.stderr
     asked = json.loads(cancelled.stdout)
     assert asked["state"] == "prepared" and asked["attempts"][0]["cancel_requested"] is True
@@ -360,7 +354,7 @@ def test_a_cancel_while_the_attempt_is_being_launched_stops_it_once_started(
     assert submitting.returncode == 0
     ended = eventually(
         lambda: (
-            (r := json.loads(orbit_cli(env, "status", run.id, "--json").stdout))["state"]
+            (r := json.loads(orbit(env, "status", run.id, "--json", check=False).stdout))["state"]
             == "terminated"
             and r
         ),

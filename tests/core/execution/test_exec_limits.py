@@ -5,9 +5,6 @@ failure. Through the `orbit` CLI as a real process."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,28 +17,18 @@ from orbit.core.execution.exec_limits import (
     check_exec_limits,
 )
 from orbit.core.models import ExecutionRequest, JobSpec, LaunchMode, Placement, Resources
-from tests.helpers import write_spec
+from tests.helpers import orbit, sqlite_env, write_spec
 
-ORBIT = [sys.executable, "-m", "orbit"]
 KIB = 1024
 
 
 @pytest.fixture
 def env(orbit_home: Path, tmp_path: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "ORBIT_HOME": str(orbit_home),
-        "ORBIT_DATABASE_URL": f"sqlite:///{tmp_path / 'orbit.db'}",
-        "COLUMNS": "200",
-    }
-
-
-def orbit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, timeout=120)
+    return sqlite_env(orbit_home, tmp_path / "orbit.db")
 
 
 def refused(env: dict[str, str], spec: Path) -> str:
-    proc = orbit(env, "submit", str(spec))
+    proc = orbit(env, "submit", str(spec), check=False)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("orbit: error: "), proc.stderr
@@ -89,7 +76,7 @@ def test_what_slips_past_on_the_host_is_launch_failed_not_the_tasks_failure(
     job_env = {f"JOB_{n}": "j" * (100 * KIB) for n in range(limit // 3 // (100 * KIB))}
     host_env = {f"HOST_{n}": "h" * (100 * KIB) for n in range(limit * 3 // 4 // (100 * KIB))}
     spec = write_spec(tmp_path, task={"command": "echo never", "env": job_env})
-    proc = orbit({**env, **host_env}, "submit", str(spec), "--wait", "--json")
+    proc = orbit({**env, **host_env}, "submit", str(spec), "--wait", "--json", check=False)
     run = json.loads(proc.stdout)
     attempt = run["attempts"][0]
     assert run["state"] == "failed", proc.stderr

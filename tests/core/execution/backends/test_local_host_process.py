@@ -3,46 +3,22 @@ real detached process tree on this machine."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from tests.helpers import eventually, process_alive, write_spec
+from tests.helpers import eventually, orbit, orbit_json, process_alive, sqlite_env, write_spec
 
 from orbit.core.execution.local_env import without_venv
-
-ORBIT = [sys.executable, "-m", "orbit"]
 
 
 @pytest.fixture
 def env(orbit_home: Path, tmp_path: Path) -> dict[str, str]:
-    """SQLite is enough here: the store is tested on both databases elsewhere."""
-    return {
-        **os.environ,
-        "ORBIT_HOME": str(orbit_home),
-        "ORBIT_DATABASE_URL": f"sqlite:///{tmp_path / 'orbit.db'}",
-        "COLUMNS": "200",
-    }
-
-
-def orbit(
-    env: dict[str, str], *args: str, check: bool = True, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"orbit {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
-    return proc
-
-
-def orbit_json(env: dict[str, str], *args: str) -> Any:
-    return json.loads(orbit(env, *args, "--json").stdout)
+    return sqlite_env(orbit_home, tmp_path / "orbit.db")
 
 
 # --- nothing of an ended attempt keeps running -------------------------------------------------

@@ -9,33 +9,17 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from tests.helpers import eventually, write_spec
+from tests.helpers import ORBIT, eventually, orbit, orbit_json, write_spec
 from tests.sshd import SshdFactory, SshServer
 
 from orbit.core.config import Settings
 from orbit.core.execution.ssh.transport import options_for
-
-ORBIT = [sys.executable, "-m", "orbit"]
-
-
-def orbit(
-    env: dict[str, str], *args: str, check: bool = True, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*ORBIT, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"orbit {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
-    return proc
-
-
-def orbit_json(env: dict[str, str], *args: str) -> Any:
-    return json.loads(orbit(env, *args, "--json").stdout)
 
 
 def add_host(env: dict[str, str], name: str, server: SshServer, *extra: str) -> dict[str, Any]:
