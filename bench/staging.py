@@ -42,6 +42,7 @@ from tests.sshd import SshdFactory
 
 from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
 from orbit.core.execution.bundle import freeze_bundle
+from orbit.core.execution.ssh.transfer import stage_bundle
 from orbit.core.execution.ssh.transport import Ssh, SshOptions
 from orbit.core.hosts import HostSpec
 from orbit.core.models import JobSpec, LaunchMode, RunHandle
@@ -102,7 +103,7 @@ def main() -> int:
             for i in range(args.repeat):
                 work = server.work_root / f"stage-{i}"
                 spec_i = spec.model_copy(update={"work_dir": str(work)})
-                seconds, _ = timed(lambda s=spec_i: backend.stage(Ssh(s, options), bundle))
+                seconds, _ = timed(lambda s=spec_i: stage_bundle(Ssh(s, options), bundle))
                 stage_s.append(seconds)
                 dest = f"{server.alias}:{server.work_root}/plain-{i}/"
                 seconds, _ = timed(
@@ -112,7 +113,7 @@ def main() -> int:
                 )
                 plain_stage_s.append(seconds)
             repush_s, repush = timed(
-                lambda: backend.stage(
+                lambda: stage_bundle(
                     Ssh(
                         spec.model_copy(update={"work_dir": str(server.work_root / "stage-0")}),
                         options,

@@ -78,7 +78,7 @@ class CoreControlService(Reading):
         )
 
     def _sweep_host(self, host: HostRecord, known: set[str]) -> SweepResult:
-        from orbit.core.execution.backends.ssh_host_process import SshDockerBackend
+        from orbit.core.execution.backends.ssh_docker import SshDockerBackend
 
         backend = self.execution.backend("ssh_docker")
         assert isinstance(backend, SshDockerBackend)

@@ -80,7 +80,7 @@ class ExecutionService:
             )
 
         def ssh_docker() -> ExecutionBackend:
-            from orbit.core.execution.backends.ssh_host_process import SshDockerBackend
+            from orbit.core.execution.backends.ssh_docker import SshDockerBackend
             from orbit.core.execution.docker.host import plane_id
             from orbit.core.execution.ssh.transport import options_for
 

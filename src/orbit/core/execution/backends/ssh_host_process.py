@@ -1,9 +1,9 @@
 """`ssh_host_process`: the attempt runs detached on a registered SSH host.
 
-Staging is content-addressed: the frozen parts of a bundle go with rsync into the host's
-bundles/DIGEST/, so pushing an unchanged bundle again (a retry, a replay) sends nothing. Each
-attempt gets its own copy under attempts/ATTEMPT_ID/ and its wrapper starts in a new session;
-the SSH connection ends there. Status is rebuilt each time from runtime/ files read over SSH.
+The bundle is staged by digest (see orbit.core.execution.ssh.transfer: an unchanged bundle
+moves nothing). Each attempt gets its own copy under attempts/ATTEMPT_ID/ and its wrapper starts
+in a new session; the SSH connection ends there. Status is rebuilt each time from runtime/ files
+read over SSH.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import contextlib
 import subprocess
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
 from orbit.core.errors import OrbitError, Refused, Unreachable
-from orbit.core.execution.artifacts import CollectResult, sha256_file, verify_manifest
+from orbit.core.execution.artifacts import CollectResult
 from orbit.core.execution.backends.base import (
     AttemptContext,
     LaunchError,
@@ -26,16 +25,11 @@ from orbit.core.execution.backends.base import (
     LogSink,
     ProcessSweep,
 )
-from orbit.core.execution.bundle import FROZEN_PARTS, FrozenBundle
-from orbit.core.execution.docker.host import (
-    Runner,
-    SweepResult,
-    remove_attempt_containers,
-    sweep_orphans,
-)
+from orbit.core.execution.bundle import FrozenBundle
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.execution.ssh.hosts import check_request
-from orbit.core.execution.ssh.transport import Ssh, SshOptions, last_line, stats_bytes
+from orbit.core.execution.ssh.transfer import collect_artifacts, stage_bundle
+from orbit.core.execution.ssh.transport import Ssh, SshOptions, last_line
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
 
@@ -61,20 +55,6 @@ class NoHosts:
 
     def active_attempts(self, name: str | None = None) -> set[str]:
         return set()
-
-
-def ssh_runner(ssh: Ssh) -> Runner:
-    """Run an argv on the SSH host: (exit code, stdout, stderr), as the Docker sweep wants."""
-
-    def run(argv: list[str]) -> tuple[int, str, str]:
-        proc = ssh.run(argv)
-        return (
-            proc.returncode,
-            proc.stdout.decode(errors="replace"),
-            proc.stderr.decode(errors="replace"),
-        )
-
-    return run
 
 
 def _decode(value: Any) -> bytes | None:
@@ -130,7 +110,7 @@ class SshHostProcessBackend:
         env = [f"{k}={v}" for k, v in {**attempt.env(), **self.launch_env()}.items()]
         try:
             try:
-                staged = self.stage(ssh, bundle)
+                staged = stage_bundle(ssh, bundle)
                 prepared = ssh.hostside(
                     "prepare", staged["work"], bundle.digest, attempt.attempt_id, timeout=3600
                 )
@@ -171,52 +151,6 @@ class SshHostProcessBackend:
                 "bundle_cached": staged["cached"],
             },
         )
-
-    def stage(self, ssh: Ssh, bundle: FrozenBundle) -> dict[str, Any]:
-        """The bundle's frozen parts into the host's bundles/DIGEST/; nothing is sent when the
-        host has it already. A transfer that breaks off is continued by the next push."""
-        found = ssh.hostside("stage-check", ssh.spec.work_dir, bundle.digest)
-        if "error" in found:
-            raise OrbitError(f"host '{ssh.spec.name}': {found['error']}")
-        work = str(found["work"])
-        if found["cached"]:
-            return {"work": work, "sent": 0, "wire": 0, "cached": True}
-        sources = [str(bundle.path / part) for part in FROZEN_PARTS]
-        dest = ssh.remote(f"{work}/{found['partial']}/")
-        proc = subprocess.run(
-            ssh.rsync_argv("--delete", *sources, dest), capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            self._staging_failed(ssh, bundle, work, proc)
-        done = ssh.hostside("stage-commit", work, bundle.digest)
-        if "error" in done:
-            raise OrbitError(f"host '{ssh.spec.name}': {done['error']}")
-        return {
-            "work": work,
-            "sent": stats_bytes(proc.stdout, "Literal data"),  # payload, not protocol
-            "wire": stats_bytes(proc.stdout, "Total bytes sent"),
-            "cached": False,
-        }
-
-    def _staging_failed(
-        self, ssh: Ssh, bundle: FrozenBundle, work: str, proc: subprocess.CompletedProcess[str]
-    ) -> None:
-        where, last = f"host '{ssh.spec.name}'", last_line(proc.stderr) or "no message"
-        if "No space left" in proc.stderr:
-            # a full disk: free what the partial transfer took rather than keep it for later
-            ssh.hostside("stage-abort", work, bundle.digest)
-            size = sum(f.stat().st_size for f in bundle.path.rglob("*") if f.is_file())
-            raise OrbitError(
-                f"{where}: no space left in {work} while staging the bundle "
-                f"({size / 2**20:.0f} MiB): free space there or choose another --work-dir"
-            )
-        tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
-        if proc.returncode == 255 or any("connection" in line.lower() for line in tail):
-            raise Unreachable(
-                f"{where}: the connection broke while staging (rsync exit {proc.returncode}: "
-                f"{last}); the next push continues where this one stopped"
-            )
-        raise OrbitError(f"{where}: staging with rsync failed (exit {proc.returncode}: {last})")
 
     # --- an attempt that was launched ----------------------------------------------------
 
@@ -358,81 +292,6 @@ class SshHostProcessBackend:
         return ProcessSweep({str(a): tuple(int(p) for p in pids) for a, pids in stopped.items()})
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
-        """rsync artifacts/ here: incremental (files already here are skipped) and resumable
-        (a file cut off is the basis of the next transfer: only what differs moves), then every
-        file is verified against artifacts/manifest.json. Each file rsync reports done is
-        hashed while the next ones are still on the way."""
-        ssh = self._ssh(handle)
-        dest.mkdir(parents=True, exist_ok=True)
-        argv = ssh.rsync_argv(
-            "--inplace",  # each file is written where it stays: hashed as soon as it is done
-            "--out-format=>%b %n",  # %b: logged once the file is complete, not as it starts
-            ssh.remote(f"{handle.location}/artifacts/"),
-            f"{dest}/",
-        )
-        digests: dict[str, Future[str]] = {}
-        with (
-            ThreadPoolExecutor(max_workers=1) as hasher,
-            subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            ) as proc,
-        ):
-            assert proc.stdout is not None and proc.stderr is not None
-            stats = []
-            for line in proc.stdout:
-                name = line.rstrip("\n").partition(" ")[2]
-                if line.startswith(">") and name and not name.endswith("/"):
-                    digests[name] = hasher.submit(sha256_file, dest / name)
-                else:
-                    stats.append(line)
-            stderr = proc.stderr.read()
-            code = proc.wait()
-            if code != 0:
-                raise Unreachable(
-                    f"collecting from host '{handle.target}' was interrupted (rsync exit "
-                    f"{code}: {last_line(stderr) or 'no message'}); run the same collect "
-                    "again: it moves only what is missing"
-                )
-            taken = {
-                name: future.result()
-                for name, future in digests.items()
-                if future.exception() is None  # unreadable now: verify_manifest says why
-            }
-        files = sum(1 for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
-        found, problems = verify_manifest(dest, taken)
-        return CollectResult(
-            dest=dest,
-            files=files,
-            bytes=stats_bytes("".join(stats), "Literal data"),  # only what moved
-            verified=found and not problems,
-            problems=tuple(problems),
-        )
-
-
-class SshDockerBackend(SshHostProcessBackend):
-    """`ssh_docker`: the same placement, the task in a container on the host's Docker (the
-    wrapper there calls the bundle's scripts/docker_run.sh). Here: validation against the
-    host's last check, the containers of an attempt whose wrapper vanished, and the sweep of
-    ORBIT containers on the host that no live attempt owns, at every launch there (the host's
-    next contact) and at `orbit hosts check`."""
-
-    key = "ssh_docker"
-
-    def launch(
-        self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
-    ) -> RunHandle:
-        host = self.host(request.target, request.template_id)
-        with contextlib.suppress(OrbitError):  # a sweep that fails must not stop a launch
-            self.sweep(host, self.hosts.active_attempts())
-        return super().launch(bundle, request, attempt)
-
-    def status(self, handle: RunHandle) -> RunStatus:
-        found = super().status(handle)
-        if found.reason is FailureReason.RUNTIME_LOST:  # nothing else will remove it now
-            remove_attempt_containers(ssh_runner(self._ssh(handle)), handle.attempt_id)
-        return found
-
-    def sweep(self, host: HostRecord, known_attempt_ids: Iterable[str]) -> SweepResult:
-        return sweep_orphans(
-            ssh_runner(Ssh(host.spec, self.options)), known_attempt_ids, plane=self.plane
-        )
+        """rsync artifacts/ here, incremental and resumable, each file verified against the
+        manifest (see orbit.core.execution.ssh.transfer)."""
+        return collect_artifacts(self._ssh(handle), handle, dest)
