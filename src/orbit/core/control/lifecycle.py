@@ -18,7 +18,7 @@ from typing import Any
 from orbit.core import failpoints
 from orbit.core.control.base import ServiceBase
 from orbit.core.errors import NoBackend, OrbitError, Unreachable
-from orbit.core.execution.backends.base import AttemptContext, LaunchError
+from orbit.core.execution.backends.base import AttemptContext, LaunchError, ProcessSweep
 from orbit.core.execution.leftovers import sweep_after_contact
 from orbit.core.models import ExecutionRequest, FailureReason, RetryPolicy, RunState, RunStatus
 from orbit.core.records import AttemptRecord, RunRecord
@@ -119,6 +119,10 @@ class Lifecycle(ServiceBase):
             k: handle.data[k] for k in ("staged_bytes", "bundle_cached") if k in handle.data
         }
         recorded = self.store.record_launch(attempt.id, handle, actor=self.actor, **extra)
+        stopped = handle.data.get("processes_stopped")
+        if stopped:  # the launch swept its host first: what that stopped is audited too
+            swept = ProcessSweep({str(a): tuple(p) for a, p in stopped.items()})
+            self.hosts.record_stopped(handle.target, swept, actor="orbit")
         now_known = self.store.get_attempt(attempt.id)
         if not recorded and (
             now_known.handle is None or now_known.handle.location != handle.location

@@ -528,6 +528,12 @@ def test_hosts_check_and_the_next_launch_stop_ended_attempts_and_nothing_else(
     assert all(process_alive(p) for p in processes[second["id"]])
     orbit_json(env, "submit", str(spec_for(tmp_path / "next", "h100-a", "true")))
     assert not any(process_alive(p) for p in processes[second["id"]])
+    stopped = [e for e in orbit_json(env, "audit") if e["action"] == "host.processes_stopped"]
+    # one at the check, one at the launch: each sweep that stopped something is audited
+    assert [e["data"]["attempts"] for e in stopped] == [
+        [first["attempts"][0]["id"]],
+        [second["attempts"][0]["id"]],
+    ]
     for untouched in (live["id"], theirs["id"]):
         assert all(process_alive(p) for p in processes[untouched]), untouched
     orbit(env, "cancel", live["id"])

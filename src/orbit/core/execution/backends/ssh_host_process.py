@@ -104,8 +104,9 @@ class SshHostProcessBackend:
         under way, the attempt may have started: it is recorded at its known location, and
         the next status probe tells (a wrapper that never started reads as runtime_lost)."""
         host = self.host(request.target, request.template_id)  # refused: launch_failed
+        swept = ProcessSweep()
         with contextlib.suppress(OrbitError):  # the host's next contact; never stops a launch
-            self.sweep_processes(host, self.hosts.active_attempts())
+            swept = self.sweep_processes(host, self.hosts.active_attempts())
         ssh = Ssh(host.spec, self.options)
         env = [f"{k}={v}" for k, v in {**attempt.env(), **self.launch_env()}.items()]
         try:
@@ -149,6 +150,8 @@ class SshHostProcessBackend:
                 "staged_bytes": staged["sent"],
                 "staged_wire_bytes": staged["wire"],
                 "bundle_cached": staged["cached"],
+                # ended attempts' processes the sweep before this launch stopped, for the audit
+                **({"processes_stopped": swept.stopped} if swept.stopped else {}),
             },
         )
 
