@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,11 +32,27 @@ class ServiceBase:
 
     store: Store
     execution: ExecutionService
-    templates: TemplateRegistry
-    tasks: TaskRegistry
     bundles_dir: Path
     actor: str
     hosts: HostRegistry
+    # given, or made on first use (see CoreControlService.from_settings)
+    _templates: TemplateRegistry | Callable[[], TemplateRegistry]
+    _tasks: TaskRegistry | None
+
+    @property
+    def templates(self) -> TemplateRegistry:
+        if callable(self._templates):
+            self._templates = self._templates()
+        return self._templates
+
+    @property
+    def tasks(self) -> TaskRegistry:
+        """The task plugins; their entry points are looked up when first needed."""
+        if self._tasks is None:
+            from orbit.core.tasks import TaskRegistry
+
+            self._tasks = TaskRegistry()
+        return self._tasks
 
     def _bundle(self, digest: str) -> FrozenBundle:
         from orbit.core.execution.bundle import FrozenBundle

@@ -26,22 +26,33 @@ class HostRegistry:
     def __init__(
         self,
         store: Store,
-        options: SshOptions,
+        options: SshOptions | Callable[[], SshOptions],
         actor: str,
         probe: Prober | None = None,
         sweep: Sweeper | None = None,
         sweep_processes: ProcessSweeper | None = None,
     ) -> None:
+        """`options` may be given as a function: the SSH code loads when a host is first
+        probed, not for every command."""
         self.store = store
-        self.options = options
+        self._options = options
         self.actor = actor
-        if probe is None:
-            from orbit.core.execution.ssh.transport import probe_host
-
-            probe = probe_host
-        self.probe = probe
+        self._probe = probe
         self.sweep = sweep
         self.sweep_processes = sweep_processes
+
+    @property
+    def options(self) -> SshOptions:
+        if callable(self._options):
+            self._options = self._options()
+        return self._options
+
+    def probe(self, spec: HostSpec, options: SshOptions) -> HostFacts:
+        if self._probe is None:
+            from orbit.core.execution.ssh.transport import probe_host
+
+            self._probe = probe_host
+        return self._probe(spec, options)
 
     def add(self, spec: HostSpec, *, check: bool = True) -> HostRecord:
         """Record a host. With `check` (the default) it is probed first, and a host that

@@ -71,7 +71,7 @@ class Reading(RunActions):
         progress: Progress | None = None,
         images: dict[str, dict[str, Any]] | None = None,
     ) -> RunView:
-        from orbit.core.execution.sources import read_provenance
+        from orbit.core.execution.provenance import read_provenance
 
         return RunView(
             run=run,

@@ -6,6 +6,7 @@ audit trail, hosts) and builds the whole from settings."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,30 +29,34 @@ if TYPE_CHECKING:  # what only some commands need is loaded by them
     from orbit.store import Store
 
 
+def _default_ssh_options() -> SshOptions:
+    from orbit.core.execution.ssh.transport import SshOptions
+
+    return SshOptions()
+
+
 class CoreControlService(Reading):
     def __init__(
         self,
         store: Store,
         execution: ExecutionService,
-        templates: TemplateRegistry,
-        tasks: TaskRegistry,
+        templates: TemplateRegistry | Callable[[], TemplateRegistry],
+        tasks: TaskRegistry | None,
         bundles_dir: Path,
         actor: str | None = None,
-        ssh_options: SshOptions | None = None,
+        ssh_options: SshOptions | Callable[[], SshOptions] | None = None,
     ) -> None:
+        """`templates` and `ssh_options` may be functions and `tasks` None: each is then made
+        the first time a command needs it, not by every command."""
         self.store = store
         self.execution = execution
-        self.templates = templates
-        self.tasks = tasks
+        self._templates = templates
+        self._tasks = tasks
         self.bundles_dir = bundles_dir
         self.actor = actor or current_actor()
-        if ssh_options is None:
-            from orbit.core.execution.ssh.transport import SshOptions
-
-            ssh_options = SshOptions()
         self.hosts = HostRegistry(
             store,
-            ssh_options,
+            ssh_options if ssh_options is not None else _default_ssh_options,
             self.actor,
             sweep=self._sweep_host,
             sweep_processes=self._sweep_host_processes,
@@ -60,21 +65,28 @@ class CoreControlService(Reading):
     @classmethod
     def from_settings(cls, settings: Settings, cwd: Path | None = None) -> CoreControlService:
         from orbit.core.execution.service import ExecutionService
-        from orbit.core.execution.ssh.transport import options_for
-        from orbit.core.tasks import TaskRegistry
-        from orbit.core.templates import TemplateRegistry, default_search_path
         from orbit.store import Store
+
+        folder = cwd or Path.cwd()
+
+        def templates() -> TemplateRegistry:
+            from orbit.core.templates import TemplateRegistry, default_search_path
+
+            return TemplateRegistry(default_search_path(settings.templates_dir, folder))
+
+        def ssh_options() -> SshOptions:
+            from orbit.core.execution.ssh.transport import options_for
+
+            return options_for(settings)
 
         store = Store(settings.database_url)
         return cls(
             store=store,
             execution=ExecutionService.default(settings, store.hosts),
-            templates=TemplateRegistry(
-                default_search_path(settings.templates_dir, cwd or Path.cwd())
-            ),
-            tasks=TaskRegistry(),
+            templates=templates,
+            tasks=None,
             bundles_dir=settings.bundles_dir,
-            ssh_options=options_for(settings),
+            ssh_options=ssh_options,
         )
 
     def _sweep_host(self, host: HostRecord, known: set[str]) -> SweepResult:

@@ -25,7 +25,7 @@ class RunView(Record):
 
     @property
     def dirty(self) -> bool:
-        from orbit.core.execution.sources import is_dirty
+        from orbit.core.execution.provenance import is_dirty
 
         return is_dirty(self.provenance)
 

@@ -26,9 +26,11 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orbit.core.errors import InvalidInput, OrbitError, describe_validation_error
+from orbit.core.execution.provenance import MANIFEST_DIR as MANIFEST_DIR
+from orbit.core.execution.provenance import is_dirty as is_dirty
+from orbit.core.execution.provenance import read_provenance as read_provenance
 
 SCHEMA_VERSION = 1
-MANIFEST_DIR = ".orbit"  # inputs/.orbit/: provenance.json and sources/<index>.diff
 RESERVED_DESTS = ("workdir", MANIFEST_DIR)
 _COMMIT = re.compile(r"^[0-9a-fA-F]{40}$")
 # Inherited from a git hook, these would point our git calls at some other repository.
@@ -337,24 +339,3 @@ def write_provenance(
     manifest = {"schema_version": SCHEMA_VERSION, "sources": records, "workdir": workdir}
     text = json.dumps(manifest, sort_keys=True, indent=2) + "\n"
     (manifest_dir / "provenance.json").write_text(text, encoding="utf-8")
-
-
-def read_provenance(bundle_dir: Path) -> dict[str, Any] | None:
-    path = bundle_dir / "inputs" / MANIFEST_DIR / "provenance.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"{path}: expected a JSON object")
-    return data
-
-
-def is_dirty(provenance: dict[str, Any] | None) -> bool:
-    """True when any source, or the workdir, was staged from uncommitted changes."""
-    if not provenance:
-        return False
-    workdir = provenance.get("workdir") or {}
-    return any(s.get("dirty") for s in provenance.get("sources", [])) or bool(workdir.get("dirty"))

@@ -14,10 +14,9 @@ import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orbit.core.errors import OrbitError, Refused, Unreachable
-from orbit.core.execution.artifacts import CollectResult
 from orbit.core.execution.backends.base import (
     AttemptContext,
     LaunchError,
@@ -25,13 +24,15 @@ from orbit.core.execution.backends.base import (
     LogSink,
     ProcessSweep,
 )
-from orbit.core.execution.bundle import FrozenBundle
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.execution.ssh.hosts import check_request
-from orbit.core.execution.ssh.transfer import collect_artifacts, stage_bundle
 from orbit.core.execution.ssh.transport import Ssh, SshOptions, last_line
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
+
+if TYPE_CHECKING:  # launching and collecting load the transfer code; looking at a run does not
+    from orbit.core.execution.bundle import FrozenBundle
+    from orbit.core.records import CollectResult
 
 READ_CHUNK = 1 << 20
 DOWN_MEMORY_S = 30.0  # within one command, a host that did not answer is not asked again
@@ -103,6 +104,8 @@ class SshHostProcessBackend:
         failure is certain: nothing runs. If the host stops answering while the start is
         under way, the attempt may have started: it is recorded at its known location, and
         the next status probe tells (a wrapper that never started reads as runtime_lost)."""
+        from orbit.core.execution.ssh.transfer import stage_bundle
+
         host = self.host(request.target, request.template_id)  # refused: launch_failed
         swept = ProcessSweep()
         with contextlib.suppress(OrbitError):  # the host's next contact; never stops a launch
@@ -297,4 +300,6 @@ class SshHostProcessBackend:
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         """rsync artifacts/ here, incremental and resumable, each file verified against the
         manifest (see orbit.core.execution.ssh.transfer)."""
+        from orbit.core.execution.ssh.transfer import collect_artifacts
+
         return collect_artifacts(self._ssh(handle), handle, dest)

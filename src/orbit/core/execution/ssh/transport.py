@@ -8,6 +8,8 @@ checks them: ORBIT never turns that off, and says what to do when a key is unkno
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -95,16 +97,22 @@ class Ssh:
         self.spec = spec
         self.options = options
 
-    def ssh_argv(self) -> list[str]:
+    def ssh_argv(self, multiplex: bool = True) -> list[str]:
+        """ssh's arguments. Short calls share one connection (multiplex); a bulk transfer
+        takes a connection of its own, which moves data faster than relaying it through the
+        shared connection's master process."""
         timeout = max(1, int(self.options.timeout_s))
         argv = ["ssh"]
         if self.options.config_file is not None:
             argv += ["-F", str(self.options.config_file)]
-        options = {
-            "BatchMode": "yes",  # never a password or host-key prompt: a clear failure instead
+        shared = {
             "ControlMaster": "auto",
             "ControlPath": str(self.options.control_path()),
             "ControlPersist": f"{CONTROL_PERSIST_S}s",
+        }
+        options = {
+            "BatchMode": "yes",  # never a password or host-key prompt: a clear failure instead
+            **(shared if multiplex else {"ControlMaster": "no", "ControlPath": "none"}),
             "ConnectTimeout": str(timeout),
             "ServerAliveInterval": str(max(1, timeout // 3)),
             "ServerAliveCountMax": "3",
@@ -149,13 +157,17 @@ class Ssh:
         held here: (the command's exit status, its stderr). Raises as run() does when ssh
         itself failed, also part way (what `sink` got by then did arrive)."""
         with subprocess.Popen(
-            [*self.ssh_argv(), "--", self.spec.ssh, shlex.join(argv)],
+            [*self.ssh_argv(multiplex=False), "--", self.spec.ssh, shlex.join(argv)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             bufsize=0,
         ) as proc:
             assert proc.stdout is not None and proc.stderr is not None
+            widen = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux: fewer, larger reads
+            if widen is not None:
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(proc.stdout.fileno(), widen, chunk)
             while data := os.read(proc.stdout.fileno(), chunk):  # what has arrived, at once
                 sink(data)
             stderr = proc.stderr.read().decode(errors="replace")
