@@ -25,8 +25,10 @@ AMBIGUOUS_SHOWN = 5  # matches named when a run id prefix is ambiguous
 
 
 def attempt_record(row: Row) -> AttemptRecord:
+    """An attempt as the store wrote it. Built without validating again what the store wrote
+    and converts here field by field: reading many runs stays cheap."""
     handle = read_json(row["handle"])  # NULL, or JSON null where SQLAlchemy was given None
-    return AttemptRecord(
+    return AttemptRecord.model_construct(
         id=row["id"],
         run_id=row["run_id"],
         number=row["number"],
@@ -35,7 +37,7 @@ def attempt_record(row: Row) -> AttemptRecord:
         target=row["target"],
         backend_key=row["backend_key"],
         trigger=row["trigger"],
-        handle=RunHandle.model_validate(handle) if handle else None,
+        handle=RunHandle.model_construct(**handle) if handle else None,
         exit_code=row["exit_code"],
         message=row["message"],
         cancel_requested=bool(row["cancel_requested"]),
@@ -129,7 +131,7 @@ class RunQueriesMixin(StoreBase):
         ):
             attempts[a["run_id"]].append(attempt_record(a))
         return [
-            RunRecord(
+            RunRecord.model_construct(
                 id=r["id"],
                 experiment_id=r["experiment_id"],
                 experiment_name=r["experiment_name"],

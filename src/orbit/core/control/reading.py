@@ -54,7 +54,7 @@ class Reading(RunActions):
         runs = self.list_runs(experiment=experiment, states=states, limit=limit)
         experiment_id = self.store.get_experiment(experiment).id if experiment else None
         total = self.store.count_runs(experiment_id=experiment_id, states=states)
-        return RunPage(runs=tuple(self._view(r) for r in runs), total=total)
+        return RunPage.model_construct(runs=tuple(self._view(r) for r in runs), total=total)
 
     def run_view(self, ref: str, *, refresh: bool = True, images: bool = False) -> RunView:
         """A run refreshed from where it runs, with its progress (and, if asked, the image
@@ -73,7 +73,7 @@ class Reading(RunActions):
     ) -> RunView:
         from orbit.core.execution.provenance import read_provenance
 
-        return RunView(
+        return RunView.model_construct(  # of records already made: nothing to validate
             run=run,
             bundle_path=str(self.bundles_dir / run.bundle_digest),
             progress=progress,
