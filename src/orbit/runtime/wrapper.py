@@ -43,8 +43,11 @@ import sys
 import time
 from typing import Any
 
-PRECHECK_MISSING = 10  # the exit statuses of orbit_precheck.py
-PRECHECK_MISMATCH = 11
+try:  # in a bundle: beside this file in scripts/ (the bundle's own copy, whatever is installed)
+    import orbit_sidecars as sidecars  # type: ignore[import-not-found]
+except ImportError:  # as part of the orbit package
+    from orbit.runtime import sidecars
+
 MARKER = "ORBIT_ATTEMPT_ID"  # in the environment of everything an attempt starts
 LAUNCHER_PID = 0  # the process that detached this wrapper (it may still be printing our pid)
 
@@ -61,15 +64,6 @@ def write_json(path: str, data: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class Wrapper:
@@ -176,14 +170,14 @@ class Wrapper:
                 return self.finish("failed", **failure)
             if self.stop_at is not None:  # stopped while the image was being pulled
                 return self.finish("terminated", reason=self.stop_reason())
-        failure = self.precheck(job, env, workdir)
+        failure = sidecars.precheck(self, job, env, workdir)
         if failure is not None:
             return self.finish("failed", **failure)
         if self.stop_at is not None:
             return self.finish("terminated", reason=self.stop_reason())
         if self.docker is not None:
             argv = self.docker.task_argv()  # the entrypoint, inside the container
-        self.start_audit()
+        sidecars.start_audit(self)
         self.log(f"starting task in {workdir}: {argv!r}")
         with open(os.path.join(self.artifacts, "training.log"), "ab") as out:
             try:
@@ -200,7 +194,7 @@ class Wrapper:
                 out.write(f"orbit: cannot start {argv[0]!r}: {exc}\n".encode())
                 self.log(f"cannot start the task: {exc}")
                 if exc.errno == errno.E2BIG:  # this host's limit, not the task's doing
-                    return self.finish("failed", **too_long(argv[0], exc))
+                    return self.finish("failed", **sidecars.too_long(argv[0], exc))
                 return self.finish(
                     "failed",
                     reason="task_exit_nonzero",
@@ -224,110 +218,6 @@ class Wrapper:
         reason = "task_exit_nonzero" if code > 0 else "task_killed"
         return self.finish("failed", reason=reason, **self.exit_fields(code))
 
-    def precheck(
-        self, job: dict[str, Any], env: dict[str, str], workdir: str
-    ) -> dict[str, Any] | None:
-        """Run scripts/orbit_precheck.py in the task's interpreter; the failure fields, if any."""
-        spec = job.get("precheck", {})
-        interpreter = spec.get("interpreter", "python3")
-        script = os.path.join(self.bundle, "scripts", "orbit_precheck.py")
-        if not os.path.exists(script):
-            return None
-        self.log(f"precheck with {interpreter}" + (" in the image" if self.docker else ""))
-        # the task's own folder comes first on its path (python puts a script's folder there)
-        env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [workdir, env.get("PYTHONPATH")])))
-        argv = [interpreter, script, "--bundle", self.bundle]
-        if self.docker is not None:
-            argv = self.docker.precheck_argv()  # in the container, with the image's interpreter
-        try:
-            # in its own group, held as the child, so that a stop interrupts it too
-            proc = self.child = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-            _, stderr = proc.communicate(timeout=600)
-        except (OSError, subprocess.SubprocessError) as exc:
-            self.signal_task(signal.SIGKILL)
-            message = f"precheck could not run {interpreter!r}: {exc}"
-            self.log(message)
-            with open(os.path.join(self.artifacts, "runtime-precheck.log"), "a") as f:
-                f.write(message + "\n")
-            if isinstance(exc, OSError) and exc.errno == errno.E2BIG:
-                return too_long(argv[0], exc)  # the task could not start either
-            if spec.get("critical_imports"):
-                return {"reason": "dependency_missing", "message": message}
-            return None
-        finally:
-            code, self.child = (self.child.returncode if self.child else None), None
-        if self.stop_at is not None:
-            return None  # stopped while prechecking: the caller ends the attempt as terminated
-        critical = bool(spec.get("critical_imports"))
-        verdict = self.docker.precheck_verdict(code, stderr, critical) if self.docker else None
-        if verdict is not None:  # docker's own exit codes, not the precheck's
-            self.log(verdict["log"])
-            with open(os.path.join(self.artifacts, "runtime-precheck.log"), "a") as f:
-                f.write(verdict["log"] + "\n")
-            return verdict["failure"]  # type: ignore[no-any-return]
-        report = read_json(os.path.join(self.runtime, "precheck.json")) or {}
-        if code == 0:
-            self.log("precheck passed")
-            return None
-        missing = [i["name"] for i in report.get("critical_imports", []) if not i.get("ok")]
-        forks = [f.get("error", "") for f in report.get("forks", []) if not f.get("ok")]
-        if code == PRECHECK_MISSING:
-            message = "missing dependencies: " + ", ".join(missing)
-            reason = "dependency_missing"
-        elif code == PRECHECK_MISMATCH:
-            message = "; ".join(forks) or "a dependency is not the one declared"
-            reason = "dependency_mismatch"
-        else:
-            message = f"precheck crashed (exit {code}): {stderr.strip()[-300:]}"
-            reason = "runtime_lost"
-        self.log(f"precheck failed: {message} (see artifacts/runtime-precheck.log)")
-        return {"reason": reason, "message": message}
-
-    def start_audit(self) -> None:
-        """The NVML sidecar: one line per GPU per second into artifacts/nvml-audit.jsonl,
-        from before the task starts until after it ends. Its failure never fails the run."""
-        script = os.path.join(self.bundle, "scripts", "orbit_nvml.py")
-        if not os.path.exists(script):
-            return
-        out = os.path.join(self.artifacts, "nvml-audit.jsonl")
-        try:
-            self.audit = subprocess.Popen(
-                [sys.executable, script, "--out", out],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=open(os.path.join(self.runtime, "nvml-audit.err"), "ab"),  # noqa: SIM115
-            )
-        except OSError as exc:
-            self.log(f"the NVML audit did not start: {exc}")
-            return
-        # "started before the task": wait for its first line (or its end), a few seconds at most
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and self.audit.poll() is None:
-            if os.path.exists(out) and os.path.getsize(out) > 0:
-                break
-            time.sleep(0.01)
-
-    def stop_audit(self) -> None:
-        if self.audit is None:
-            return
-        if self.audit.poll() is None:
-            self.audit.terminate()
-            try:
-                self.audit.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.audit.kill()
-                self.audit.wait()
-        self.audit = None
-
     def wait(self) -> int:
         assert self.child is not None
         while True:
@@ -350,13 +240,13 @@ class Wrapper:
         return {"exit_code": code} if code >= 0 else {"signal": -code}
 
     def stop_reason(self) -> str:
-        request = read_json(os.path.join(self.runtime, "stop_request.json")) or {}
+        request = sidecars.read_json(os.path.join(self.runtime, "stop_request.json")) or {}
         return str(request.get("reason", self.signal_reason))
 
     def finish(self, state: str, **fields: Any) -> int:
         if self.docker is not None:
             self.docker.finish()  # whatever happened, no container of the attempt is left
-        self.stop_audit()
+        sidecars.stop_audit(self)
         self.stop_leftovers()  # before the manifest: nothing writes into artifacts/ after it
         try:
             self.write_manifest()
@@ -415,16 +305,6 @@ class Wrapper:
         write_json(
             os.path.join(self.artifacts, "manifest.json"), {"schema_version": 1, "files": files}
         )
-
-
-def too_long(program: str, exc: OSError) -> dict[str, Any]:
-    """The failure fields of an exec the system refused for the size of its arguments and
-    environment (E2BIG): infrastructure, since the host's own environment takes part."""
-    return {
-        "reason": "launch_failed",
-        "message": f"cannot start {program!r}: its arguments and environment, with this "
-        f"host's, are over the system's limit ({exc.strerror})",
-    }
 
 
 def load_docker(bundle: str) -> Any:

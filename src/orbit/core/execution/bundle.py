@@ -52,6 +52,7 @@ WRAPPER_FILES = {
     "precheck.py": "orbit_precheck.py",
     "nvml_audit.py": "orbit_nvml.py",
     "hostside.py": "orbit_hostside.py",  # the wrapper stops its leftovers with its functions
+    "sidecars.py": "orbit_sidecars.py",  # the precheck and the NVML audit, run beside the task
 }
 _SMALL_FILE = 1 << 20
 
