@@ -35,6 +35,15 @@ class Reading(RunActions):
     ) -> list[RunRecord]:
         """Newest first; active runs are refreshed from where they run first."""
         experiment_id = self.store.get_experiment(experiment).id if experiment else None
+        return self._list_runs(experiment_id, states, limit, refresh)
+
+    def _list_runs(
+        self,
+        experiment_id: str | None,
+        states: set[RunState] | None,
+        limit: int | None,
+        refresh: bool = True,
+    ) -> list[RunRecord]:
         if refresh:
             active = self.store.list_runs(
                 experiment_id=experiment_id,
@@ -51,8 +60,8 @@ class Reading(RunActions):
         limit: int | None = None,
     ) -> RunPage:
         """`list_runs` as views, with how many runs match in all."""
-        runs = self.list_runs(experiment=experiment, states=states, limit=limit)
         experiment_id = self.store.get_experiment(experiment).id if experiment else None
+        runs = self._list_runs(experiment_id, states, limit)
         total = self.store.count_runs(experiment_id=experiment_id, states=states)
         return RunPage.model_construct(runs=tuple(self._view(r) for r in runs), total=total)
 
