@@ -59,6 +59,9 @@ class AttemptRow(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None]
     not_before: Mapped[datetime | None]
+    # which server replica's reconcile loop looks at it, and when it is next due a look
+    reconcile_owner: Mapped[str | None] = mapped_column(String(128))
+    reconcile_due_at: Mapped[datetime | None]
     __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", unique=True),)
 
 
@@ -71,6 +74,27 @@ class HostRow(Base):
     )  # orbit.core.execution.ssh.hosts.HostFacts
     created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(128))
+
+
+class UserRow(Base):
+    __tablename__ = "users"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))  # orbit.core.auth.Role
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+
+
+class TokenRow(Base):
+    __tablename__ = "tokens"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str | None] = mapped_column(String(128))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)  # orbit.core.auth.token_hash
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
 
 
 class EventRow(Base):
