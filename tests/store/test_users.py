@@ -1,0 +1,265 @@
+"""Users and tokens in the store, on real SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from orbit.core.auth import Role, new_token, token_hash
+from orbit.core.errors import InvalidInput, NotFound, Refused
+from orbit.store import Store
+from tests.store.raw import execute
+from tests.store.test_repository import ACTOR, race
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def test_users_are_added_listed_and_removed_with_an_audit(store: Store) -> None:
+    assert store.count_users() == 0
+    root = store.create_user("root", Role.ADMIN, ACTOR)
+    assert root.role is Role.ADMIN and root.created_by == ACTOR and root.id.startswith("user-")
+    store.create_user("bob", Role.MEMBER, "root")
+    store.create_user("alice.v_2-x", Role.VIEWER, "root")
+    assert [u.name for u in store.list_users()] == ["alice.v_2-x", "bob", "root"]
+    assert store.get_user("root") == root
+    assert store.count_users() == 3
+
+    with pytest.raises(InvalidInput, match="user 'bob' already exists"):
+        store.create_user("bob", Role.ADMIN, ACTOR)
+    for bad in ["", "-bob", "bob smith", "a" * 65, "bøb", "bob/x"]:
+        with pytest.raises(InvalidInput, match="user name"):
+            store.create_user(bad, Role.MEMBER, ACTOR)
+    store.create_user("b" * 64, Role.MEMBER, ACTOR)
+
+    removed = store.remove_user("bob", "root")
+    assert removed.name == "bob" and removed.role is Role.MEMBER
+    with pytest.raises(NotFound, match="no user 'bob'"):
+        store.get_user("bob")
+    with pytest.raises(NotFound, match="no user 'bob'"):
+        store.remove_user("bob", "root")
+
+    events = [(e.actor, e.action, e.data) for e in store.list_events()]
+    assert events[:3] == [
+        (ACTOR, "user.add", {"user": "root", "role": "admin"}),
+        ("root", "user.add", {"user": "bob", "role": "member"}),
+        ("root", "user.add", {"user": "alice.v_2-x", "role": "viewer"}),
+    ]
+    assert events[-1] == ("root", "user.remove", {"user": "bob", "role": "member", "tokens": 0})
+    assert store.verify_audit() == []
+
+
+def test_the_last_admin_is_not_removed(store: Store) -> None:
+    store.create_user("root", Role.ADMIN, ACTOR)
+    store.create_user("viewer", Role.VIEWER, ACTOR)
+    with pytest.raises(Refused, match="user 'root' is the last admin; add another admin first"):
+        store.remove_user("root", ACTOR)
+    store.create_user("second", Role.ADMIN, ACTOR)
+    store.remove_user("root", ACTOR)
+    with pytest.raises(Refused, match="'second' is the last admin"):
+        store.remove_user("second", ACTOR)
+    store.remove_user("viewer", ACTOR)  # no admin left is not a reason to keep others
+    assert [u.name for u in store.list_users()] == ["second"]
+
+
+def test_tokens_are_created_listed_and_revoked(store: Store) -> None:
+    store.create_user("alice", Role.MEMBER, ACTOR)
+    store.create_user("bob", Role.VIEWER, ACTOR)
+    expires = now() + timedelta(days=30)
+    first = store.create_token(
+        "alice", token_hash=token_hash(new_token()), name="laptop", expires_at=expires, actor=ACTOR
+    )
+    assert first.user == "alice" and first.name == "laptop" and first.id.startswith("tok-")
+    assert first.expires_at == expires and first.revoked_at is None and first.last_used_at is None
+    second = store.create_token(
+        "alice", token_hash=token_hash(new_token()), name=None, expires_at=None, actor="alice"
+    )
+    bobs = store.create_token(
+        "bob", token_hash=token_hash(new_token()), name="ci", expires_at=None, actor=ACTOR
+    )
+    assert store.get_token(first.id) == first
+    assert [t.id for t in store.list_tokens("alice")] == [second.id, first.id]
+    assert [t.id for t in store.list_tokens()] == [bobs.id, second.id, first.id]
+    with pytest.raises(NotFound, match="no user 'carol'"):
+        store.list_tokens("carol")
+    with pytest.raises(NotFound, match="no user 'carol'"):
+        store.create_token(
+            "carol", token_hash=token_hash(new_token()), name=None, expires_at=None, actor=ACTOR
+        )
+    with pytest.raises(NotFound, match="no token 'tok-nope'"):
+        store.get_token("tok-nope")
+    with pytest.raises(ValueError, match="sha256"):  # the plain token is never kept
+        store.create_token("alice", token_hash=new_token(), name=None, expires_at=None, actor=ACTOR)
+
+    revoked = store.revoke_token(first.id, "alice")
+    assert revoked.revoked_at is not None and revoked.id == first.id
+    assert store.revoke_token(first.id, ACTOR) == revoked  # again: as it was, no second event
+    assert [t.revoked_at is not None for t in store.list_tokens("alice")] == [False, True]
+    with pytest.raises(NotFound):
+        store.revoke_token("tok-nope", ACTOR)
+
+    events = [(e.actor, e.action, e.data) for e in store.list_events()][2:]
+    assert events == [
+        (
+            ACTOR,
+            "token.create",
+            {
+                "user": "alice",
+                "token_id": first.id,
+                "name": "laptop",
+                "expires_at": expires.isoformat(),
+            },
+        ),
+        (
+            "alice",
+            "token.create",
+            {"user": "alice", "token_id": second.id, "name": None, "expires_at": None},
+        ),
+        (
+            ACTOR,
+            "token.create",
+            {"user": "bob", "token_id": bobs.id, "name": "ci", "expires_at": None},
+        ),
+        ("alice", "token.revoke", {"user": "alice", "token_id": first.id}),
+    ]
+
+    # removing a user deletes its tokens with it
+    assert store.remove_user("alice", ACTOR).name == "alice"
+    assert [t.id for t in store.list_tokens()] == [bobs.id]
+    assert store.list_events()[-1].data == {"user": "alice", "role": "member", "tokens": 2}
+    assert store.verify_audit() == []
+
+
+def test_authenticate_accepts_only_a_live_token_of_an_existing_user(store: Store) -> None:
+    store.create_user("root", Role.ADMIN, ACTOR)
+    store.create_user("alice", Role.MEMBER, ACTOR)
+    at = now()
+    tokens = {name: new_token() for name in ("good", "revoked", "expired", "later", "removed")}
+
+    def make(user: str, name: str, expires_at: datetime | None = None) -> str:
+        return store.create_token(
+            user, token_hash=token_hash(tokens[name]), name=name, expires_at=expires_at, actor=ACTOR
+        ).id
+
+    good = make("alice", "good")
+    store.revoke_token(make("alice", "revoked"), ACTOR)
+    make("alice", "expired", at)  # expires_at <= at: expired
+    later = make("alice", "later", at + timedelta(seconds=1))
+    store.create_user("gone", Role.MEMBER, ACTOR)
+    make("gone", "removed")
+    store.remove_user("gone", ACTOR)
+
+    found = store.authenticate(token_hash(tokens["good"]), at)
+    assert found is not None
+    user, token = found
+    assert (user.name, user.role, token.id, token.name) == ("alice", Role.MEMBER, good, "good")
+    assert store.authenticate(token_hash(tokens["later"]), at) is not None
+    assert store.authenticate(token_hash(tokens["later"]), at + timedelta(seconds=1)) is None
+    for name in ("revoked", "expired", "removed"):
+        assert store.authenticate(token_hash(tokens[name]), at) is None, name
+    assert store.authenticate(token_hash(new_token()), at) is None
+    assert store.authenticate(tokens["good"], at) is None  # the plain token is not its hash
+
+    # its use is recorded, at most once a minute
+    used = store.get_token(good).last_used_at
+    assert used == at
+    assert store.authenticate(token_hash(tokens["good"]), at + timedelta(seconds=30)) is not None
+    assert store.get_token(good).last_used_at == at
+    assert store.authenticate(token_hash(tokens["good"]), at + timedelta(seconds=61)) is not None
+    assert store.get_token(good).last_used_at == at + timedelta(seconds=61)
+    assert store.get_token(later).last_used_at == at
+
+
+def test_authenticate_does_not_fail_when_recording_the_use_fails(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orbit.store import StoreError
+
+    store.create_user("root", Role.ADMIN, ACTOR)
+    token = new_token()
+    store.create_token(
+        "root", token_hash=token_hash(token), name=None, expires_at=None, actor=ACTOR
+    )
+
+    def broken(self: Store) -> None:
+        raise StoreError("the store is read-only")
+
+    monkeypatch.setattr(Store, "_write", broken)
+    assert store.authenticate(token_hash(token), now()) is not None
+
+
+def test_neither_token_nor_hash_reaches_the_audit_trail(store: Store) -> None:
+    tokens = [new_token() for _ in range(2)]
+    store.bootstrap_admin(name="root", token_hash=token_hash(tokens[0]), actor="server")
+    made = store.create_token(
+        "root", token_hash=token_hash(tokens[1]), name="x", expires_at=None, actor=ACTOR
+    )
+    store.revoke_token(made.id, ACTOR)
+    trail = json.dumps([e.model_dump(mode="json") for e in store.list_events()])
+    assert "token.create" in trail and "token.revoke" in trail
+    for token in tokens:
+        assert token not in trail and token_hash(token) not in trail
+        assert token.removeprefix("orbit_") not in trail
+
+
+def test_bootstrap_admin_creates_the_first_admin_once(store: Store) -> None:
+    token = new_token()
+    user = store.bootstrap_admin(name="root", token_hash=token_hash(token), actor="server")
+    assert user is not None and user.name == "root" and user.role is Role.ADMIN
+    assert [(t.user, t.name, t.expires_at) for t in store.list_tokens()] == [
+        ("root", "bootstrap", None)
+    ]
+    found = store.authenticate(token_hash(token), now())
+    assert found is not None and found[0] == user
+    again = store.bootstrap_admin(name="other", token_hash=token_hash(new_token()), actor="x")
+    assert again is None
+    assert [u.name for u in store.list_users()] == ["root"]
+    assert [e.action for e in store.list_events()] == ["user.add", "token.create"]
+    with pytest.raises(InvalidInput, match="user name"):
+        store.bootstrap_admin(name="no spaces", token_hash=token_hash(token), actor="x")
+
+
+def test_bootstrap_admin_waits_for_any_user(store: Store) -> None:
+    store.create_user("viewer", Role.VIEWER, ACTOR)
+    assert store.bootstrap_admin(name="root", token_hash=token_hash(new_token()), actor="x") is None
+    assert store.count_users() == 1
+
+
+def test_replicas_racing_to_bootstrap_create_one_admin(store_url: str) -> None:
+    racers = [Store(store_url) for _ in range(4)]
+    try:
+        for round_ in range(3):
+            created = race(
+                racers,
+                lambda s, i: s.bootstrap_admin(
+                    name=f"root{i}", token_hash=token_hash(new_token()), actor=f"server-{i}"
+                ),
+            )
+            assert not [c for c in created if isinstance(c, Exception)], created
+            made = [c for c in created if c is not None]
+            assert len(made) == 1, (round_, created)
+            users = racers[0].list_users()
+            assert [u.name for u in users] == [made[0].name]
+            assert len(racers[0].list_tokens()) == 1
+            assert racers[0].verify_audit() == []
+            execute(racers[0], "DELETE FROM tokens")
+            execute(racers[0], "DELETE FROM users")
+    finally:
+        for s in racers:
+            s.close()
+
+
+def test_racing_removals_keep_one_admin(store_url: str) -> None:
+    racers = [Store(store_url) for _ in range(2)]
+    try:
+        racers[0].create_user("a0", Role.ADMIN, ACTOR)
+        racers[0].create_user("a1", Role.ADMIN, ACTOR)
+        outcomes = race(racers, lambda s, i: s.remove_user(f"a{i}", ACTOR))
+        assert sorted(type(o).__name__ for o in outcomes) == ["Refused", "UserRecord"], outcomes
+        assert len(racers[0].list_users()) == 1
+    finally:
+        for s in racers:
+            s.close()
