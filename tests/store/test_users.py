@@ -1,4 +1,4 @@
-"""Users and tokens in the store, on real SQLite and PostgreSQL."""
+"""Users, tokens and the reconcile leases in the store, on real SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import pytest
 
 from orbit.core.auth import Role, new_token, token_hash
 from orbit.core.errors import InvalidInput, NotFound, Refused
+from orbit.core.models import FailureReason, RunState
 from orbit.store import Store
-from tests.store.raw import execute
-from tests.store.test_repository import ACTOR, race
+from tests.store.raw import execute, query
+from tests.store.test_repository import ACTOR, make_run, race
+
+S = RunState
 
 
 def now() -> datetime:
@@ -262,4 +265,106 @@ def test_racing_removals_keep_one_admin(store_url: str) -> None:
         assert len(racers[0].list_users()) == 1
     finally:
         for s in racers:
+            s.close()
+
+
+# --- reconcile leases -------------------------------------------------------------------------
+
+
+def attempts(store: Store, n: int) -> list[tuple[str, str]]:
+    experiment = store.create_experiment("exp", ACTOR)
+    runs = [make_run(store, experiment.id) for _ in range(n)]
+    return [(r.id, r.current.id) for r in runs]
+
+
+def test_claims_lease_attempts_until_due_and_skip_the_ended(store: Store) -> None:
+    made = attempts(store, 4)
+    ended = made[3][1]
+    store.move_attempt(ended, S.FAILED, actor=ACTOR, reason=FailureReason.LAUNCH_FAILED)
+    store.move_attempt(made[1][1], S.SUBMITTED, actor=ACTOR)
+    store.move_attempt(made[1][1], S.RUNNING, actor=ACTOR)
+    at = now()
+    lease = at + timedelta(seconds=30)
+
+    first = store.claim_reconcile("a", at=at, lease_until=lease, limit=2)
+    second = store.claim_reconcile("b", at=at, lease_until=lease, limit=10)
+    assert len(first) == 2 and len(second) == 1
+    assert sorted(first + second) == sorted(made[:3])  # the failed one never
+    assert store.claim_reconcile("c", at=at, lease_until=lease, limit=10) == []
+    assert (
+        store.claim_reconcile("c", at=lease - timedelta(seconds=1), lease_until=lease, limit=10)
+        == []
+    )
+    assert store.claim_reconcile("a", at=at, lease_until=lease, limit=0) == []
+
+    # a's look is done: due again in 45 s; b's lease runs out and c takes it over until 60 s
+    done = first[0][1]
+    store.reconcile_done(done, "a", at + timedelta(seconds=45))
+    taken = store.claim_reconcile(
+        "c", at=lease, lease_until=lease + timedelta(seconds=30), limit=10
+    )
+    assert sorted(taken) == sorted([first[1], *second])
+    store.reconcile_done(second[0][1], "b", at)  # b is stale: c's lease stands
+    rows = query(store, "SELECT reconcile_owner FROM attempts WHERE id = :id", id=second[0][1])
+    assert rows == [{"reconcile_owner": "c"}]
+    assert store.claim_reconcile("d", at=lease, lease_until=lease, limit=10) == []
+    assert store.claim_reconcile(
+        "d", at=at + timedelta(seconds=45), lease_until=lease, limit=10
+    ) == [first[0]]
+
+    # the reads of attempts are as they were, and the bookkeeping is not audited
+    states = {r.current.id: r.state for r in store.list_runs()}
+    assert states == {
+        made[0][1]: S.PREPARED,
+        made[1][1]: S.RUNNING,
+        made[2][1]: S.PREPARED,
+        made[3][1]: S.FAILED,
+    }
+    assert not [e for e in store.list_events() if "reconcile" in e.action]
+
+
+def test_the_longest_due_are_claimed_first(store: Store) -> None:
+    made = attempts(store, 3)
+    at = now()
+    for (_, attempt), due in zip(
+        made, [at - timedelta(seconds=5), at - timedelta(seconds=50)], strict=False
+    ):
+        execute(
+            store, "UPDATE attempts SET reconcile_due_at = :due WHERE id = :id", due=due, id=attempt
+        )
+    order = [
+        store.claim_reconcile("a", at=at, lease_until=at + timedelta(hours=1), limit=1)[0]
+        for _ in range(3)
+    ]
+    assert order == [made[2], made[1], made[0]]  # never looked at, then the longest due
+
+
+def test_concurrent_claims_never_share_an_attempt(store_url: str) -> None:
+    setup = Store(store_url)
+    racers = [Store(store_url) for _ in range(4)]
+    try:
+        made = attempts(setup, 40)
+        at = now()
+        claimed = race(
+            racers,
+            lambda s, i: (
+                f"replica-{i}",
+                [
+                    pair
+                    for _ in range(6)
+                    for pair in s.claim_reconcile(
+                        f"replica-{i}", at=at, lease_until=at + timedelta(minutes=5), limit=3
+                    )
+                ],
+            ),
+        )
+        assert not [c for c in claimed if isinstance(c, Exception)], claimed
+        every = [pair for _, batch in claimed for pair in batch]
+        assert len(every) == len(set(every)), "an attempt was claimed twice"
+        assert set(every) == set(made)  # 4 x 6 x 3 claims are more than enough for 40
+        owners = query(setup, "SELECT id, reconcile_owner FROM attempts")
+        mine = {a: owner for owner, batch in claimed for _, a in batch}
+        assert {r["id"]: r["reconcile_owner"] for r in owners} == mine
+    finally:
+        for s in (setup, *racers):
             s.close()

@@ -13,7 +13,7 @@ from orbit.store import base
 from orbit.store.audit import append_event
 from orbit.store.base import utcnow
 from orbit.store.run_queries import RunQueriesMixin
-from orbit.store.sql import Conflict, Tx
+from orbit.store.sql import Conflict, Tx, expand
 
 # who claims an attempt for launching, and until when the claim holds without a renewal
 Lease = tuple[str, datetime]
@@ -363,3 +363,41 @@ class RunsMixin(RunQueriesMixin):
                 {"yes": True, "id": attempt_id},
             )
             append_event(tx, actor, "run.cancel_requested", run_id=run_id, attempt_id=attempt_id)
+
+    def claim_reconcile(
+        self, owner: str, *, at: datetime, lease_until: datetime, limit: int
+    ) -> list[tuple[str, str]]:
+        """Up to `limit` attempts that have not ended and are due a reconcile at `at` (never
+        looked at first, then the longest due), leased to `owner` until `lease_until`:
+        [(run_id, attempt_id)]. Each server replica's reconcile loop claims its share, so no
+        two look at one attempt at once: SQLite's writers take turns, and on PostgreSQL rows
+        another replica is claiming are skipped (FOR UPDATE SKIP LOCKED), not waited for."""
+        if limit <= 0:
+            return []
+        placeholders, states = expand("state", [s.value for s in RunState if not s.terminal])
+        lock = " FOR UPDATE SKIP LOCKED" if self.dialect == "postgresql" else ""
+        with self._write() as tx:
+            rows = tx.all(
+                f"SELECT id, run_id FROM attempts WHERE state IN ({placeholders}) "
+                "AND (reconcile_due_at IS NULL OR reconcile_due_at <= :at) "
+                f"ORDER BY reconcile_due_at IS NOT NULL, reconcile_due_at, id LIMIT :limit{lock}",
+                {**states, "at": at, "limit": limit},
+            )
+            if rows:
+                ids, params = expand("id", [r["id"] for r in rows])
+                tx.execute(
+                    "UPDATE attempts SET reconcile_owner = :owner, reconcile_due_at = :until "
+                    f"WHERE id IN ({ids})",
+                    {**params, "owner": owner, "until": lease_until},
+                )
+        return [(r["run_id"], r["id"]) for r in rows]
+
+    def reconcile_done(self, attempt_id: str, owner: str, next_due: datetime) -> None:
+        """`owner` has looked at the attempt: it is due again at `next_due`. A lease another
+        replica has taken over meanwhile (this one's ran out) is left to it."""
+        with self._write() as tx:
+            tx.execute(
+                "UPDATE attempts SET reconcile_due_at = :due "
+                "WHERE id = :id AND reconcile_owner = :owner",
+                {"due": next_due, "id": attempt_id, "owner": owner},
+            )
