@@ -4,3 +4,12 @@ A run is a reproducible artifact (a frozen bundle), and control is split from ex
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`from orbit import Client`, loaded on first use (the CLI never pays for it)."""
+    if name == "Client":
+        from orbit.client import Client
+
+        return Client
+    raise AttributeError(f"module 'orbit' has no attribute {name!r}")

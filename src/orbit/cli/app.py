@@ -1,6 +1,8 @@
 """`orbit`: submit ML jobs as frozen, reproducible runs; watch, cancel, retry and collect them.
 
 State lives in $ORBIT_HOME (default ~/.orbit), or the database named by ORBIT_DATABASE_URL.
+With ORBIT_SERVER=URL (or --server, or `orbit login URL`) every command talks to that
+`orbit server` instead, shown ORBIT_TOKEN.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import sys
 import typer
 
 from orbit import __version__
-from orbit.cli import audit, catalog, forensics, hosts, logs, runs
+from orbit.cli import accounts, audit, catalog, forensics, hosts, logs, runs, server
 
 app = typer.Typer(
     help=__doc__,
@@ -33,6 +35,12 @@ app.command()(runs.collect)
 app.add_typer(audit.audit_app, name="audit")
 app.command("inspect")(forensics.inspect)
 app.command("diff")(forensics.diff)
+app.command()(server.server)
+app.command()(accounts.login)
+app.command()(accounts.logout)
+app.command()(accounts.whoami)
+app.add_typer(accounts.users_app, name="users")
+app.add_typer(accounts.tokens_app, name="tokens")
 
 
 def version_callback(value: bool) -> None:
@@ -46,8 +54,19 @@ def root(
     version: bool = typer.Option(
         False, "--version", callback=version_callback, is_eager=True, help="Show the version."
     ),
+    server_url: str | None = typer.Option(
+        None,
+        "--server",
+        metavar="URL",
+        help="Talk to this orbit server (default: ORBIT_SERVER, else what `orbit login` saved, "
+        "else embedded: the store in this process).",
+    ),
 ) -> None:
     """Submit ML jobs as frozen, reproducible runs; watch, cancel, retry and collect them."""
+    if server_url:
+        import os
+
+        os.environ["ORBIT_SERVER"] = server_url
 
 
 def main() -> None:

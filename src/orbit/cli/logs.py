@@ -44,7 +44,9 @@ def logs(
     while True:
         written = 0
         try:  # the rest of the log, streamed (over SSH: one call, not one per chunk)
-            chunk = svc.stream_log(run, layer, offset, sink, attempt, only_attempt=current)
+            chunk = svc.stream_log(
+                run, layer, offset, sink, attempt, only_attempt=current, follow=follow
+            )
         except Unreachable as exc:
             offset += written
             if not follow:

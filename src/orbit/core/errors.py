@@ -58,3 +58,36 @@ class StoreError(Exception):
     """The database failed: it cannot be reached or opened, or it refused a statement. Wraps the
     driver's own error (its `__cause__`). Not a user's mistake in the usual sense, but said in
     one line all the same: which store, and what to check."""
+
+
+class Unauthorized(OrbitError):
+    """No token, or one the server does not accept (unknown, revoked, expired)."""
+
+
+class Forbidden(OrbitError):
+    """A valid token whose user's role may not do this (a viewer submitting, a member
+    cancelling someone else's run)."""
+
+
+class ServerError(OrbitError):
+    """`orbit server` failed to answer as it should (its store is down, a bug): said in one
+    line, with what the server said."""
+
+    exit_code = 1
+
+
+# The errors a server answer may carry, by the name it gives them (problem details' `error`)
+BY_NAME: dict[str, type[OrbitError]] = {
+    cls.__name__: cls
+    for cls in (
+        OrbitError,
+        InvalidInput,
+        NotFound,
+        Refused,
+        NoBackend,
+        Unreachable,
+        Unauthorized,
+        Forbidden,
+        ServerError,
+    )
+}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import getpass
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,11 @@ if TYPE_CHECKING:  # loaded by the commands that use them, not by every command
     from orbit.store import Store
 
 
+# Who the current call acts for, where that differs from the service's own actor: the server
+# sets it per request to the token's user, so every audit event names who really asked.
+_acting: ContextVar[str | None] = ContextVar("orbit_acting", default=None)
+
+
 def current_actor() -> str:
     try:
         return os.environ.get("ORBIT_ACTOR") or getpass.getuser()
@@ -33,11 +40,28 @@ class ServiceBase:
     store: Store
     execution: ExecutionService
     bundles_dir: Path
-    actor: str
+    _actor: str  # who acts when no call says otherwise: the local user, embedded
     hosts: HostRegistry
+    # Whether reading a run first looks where it runs. Embedded, a look is the only way a run
+    # moves; a server's loops look on their own, so its reads answer from the store.
+    looks_on_read: bool = True
     # given, or made on first use (see CoreControlService.from_settings)
     _templates: TemplateRegistry | Callable[[], TemplateRegistry]
     _tasks: TaskRegistry | None
+
+    @property
+    def actor(self) -> str:
+        return _acting.get() or self._actor
+
+    @staticmethod
+    @contextmanager
+    def acting_as(name: str) -> Iterator[None]:
+        """Within the block (this thread or task), the calls act for `name`."""
+        token = _acting.set(name)
+        try:
+            yield
+        finally:
+            _acting.reset(token)
 
     @property
     def templates(self) -> TemplateRegistry:

@@ -27,7 +27,7 @@ class HostRegistry:
         self,
         store: Store,
         options: SshOptions | Callable[[], SshOptions],
-        actor: str,
+        actor: Callable[[], str],
         probe: Prober | None = None,
         sweep: Sweeper | None = None,
         sweep_processes: ProcessSweeper | None = None,
@@ -36,10 +36,14 @@ class HostRegistry:
         probed, not for every command."""
         self.store = store
         self._options = options
-        self.actor = actor
+        self._actor = actor  # asked on each call: the server acts for each request's user
         self._probe = probe
         self.sweep = sweep
         self.sweep_processes = sweep_processes
+
+    @property
+    def actor(self) -> str:
+        return self._actor()
 
     @property
     def options(self) -> SshOptions:

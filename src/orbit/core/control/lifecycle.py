@@ -89,6 +89,8 @@ class Lifecycle(ServiceBase):
         it); one whose host does not answer waits for it, as a running attempt does. If this
         process dies before the record, the next look finds the attempt where it was to run
         (see _adopt)."""
+        if failpoints.skips("launch"):
+            return
         owner = launcher_id()
         if not self.store.claim_launch(
             attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner

@@ -44,7 +44,7 @@ class Reading(RunActions):
         limit: int | None,
         refresh: bool = True,
     ) -> list[RunRecord]:
-        if refresh:
+        if refresh and self.looks_on_read:
             active = self.store.list_runs(
                 experiment_id=experiment_id,
                 states={s for s in RunState if not s.terminal},
@@ -71,7 +71,7 @@ class Reading(RunActions):
         nothing reaches the execution plane (right after a launch, say)."""
         if not refresh:
             return self._view(self.store.get_run(ref))
-        run = self.refresh_run_status(ref)
+        run = self.refresh_run_status(ref) if self.looks_on_read else self.store.get_run(ref)
         return self._view(run, self.progress(run), self._attempt_images(run) if images else {})
 
     def _view(
@@ -177,11 +177,14 @@ class Reading(RunActions):
         sink: LogSink,
         attempt: int | None = None,
         only_attempt: str | None = None,
+        follow: bool = False,
     ) -> LogChunk:
         """read_log to the log's current end: its bytes go to `sink` as they arrive, in one
         transfer where the backend can (see StreamsLogs); the chunk's data is empty, its offset
         where to go on from. With `only_attempt`, nothing is read unless that is the attempt
-        found (a retry began: the caller starts its log from 0)."""
+        found (a retry began: the caller starts its log from 0). `follow` allows waiting for
+        more while the attempt runs (over HTTP, the server holds the stream); here the call
+        returns at the current end either way, and the caller asks again."""
         found = self._attempt(self.store.get_run(ref), attempt)
         ended = found.state.terminal
         new_offset = offset

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orbit.core.control.accounts import Accounts
 from orbit.core.control.base import current_actor
 from orbit.core.control.host_registry import HostRegistry
 from orbit.core.control.reading import Reading
@@ -35,7 +36,7 @@ def _default_ssh_options() -> SshOptions:
     return SshOptions()
 
 
-class CoreControlService(Reading):
+class CoreControlService(Reading, Accounts):
     def __init__(
         self,
         store: Store,
@@ -53,17 +54,19 @@ class CoreControlService(Reading):
         self._templates = templates
         self._tasks = tasks
         self.bundles_dir = bundles_dir
-        self.actor = actor or current_actor()
+        self._actor = actor or current_actor()
         self.hosts = HostRegistry(
             store,
             ssh_options if ssh_options is not None else _default_ssh_options,
-            self.actor,
+            lambda: self.actor,
             sweep=self._sweep_host,
             sweep_processes=self._sweep_host_processes,
         )
 
     @classmethod
-    def from_settings(cls, settings: Settings, cwd: Path | None = None) -> CoreControlService:
+    def from_settings(
+        cls, settings: Settings, cwd: Path | None = None, actor: str | None = None
+    ) -> CoreControlService:
         from orbit.core.execution.service import ExecutionService
         from orbit.store import Store
 
@@ -86,6 +89,7 @@ class CoreControlService(Reading):
             templates=templates,
             tasks=None,
             bundles_dir=settings.bundles_dir,
+            actor=actor,
             ssh_options=ssh_options,
         )
 

@@ -1,14 +1,21 @@
 """Submitting, in DESIGN's order: validate and shape with the task plugin, resolve the template
 and apply the overrides, freeze the bundle, route it to its backend, record the handle, audit.
-Everything that can be refused is refused before the store is written."""
+Everything that can be refused is refused before the store is written.
+
+Through `orbit server` the first steps happen where the files are: the client shapes the task
+and gathers its inputs (`gather_inputs`), and the server freezes what it was sent
+(`submit_staged`), so that the bundle is the same either way."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
 
 from orbit.core.control.lifecycle import Lifecycle
 from orbit.core.control.views import SubmitPlan
@@ -18,13 +25,97 @@ from orbit.core.models import (
     ExecutionTemplate,
     JobSpec,
     PrecheckSpec,
+    Strict,
     TaskSubmission,
+    Text,
 )
 from orbit.core.records import RunRecord
+from orbit.core.tasks.base import CommonTaskFields, ShapedTask
 
 if TYPE_CHECKING:
     from orbit.core.execution.bundle import FrozenBundle
-    from orbit.core.tasks.base import CommonTaskFields, ShapedTask
+    from orbit.core.tasks import TaskRegistry
+
+
+class ShapedWire(Strict):
+    """A shaped task as a client sends it to `orbit server`, beside its gathered inputs."""
+
+    entrypoint: tuple[Text, ...] = Field(min_length=1)
+    request: dict[str, Any]
+    env: dict[str, Text] = {}
+    workdir: str = Field(default="workdir", min_length=1, max_length=256)
+    interpreter: str = Field(default="python3", min_length=1, max_length=4096)
+    shell_command: str | None = None
+
+    @classmethod
+    def of(cls, shaped: ShapedTask) -> ShapedWire:
+        return cls(
+            entrypoint=shaped.entrypoint,
+            request=shaped.request,
+            env=shaped.env,
+            workdir=shaped.workdir,
+            interpreter=shaped.interpreter,
+            shell_command=shaped.shell_command,
+        )
+
+    def shaped(self) -> ShapedTask:
+        return ShapedTask(
+            entrypoint=self.entrypoint,
+            request=self.request,
+            env=self.env,
+            workdir=self.workdir,
+            interpreter=self.interpreter,
+            shell_command=self.shell_command,
+        )
+
+
+def add_sources(
+    inputs: Path,
+    shaped: ShapedTask,
+    common: CommonTaskFields,
+    base_dir: Path,
+    allow_dirty: bool,
+    scratch: Path,
+) -> None:
+    """Stage the pinned git sources into `inputs` (refusing dirty checkouts unless allowed) and
+    record where the code came from: the sources' and the workdir's git state."""
+    from orbit.core.execution.sources import (
+        parse_sources,
+        place_sources,
+        snapshot_workdir,
+        stage_source,
+        write_provenance,
+    )
+
+    specs = parse_sources(
+        common.sources, reserved=[shaped.workdir, *(s.dest for s in shaped.staged)]
+    )
+    workdirs = [s.source for s in shaped.staged if s.dest == shaped.workdir]
+    workdir = snapshot_workdir(workdirs[0]) if workdirs else None
+    sources = [
+        stage_source(spec, index, base_dir, scratch, allow_dirty)
+        for index, spec in enumerate(specs)
+    ]
+    place_sources(inputs, sources)
+    write_provenance(inputs, sources, workdir)
+
+
+def gather_inputs(
+    tasks: TaskRegistry, submission: TaskSubmission, base_dir: Path, source: str, dest: Path
+) -> ShapedWire:
+    """What a client does before sending a submission to `orbit server`: shape the task with
+    its plugin and put everything the bundle's inputs/ will hold into `dest` (the staged files,
+    the pinned sources, their provenance), exactly as a local submit would freeze them."""
+    from orbit.core.execution.bundle import stage_inputs
+
+    shaped = tasks.shape(submission.task_type, submission.task_request, base_dir, source)
+    common = tasks.common_fields(submission.task_request, source)
+    dest.mkdir(parents=True, exist_ok=True)
+    stage_inputs(dest, shaped.staged)
+    (dest / shaped.workdir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".orbit-src-") as scratch:
+        add_sources(dest, shaped, common, base_dir, submission.allow_dirty, Path(scratch))
+    return ShapedWire.of(shaped)
 
 
 @dataclass(frozen=True)
@@ -45,6 +136,29 @@ class Submitting(Lifecycle):
         """Freeze and launch a run. `experiment_id` may be a name: an unknown one is created."""
         prepared = self._prepare(submission, base_dir, source)
         bundle = self._freeze(prepared, base_dir, submission.allow_dirty, self.bundles_dir)
+        return self._create(submission, prepared, bundle)
+
+    def submit_staged(
+        self, submission: TaskSubmission, shaped: ShapedWire, inputs: Path, source: str
+    ) -> RunRecord:
+        """submit_task for a client of `orbit server`: the task was shaped and its inputs
+        gathered where its files are (see gather_inputs); `inputs` holds them here."""
+        prepared = self._prepare(submission, inputs, source, shaped.shaped())
+        bundle = self._freeze_gathered(prepared, inputs, self.bundles_dir)
+        return self._create(submission, prepared, bundle)
+
+    def plan_staged(
+        self, submission: TaskSubmission, shaped: ShapedWire, inputs: Path, source: str
+    ) -> SubmitPlan:
+        """plan_submission for what a client gathered (see submit_staged)."""
+        prepared = self._prepare(submission, inputs, source, shaped.shaped())
+        return self._plan(
+            submission, prepared, lambda cache: self._freeze_gathered(prepared, inputs, cache)
+        )
+
+    def _create(
+        self, submission: TaskSubmission, prepared: _Shaped, bundle: FrozenBundle
+    ) -> RunRecord:
         experiment = self._experiment(submission.experiment_id)
         frozen = submission.model_copy(update={"experiment_id": experiment.id})
         run = self.store.create_run(
@@ -68,10 +182,22 @@ class Submitting(Lifecycle):
         """What `submit` would run and where, without writing anything: the bundle is frozen
         in a scratch cache (for its digest) and removed again; the store is not touched."""
         prepared = self._prepare(submission, base_dir, source)
+        return self._plan(
+            submission,
+            prepared,
+            lambda cache: self._freeze(prepared, base_dir, submission.allow_dirty, cache),
+        )
+
+    def _plan(
+        self,
+        submission: TaskSubmission,
+        prepared: _Shaped,
+        freeze: Callable[[Path], FrozenBundle],
+    ) -> SubmitPlan:
         self.bundles_dir.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".dry-run-", dir=self.bundles_dir.parent))
         try:
-            bundle = self._freeze(prepared, base_dir, submission.allow_dirty, scratch)
+            bundle = freeze(scratch)
             files = [p for p in bundle.path.rglob("*") if p.is_file()]
             size = sum(p.stat().st_size for p in files)
         finally:
@@ -89,13 +215,24 @@ class Submitting(Lifecycle):
             bundle_bytes=size,
         )
 
-    def _prepare(self, submission: TaskSubmission, base_dir: Path, source: str) -> _Shaped:
+    def _prepare(
+        self,
+        submission: TaskSubmission,
+        base_dir: Path,
+        source: str,
+        shaped: ShapedTask | None = None,
+    ) -> _Shaped:
         from orbit.core.execution.exec_limits import check_exec_limits
         from orbit.core.execution.launch_modes import task_entrypoint
         from orbit.core.overrides import resolve
         from orbit.core.secret_names import looks_secret
 
-        shaped = self.tasks.shape(submission.task_type, submission.task_request, base_dir, source)
+        if shaped is None:
+            shaped = self.tasks.shape(
+                submission.task_type, submission.task_request, base_dir, source
+            )
+        else:  # shaped by the client: its request must still be one the plugin accepts
+            self.tasks.validate(submission.task_type, submission.task_request, source)
         common = self.tasks.common_fields(submission.task_request, source)
         template = self.templates.get(submission.template_id)
         request = resolve(template, submission.overrides)
@@ -130,29 +267,22 @@ class Submitting(Lifecycle):
         """Stage pinned git sources (refusing dirty checkouts unless allowed), snapshot the
         workdir's git state, and freeze it all with its provenance into one bundle."""
         from orbit.core.execution.bundle import freeze_bundle
-        from orbit.core.execution.sources import (
-            parse_sources,
-            place_sources,
-            snapshot_workdir,
-            stage_source,
-            write_provenance,
-        )
 
         shaped, common = prepared.shaped, prepared.common
-        specs = parse_sources(
-            common.sources, reserved=[shaped.workdir, *(s.dest for s in shaped.staged)]
-        )
-        workdirs = [s.source for s in shaped.staged if s.dest == shaped.workdir]
-        workdir = snapshot_workdir(workdirs[0]) if workdirs else None
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache, prefix=".tmp-src-") as scratch:
-            sources = [
-                stage_source(spec, index, base_dir, Path(scratch), allow_dirty)
-                for index, spec in enumerate(specs)
-            ]
 
             def add_inputs(inputs: Path) -> None:
-                place_sources(inputs, sources)
-                write_provenance(inputs, sources, workdir)
+                add_sources(inputs, shaped, common, base_dir, allow_dirty, Path(scratch))
 
             return freeze_bundle(prepared.job, shaped.staged, cache, add_inputs)
+
+    @staticmethod
+    def _freeze_gathered(prepared: _Shaped, gathered: Path, cache: Path) -> FrozenBundle:
+        """Freeze inputs a client gathered (gather_inputs) as they are."""
+        from orbit.core.execution.bundle import freeze_bundle
+
+        def add_inputs(inputs: Path) -> None:
+            shutil.copytree(gathered, inputs, symlinks=True, dirs_exist_ok=True)
+
+        return freeze_bundle(prepared.job, (), cache, add_inputs)

@@ -71,9 +71,16 @@ class TaskRegistry:
         """Validate `raw` with the plugin's model and shape it. Errors name `task.<field>`.
         The fields every task shares (CommonTaskFields) are not the plugin's to see."""
         plugin = self.plugin(task_type)
+        return plugin.shape(self._request(plugin, raw, source), base_dir)
+
+    def validate(self, task_type: str, raw: dict[str, Any], source: str) -> None:
+        """What `shape` checks that needs no files: the request against the plugin's model."""
+        self._request(self.plugin(task_type), raw, source)
+
+    @staticmethod
+    def _request(plugin: TaskPlugin, raw: dict[str, Any], source: str) -> BaseModel:
         own = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
-        request = _validate(plugin.request_model, own, source)
-        return plugin.shape(request, base_dir)
+        return _validate(plugin.request_model, own, source)
 
     @staticmethod
     def common_fields(raw: dict[str, Any], source: str) -> CommonTaskFields:

@@ -1,0 +1,203 @@
+"""`orbit login`, `orbit users` and `orbit tokens`: who may use an `orbit server`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from orbit.cli.common import JSON, console, err, print_json, service
+from orbit.cli.text import Table, paint
+
+if TYPE_CHECKING:
+    from orbit.core.auth import TokenRecord, UserRecord
+
+users_app = typer.Typer(
+    help="Users of an orbit server and their roles (admins only).", no_args_is_help=True
+)
+tokens_app = typer.Typer(
+    help="API tokens: each is shown once, when made; the server keeps only its hash.",
+    no_args_is_help=True,
+)
+ROLE_HELP = "viewer: reads; member: submits and controls its own runs; admin: everything."
+
+
+def login(
+    url: str = typer.Argument(..., metavar="URL", help="The server, e.g. https://orbit.lab:8470"),
+    token: str | None = typer.Option(
+        None, "--token", envvar="ORBIT_TOKEN", help="The token (default: asked for, hidden)."
+    ),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", metavar="PATH", help="Read the token from this file."
+    ),
+) -> None:
+    """Check a token against a server and save both for the next commands.
+
+    Saved in $ORBIT_HOME/credentials.json (mode 0600); from then on every command talks to
+    that server (ORBIT_SERVER and ORBIT_TOKEN still win). `orbit logout` forgets it.
+    """
+    from orbit.cli.common import settings
+    from orbit.client.remote import RemoteControl
+    from orbit.core.config import save_login
+    from orbit.core.errors import InvalidInput
+
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise InvalidInput(f"--token-file: {token_file}: {exc.strerror or exc}") from None
+    if not token:
+        token = typer.prompt("token", hide_input=True).strip()
+    url = url.rstrip("/")
+    remote = RemoteControl(url, token)
+    try:
+        user = remote.whoami()
+    finally:
+        remote.close()
+    assert user is not None
+    save_login(settings().credentials_file, url, token)
+    console.print(f"logged in to {url} as {paint(user.name, 'bold')} ({user.role.value})")
+
+
+def logout() -> None:
+    """Forget the server and token `orbit login` saved: commands are embedded again."""
+    from orbit.cli.common import settings
+
+    path = settings().credentials_file
+    if path.exists():
+        path.unlink()
+        console.print(f"logged out (removed {path})")
+    else:
+        err.print("not logged in")
+
+
+def whoami(as_json: bool = JSON) -> None:
+    """Who the server knows you as (embedded: the local user, with no token)."""
+    from orbit.cli.common import settings
+
+    user = service().whoami()
+    if as_json:
+        print_json(user.model_dump(mode="json") if user else None)
+    elif user is None:
+        console.print("embedded mode: no server, no token (the local user acts)")
+    else:
+        console.print(f"{user.name} ({user.role.value}) at {settings().server}")
+
+
+def _user_row(user: UserRecord) -> list[str]:
+    return [user.name, user.role.value, f"{user.created_at:%Y-%m-%d %H:%M}", user.created_by]
+
+
+@users_app.command("add")
+def users_add(
+    name: str = typer.Argument(..., metavar="NAME"),
+    role: str = typer.Option("member", "--role", "-r", help=ROLE_HELP),
+    as_json: bool = JSON,
+) -> None:
+    """Add a user. Then make them a token: orbit tokens create --user NAME."""
+    from orbit.core.auth import Role
+    from orbit.core.errors import InvalidInput
+
+    try:
+        chosen = Role(role)
+    except ValueError:
+        raise InvalidInput(
+            f"--role: unknown role '{role}' (expected admin, member or viewer)"
+        ) from None
+    user = service().add_user(name, chosen)
+    if as_json:
+        print_json(user.model_dump(mode="json"))
+    else:
+        console.print(f"added {paint(user.name, 'bold')} ({user.role.value})")
+        console.print(f"  give them a token: orbit tokens create --user {user.name}", style="dim")
+
+
+@users_app.command("list")
+def users_list(as_json: bool = JSON) -> None:
+    """List users and their roles."""
+    users = service().list_users()
+    if as_json:
+        print_json([u.model_dump(mode="json") for u in users])
+        return
+    table = Table("USER", "ROLE", "CREATED", "BY")
+    for user in users:
+        table.add_row(*_user_row(user))
+    console.print(table)
+
+
+@users_app.command("remove")
+def users_remove(name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON) -> None:
+    """Remove a user; their tokens stop working at once. Their runs stay."""
+    user = service().remove_user(name)
+    if as_json:
+        print_json(user.model_dump(mode="json"))
+    else:
+        console.print(f"removed {user.name}; their tokens no longer work")
+
+
+def _token_row(token: TokenRecord) -> list[str]:
+    from datetime import UTC, datetime
+
+    at = datetime.now(UTC)
+    if token.revoked_at is not None:
+        state = "revoked"
+    elif token.expires_at is not None and token.expires_at <= at:
+        state = "expired"
+    else:
+        state = "active"
+    expires = f"{token.expires_at:%Y-%m-%d %H:%M}" if token.expires_at else "never"
+    used = f"{token.last_used_at:%Y-%m-%d %H:%M}" if token.last_used_at else "-"
+    return [token.id, token.user, token.name or "-", state, expires, used]
+
+
+@tokens_app.command("create")
+def tokens_create(
+    user: str | None = typer.Option(
+        None, "--user", "-u", help="For this user (admins only; default: yourself)."
+    ),
+    expires: str | None = typer.Option(
+        None, "--expires", metavar="DURATION", help="e.g. 30d, 12h (default: until revoked)."
+    ),
+    name: str | None = typer.Option(None, "--name", help="What it is for, e.g. ci."),
+    as_json: bool = JSON,
+) -> None:
+    """Make a token. It is printed this once and never again (the server keeps its hash)."""
+    made = service().create_token(user, name, expires)
+    if as_json:
+        print_json({"token": made.token, **made.record.model_dump(mode="json")})
+        return
+    print(made.token)
+    err.print(
+        f"token {made.record.id} for {made.record.user}: shown this once; store it now",
+        style="dim",
+    )
+
+
+@tokens_app.command("list")
+def tokens_list(
+    user: str | None = typer.Option(None, "--user", "-u", help="Only this user's."),
+    as_json: bool = JSON,
+) -> None:
+    """List tokens (yours; an admin sees everyone's). Never the tokens themselves."""
+    tokens = service().list_tokens(user)
+    if as_json:
+        print_json([t.model_dump(mode="json") for t in tokens])
+        return
+    table = Table("ID", "USER", "NAME", "STATE", "EXPIRES", "LAST USED")
+    for token in tokens:
+        table.add_row(*_token_row(token))
+    console.print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    token_id: str = typer.Argument(..., metavar="ID", help="The token's id (tokens list)."),
+    as_json: bool = JSON,
+) -> None:
+    """Revoke a token: it is refused from the next request on."""
+    token = service().revoke_token(token_id)
+    if as_json:
+        print_json(token.model_dump(mode="json"))
+    else:
+        console.print(f"revoked {token.id} ({token.user})")

@@ -1,0 +1,226 @@
+"""`orbit.Client`: ORBIT from Python (scripts, notebooks), over HTTP or in this process.
+
+    from orbit import Client
+
+    client = Client("https://orbit.lab:8470", token)      # or Client.local(), Client.from_env()
+    run = client.submit("train.yaml")                      # or a dict shaped like the YAML
+    for chunk in run.logs(follow=True):
+        print(chunk.decode(), end="")
+    record = run.wait()                                    # a RunRecord, as the service has it
+    run.collect("out/")
+
+It speaks the same ControlAPI as the CLI and returns the same pydantic records."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orbit.core.control.api import ControlAPI
+    from orbit.core.control.views import TemplateView
+    from orbit.core.models import ExecutionOverrides
+    from orbit.core.records import CollectResult, ExperimentRecord, RunRecord
+
+
+class Client:
+    def __init__(self, url: str, token: str | None = None) -> None:
+        """The `orbit server` at `url`, shown `token`."""
+        from orbit.client.remote import RemoteControl
+
+        self.api: ControlAPI = RemoteControl(url, token)
+
+    @classmethod
+    def local(cls, home: str | Path | None = None) -> Client:
+        """The control plane in this process, on the store in `home` (default $ORBIT_HOME)."""
+        import dataclasses
+
+        from orbit.core.config import Settings
+        from orbit.core.control.service import CoreControlService
+
+        settings = Settings.from_env()
+        if home is not None:
+            root = Path(home).expanduser().absolute()
+            settings = dataclasses.replace(
+                settings, home=root, database_url=f"sqlite:///{root / 'orbit.db'}"
+            )
+        return cls._of(CoreControlService.from_settings(settings))
+
+    @classmethod
+    def from_env(cls) -> Client:
+        """What the CLI would talk to: ORBIT_SERVER/ORBIT_TOKEN, `orbit login`'s, or local."""
+        from orbit.core.config import Settings
+        from orbit.core.control import connect
+
+        return cls._of(connect(Settings.from_env()))
+
+    @classmethod
+    def _of(cls, api: ControlAPI) -> Client:
+        client = cls.__new__(cls)
+        client.api = api
+        return client
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.api.close()
+
+    def submit(
+        self,
+        spec: str | Path | Mapping[str, Any],
+        *,
+        base_dir: str | Path | None = None,
+        sets: list[str] | None = None,
+        allow_dirty: bool = False,
+    ) -> Run:
+        """Submit a run spec: a YAML file, or a mapping shaped like one (its relative paths
+        are relative to `base_dir`, default the current folder). `sets` are --set overrides."""
+        from pydantic import ValidationError
+
+        from orbit.core.errors import InvalidInput, describe_validation_error
+        from orbit.core.overrides import merge
+        from orbit.core.spec import SubmitSpec, load_spec, parse_sets, to_submission
+
+        if isinstance(spec, Mapping):
+            source = "spec"
+            try:
+                parsed = SubmitSpec.model_validate(dict(spec))
+            except ValidationError as exc:
+                raise InvalidInput(describe_validation_error(source, exc)) from None
+            if sets:
+                overrides = merge(parsed.overrides, parse_sets(sets))
+                parsed = parsed.model_copy(update={"overrides": overrides})
+            folder = Path(base_dir or Path.cwd())
+        else:
+            path = Path(spec)
+            source = str(path)
+            parsed = load_spec(path, sets)
+            folder = Path(base_dir) if base_dir else path.resolve().parent
+        submission = to_submission(parsed, source, allow_dirty)
+        record = self.api.submit_task(submission, base_dir=folder.resolve(), source=source)
+        return Run(self, record)
+
+    def run(self, ref: str) -> Run:
+        """A run by id (or a unique prefix of one)."""
+        return Run(self, self.api.get_run(ref))
+
+    def runs(
+        self,
+        *,
+        experiment: str | None = None,
+        state: str | list[str] | None = None,
+        limit: int | None = 50,
+    ) -> list[Run]:
+        """Runs, newest first."""
+        from orbit.core.states import RunState
+
+        names = [state] if isinstance(state, str) else list(state or [])
+        states = {RunState(s) for s in names} or None
+        page = self.api.run_page(experiment=experiment, states=states, limit=limit)
+        return [Run(self, view.run) for view in page.runs]
+
+    def templates(self) -> list[TemplateView]:
+        return self.api.list_templates()
+
+    def experiments(self) -> list[ExperimentRecord]:
+        return self.api.list_experiments()
+
+
+class Run:
+    """One run: its record as last seen (`.record`; its fields read through, `run.state`),
+    and what can be done with it."""
+
+    def __init__(self, client: Client, record: RunRecord) -> None:
+        self.client = client
+        self.record = record
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.record, name)
+
+    def __repr__(self) -> str:
+        return f"<Run {self.record.id} {self.record.state.value}>"
+
+    @property
+    def api(self) -> ControlAPI:
+        return self.client.api
+
+    def refresh(self) -> RunRecord:
+        self.record = self.api.refresh_run_status(self.record.id)
+        return self.record
+
+    def wait(self, timeout: float | None = None, poll: float = 0.5) -> RunRecord:
+        """Until the run ends (or `timeout` seconds); its record then."""
+        self.record = self.api.wait_for(self.record.id, timeout_s=timeout, poll_s=poll)
+        return self.record
+
+    def cancel(self, wait: float | None = None) -> RunRecord:
+        self.record = self.api.cancel_run(self.record.id, wait_s=wait)
+        return self.record
+
+    def retry(self, overrides: ExecutionOverrides | None = None) -> RunRecord:
+        self.record = self.api.retry_run(self.record.id, overrides)
+        return self.record
+
+    def collect(self, dest: str | Path, attempt: int | None = None) -> CollectResult:
+        return self.api.collect_run_artifacts(self.record.id, Path(dest), attempt)
+
+    def logs(
+        self, *, follow: bool = False, layer: str = "training", attempt: int | None = None
+    ) -> Iterator[bytes]:
+        """The log's bytes as they come; with `follow`, until the run ends (through its
+        automatic retries, each announced by a `--- attempt N ---` line, as the CLI prints)."""
+        from orbit.core.layers import LogLayer
+
+        chosen = LogLayer(layer)
+        pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=64)
+
+        def pump() -> None:
+            try:
+                self._pump(chosen, attempt, follow, pieces.put)
+            except BaseException as exc:
+                pieces.put(exc)
+            else:
+                pieces.put(None)
+
+        threading.Thread(target=pump, name=f"logs-{self.record.id}", daemon=True).start()
+        while True:
+            item = pieces.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _pump(self, layer: Any, attempt: int | None, follow: bool, put: Any) -> None:
+        import time
+
+        offset, current = 0, None
+        while True:
+            chunk = self.api.stream_log(
+                self.record.id, layer, offset, put, attempt, only_attempt=current, follow=follow
+            )
+            if current is not None and chunk.attempt_id != current:
+                put(f"--- attempt {chunk.attempt} ---\n".encode())
+                offset, current = 0, chunk.attempt_id
+                continue
+            current = chunk.attempt_id
+            got, offset = chunk.offset != offset, chunk.offset
+            if not follow:
+                return
+            if got:
+                continue
+            if chunk.ended:
+                record = self.api.refresh_run_status(self.record.id)
+                if attempt is not None or record.current.id == current:
+                    self.record = record
+                    return
+                continue
+            self.api.refresh_run_status(self.record.id)
+            time.sleep(0.5)

@@ -1,0 +1,54 @@
+"""Users and their tokens. Who may do what is the server's to check (embedded mode has one
+user and no tokens); these only do it, and audit it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord, new_token, parse_duration
+from orbit.core.auth import token_hash as hash_of
+from orbit.core.control.base import ServiceBase
+from orbit.core.errors import InvalidInput
+
+
+class Accounts(ServiceBase):
+    def whoami(self) -> UserRecord | None:
+        """The signed-in user; None embedded, where the local user acts and needs no token."""
+        return None
+
+    def list_users(self) -> list[UserRecord]:
+        return self.store.list_users()
+
+    def add_user(self, name: str, role: Role) -> UserRecord:
+        return self.store.create_user(name, role, self.actor)
+
+    def remove_user(self, name: str) -> UserRecord:
+        """Remove a user; their tokens stop working at once."""
+        return self.store.remove_user(name, self.actor)
+
+    def create_token(
+        self, user: str | None = None, name: str | None = None, expires: str | None = None
+    ) -> NewToken:
+        """A new token for `user` (by default the caller), shown this once: the store keeps
+        only its hash. `expires` is a duration (30d, 12h); none: it lasts until revoked."""
+        user = user or self._signed_in()
+        expires_at = datetime.now(UTC) + parse_duration(expires, "--expires") if expires else None
+        token = new_token()
+        record = self.store.create_token(
+            user, token_hash=hash_of(token), name=name, expires_at=expires_at, actor=self.actor
+        )
+        return NewToken(token=token, record=record)
+
+    def list_tokens(self, user: str | None = None) -> list[TokenRecord]:
+        return self.store.list_tokens(user)
+
+    def revoke_token(self, token_id: str) -> TokenRecord:
+        return self.store.revoke_token(token_id, self.actor)
+
+    def _signed_in(self) -> str:
+        found = self.whoami()
+        if found is None:
+            raise InvalidInput(
+                "--user: name the user the token is for (embedded mode has no signed-in user)"
+            )
+        return found.name

@@ -1,0 +1,150 @@
+"""The server as an ASGI app: /api/v1 (routes.py), /healthz, /metrics and /openapi.json, with
+problem-details errors, request size limits, and the reconcile loop running beside it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from orbit import __version__
+from orbit.core.control.service import CoreControlService
+from orbit.server import problems
+from orbit.server.config import ServerConfig
+from orbit.server.loops import Reconciler
+from orbit.server.metrics import Metrics
+from orbit.server.routes import make_router
+
+UPLOAD_PATHS = frozenset({"/api/v1/runs", "/api/v1/runs/plan"})
+
+
+def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
+    metrics = Metrics(service.store)
+    reconciler = (
+        Reconciler(service, metrics, config.reconcile_every_s, config.reconcile_workers)
+        if config.loops
+        else None
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if reconciler is not None:
+            reconciler.start()
+        try:
+            yield
+        finally:
+            if reconciler is not None:
+                reconciler.stop()
+
+    app = FastAPI(
+        title="ORBIT",
+        version=__version__,
+        summary="A control plane for ML jobs on GPUs that come and go.",
+        lifespan=lifespan,
+        responses={413: {"description": "too large"}},
+    )
+    app.state.service = service
+    app.state.reconciler = reconciler
+    problems.install(app)
+    app.include_router(make_router(service, config, metrics))
+
+    @app.get("/healthz", tags=["server"], response_model=dict[str, str])
+    def healthz() -> dict[str, str]:
+        """Alive, and the store answers. Needs no token."""
+        service.store.count_runs(states=set())
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/metrics", tags=["server"], response_class=PlainTextResponse)
+    def metrics_text() -> PlainTextResponse:
+        """Prometheus text exposition. Needs no token (it carries no ids or names)."""
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(
+        BodyLimit, body_bytes=config.limits.body_bytes, upload_bytes=config.limits.upload_bytes
+    )
+    app.add_middleware(Timed, metrics=metrics)
+    return app
+
+
+class Timed:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = metrics.asgi(app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+class TooLarge(HTTPException):
+    """Raised while the app reads a body sent without Content-Length that goes over the limit
+    (an HTTPException, so that FastAPI's body parsing passes it on as it is)."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        super().__init__(
+            413, f"the request is larger than this server takes: {limit:,} bytes ({what})"
+        )
+
+
+class BodyLimit:
+    """Refuse a request body over the limit with 413 before anything reads it (by its
+    Content-Length), or as soon as a body sent without one goes over."""
+
+    def __init__(self, app: ASGIApp, body_bytes: int, upload_bytes: int) -> None:
+        self.app, self.body_bytes, self.upload_bytes = app, body_bytes, upload_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        upload = scope["path"] in UPLOAD_PATHS
+        limit = self.upload_bytes if upload else self.body_bytes
+        what = "limits.upload_bytes" if upload else "limits.body_bytes"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await _too_large(send, limit, what)
+            return
+        seen = 0
+        started = False
+
+        async def counting() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise TooLarge(limit, what)
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting, sending)
+        except TooLarge:
+            if not started:
+                await _too_large(send, limit, what)
+
+
+async def _too_large(send: Send, limit: int, what: str) -> None:
+    body = json.dumps(
+        {
+            "type": "about:blank",
+            "title": "Too large",
+            "status": 413,
+            "detail": f"the request is larger than this server takes: {limit:,} bytes ({what})",
+            "error": "InvalidInput",
+        }
+    ).encode()
+    headers = [
+        (b"content-type", problems.PROBLEM.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,67 @@
+"""Who is calling: the bearer token, looked up (by its hash) on every request, so that a revoked
+or expired token is refused at once; and what that user's role allows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from fastapi import Request
+
+from orbit.core.auth import Role, UserRecord, can, token_hash
+from orbit.core.control.service import CoreControlService
+from orbit.core.errors import Forbidden, Unauthorized
+from orbit.core.records import RunRecord
+
+WHAT = {
+    "submit": "submit runs",
+    "control": "control this run (it is someone else's)",
+    "admin": "do this (admins only)",
+}
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated user of one request, and the service acting for them."""
+
+    user: UserRecord
+    service: CoreControlService
+
+    @contextmanager
+    def acting(self) -> Iterator[CoreControlService]:
+        """The service, with every audit event of the block naming this user."""
+        with self.service.acting_as(self.user.name):
+            yield self.service
+
+    def require(self, action: str, *, own: bool = True) -> None:
+        if not can(self.user.role, action, own=own):
+            why = WHAT.get(action, action)
+            if action == "control" and self.user.role is Role.VIEWER:
+                why = "control runs"
+            raise Forbidden(f"{self.user.name} ({self.user.role.value}) may not {why}")
+
+    def require_run(self, run: RunRecord) -> None:
+        """Control of a run: its owner (a member or admin), or any admin."""
+        self.require("control", own=run.created_by == self.user.name)
+
+    @property
+    def admin(self) -> bool:
+        return self.user.role is Role.ADMIN
+
+
+def authenticate(service: CoreControlService, request: Request) -> UserRecord:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        raise Unauthorized(
+            "this server needs a token: set ORBIT_TOKEN or run `orbit login URL` "
+            "(the first admin token is in the server's admin-token file)"
+        )
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("the Authorization header must be `Bearer <token>`")
+    found = service.store.authenticate(token_hash(token.strip()), datetime.now(UTC))
+    if found is None:
+        raise Unauthorized("the token was not accepted (unknown, revoked or expired)")
+    return found[0]

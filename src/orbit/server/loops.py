@@ -1,0 +1,97 @@
+"""The server's reconcile loop: runs advance, retry and time out with nobody looking. Each pass
+claims the active attempts that are due under a lease in the store (FOR UPDATE SKIP LOCKED on
+PostgreSQL), so that replicas share the work and never look at one attempt together; each look
+is the same refresh a command does embedded, whose every move is a compare-and-set, so that
+even a lease that lapsed mid-look cannot launch, retry or end an attempt twice."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+from orbit.core.control.lifecycle import launcher_id
+from orbit.core.control.service import CoreControlService
+from orbit.core.errors import NoBackend, OrbitError
+from orbit.server.metrics import Metrics
+
+log = logging.getLogger("orbit.server.loops")
+
+LOOK_LEASE_S = 60.0  # a look that takes longer than this (a host timing out) may be taken over
+
+
+class Reconciler:
+    def __init__(
+        self, service: CoreControlService, metrics: Metrics, every_s: float, workers: int
+    ) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.every_s = every_s
+        self.owner = f"reconcile:{launcher_id()}"
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
+        self.batch = workers * 4
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        while not self._stop.is_set():
+            self.metrics.loop_lag.set(max(0.0, time.monotonic() - due))
+            started = time.perf_counter()
+            try:
+                self.run_pass()
+            except Exception:  # the store is away, say: the next pass tries again
+                log.exception("a reconcile pass failed")
+            self.metrics.loop_pass.observe(time.perf_counter() - started)
+            due += self.every_s
+            self._stop.wait(max(0.0, due - time.monotonic()))
+            due = max(due, time.monotonic() - self.every_s)  # after a long pass: no burst
+
+    def run_pass(self) -> int:
+        """Look at every attempt that is due, a batch at a time; how many were looked at."""
+        looked = 0
+        while not self._stop.is_set():
+            at = datetime.now(UTC)
+            claimed = self.service.store.claim_reconcile(
+                self.owner,
+                at=at,
+                lease_until=at + timedelta(seconds=LOOK_LEASE_S),
+                limit=self.batch,
+            )
+            if not claimed:
+                return looked
+            list(self.pool.map(self._look, claimed))
+            looked += len(claimed)
+            if len(claimed) < self.batch:
+                return looked
+        return looked
+
+    def _look(self, claimed: tuple[str, str]) -> None:
+        run_id, attempt_id = claimed
+        try:
+            self.service.refresh_run_status(run_id)
+        except NoBackend:
+            pass  # not run from here (an agent's, say): left as stored
+        except OrbitError as exc:
+            self.metrics.loop_errors.inc()
+            log.warning("run %s: %s", run_id, exc)
+        except Exception:
+            self.metrics.loop_errors.inc()
+            log.exception("run %s: the look failed", run_id)
+        finally:
+            self.metrics.reconciled.inc()
+            next_due = datetime.now(UTC) + timedelta(seconds=self.every_s)
+            try:
+                self.service.store.reconcile_done(attempt_id, self.owner, next_due)
+            except Exception:
+                log.exception("attempt %s: could not record the look", attempt_id)

@@ -1,0 +1,94 @@
+"""Starting `orbit server`: the control service over the configured store, the first admin on
+an empty store, and uvicorn."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+from orbit.core.config import Settings
+from orbit.core.control.service import CoreControlService
+from orbit.server.config import ServerConfig
+
+log = logging.getLogger("orbit.server")
+
+
+def open_service(settings: Settings, config: ServerConfig) -> CoreControlService:
+    if config.database_url:
+        settings = dataclasses.replace(settings, database_url=config.database_url)
+    service = CoreControlService.from_settings(settings, actor="orbit-server")
+    service.looks_on_read = not config.loops  # the loops look; reads answer from the store
+    return service
+
+
+def bootstrap_admin(service: CoreControlService, token_file: Path) -> Path | None:
+    """On an empty store: create the user `admin` and write its first token to `token_file`
+    (0600), like k3s's node-token. The token reaches the file before the store and the file
+    is named only once the store took it, so neither a crash nor a second replica starting at
+    the same moment leaves a token that does not work. Returns the file when it wrote one."""
+    from orbit.core.auth import new_token, token_hash
+
+    if service.store.count_users() > 0:
+        return None
+    token = new_token()
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = token_file.with_name(f".{token_file.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(token + "\n")
+    try:
+        created = service.store.bootstrap_admin(
+            name="admin", token_hash=token_hash(token), actor="orbit-server"
+        )
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if created is None:  # another replica was first
+        tmp.unlink(missing_ok=True)
+        return None
+    os.replace(tmp, token_file)
+    return token_file
+
+
+def serve(settings: Settings, config: ServerConfig) -> None:
+    import uvicorn
+
+    from orbit.server.app import create_app
+
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    service = open_service(settings, config)
+    token_file = config.admin_token_file or settings.home / "admin-token"
+    written = bootstrap_admin(service, token_file)
+    if written is not None:
+        log.warning(
+            "first start on an empty store: created the user 'admin'; its token is in %s "
+            "(mode 0600). Read it once: `orbit login URL --token-file %s`",
+            written,
+            written,
+        )
+    app = create_app(service, config)
+    tls = config.ssl_certfile is not None
+    log.info(
+        "orbit server on %s://%s:%d, store %s",
+        "https" if tls else "http",
+        config.host,
+        config.port,
+        service.store.url.split("@")[-1],
+    )
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        access_log=False,
+        ssl_certfile=str(config.ssl_certfile) if config.ssl_certfile else None,
+        ssl_keyfile=str(config.ssl_keyfile) if config.ssl_keyfile else None,
+        ssl_keyfile_password=config.ssl_keyfile_password,
+        proxy_headers=True,
+        timeout_graceful_shutdown=5,
+    )

@@ -1,0 +1,123 @@
+"""Errors as HTTP answers: problem details (RFC 9457) whose `detail` is the one line the CLI
+prints, and whose `error` names ORBIT's error class, so a client raises the very error the
+service raised and the CLI exits with the same code and says the same thing."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from orbit.core.errors import (
+    Forbidden,
+    InvalidInput,
+    NoBackend,
+    NotFound,
+    OrbitError,
+    Refused,
+    StoreError,
+    Unauthorized,
+    Unreachable,
+    pydantic_location,
+)
+
+log = logging.getLogger("orbit.server")
+
+PROBLEM = "application/problem+json"
+STATUS: dict[type[OrbitError], int] = {
+    InvalidInput: 422,
+    NoBackend: 422,
+    NotFound: 404,
+    Refused: 409,
+    Unauthorized: 401,
+    Forbidden: 403,
+    Unreachable: 502,  # a host behind the server did not answer: not the client's mistake
+}
+TITLES = {
+    400: "Bad request",
+    401: "Not signed in",
+    403: "Not allowed",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Refused",
+    413: "Too large",
+    422: "Invalid input",
+    500: "Server error",
+    502: "Host unreachable",
+    503: "Store unavailable",
+}
+# what an answer's body may hold, for the OpenAPI document
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "error"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "error": {"type": "string"},
+        "field": {"type": "string"},
+    },
+}
+
+
+def problem(status: int, detail: str, error: str, **extra: Any) -> JSONResponse:
+    body = {
+        "type": "about:blank",
+        "title": TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+        "error": error,
+        **extra,
+    }
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def status_of(exc: OrbitError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 400
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(OrbitError)
+    async def orbit_error(request: Request, exc: OrbitError) -> JSONResponse:
+        return problem(status_of(exc), str(exc), type(exc).__name__)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        loc = tuple(first.get("loc", ()))
+        if loc and loc[0] in ("body", "query", "path", "header"):
+            loc = loc[1:]
+        field = pydantic_location(loc)
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        if first.get("type") == "extra_forbidden":
+            message = "unknown field"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return problem(422, f"{field}: {message}{more}", "InvalidInput", field=field)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        status = exc.status_code
+        detail = exc.detail if isinstance(exc.detail, str) else TITLES.get(status, "error")
+        error = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(status)
+        return problem(status, detail, error or ("InvalidInput" if status < 500 else "ServerError"))
+
+    @app.exception_handler(StoreError)
+    async def store_down(request: Request, exc: StoreError) -> JSONResponse:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.error("the store failed: %s", first)
+        return problem(503, f"the server's store failed: {first}", "ServerError")
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return problem(500, f"the server failed: {type(exc).__name__}: {exc}", "ServerError")

@@ -1,0 +1,440 @@
+"""/api/v1: everything the CLI does, over HTTP. Each route checks what the caller's role allows
+and calls the control service acting for the caller; nothing here decides anything else."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi.responses import FileResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.background import BackgroundTask
+
+from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
+from orbit.core.control.service import CoreControlService
+from orbit.core.control.submit import ShapedWire
+from orbit.core.control.views import (
+    HostCheck,
+    RunDiff,
+    RunPage,
+    RunView,
+    SubmitPlan,
+    TemplateView,
+)
+from orbit.core.errors import Forbidden, InvalidInput, describe_validation_error
+from orbit.core.hosts import HostRecord, HostSpec
+from orbit.core.layers import LogLayer
+from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
+from orbit.core.records import AuditEvent, ExperimentRecord, RunRecord
+from orbit.forensics.diagnose import Inspection
+from orbit.server.auth import Caller, authenticate
+from orbit.server.config import ServerConfig
+from orbit.server.metrics import Metrics
+from orbit.server.problems import PROBLEM, PROBLEM_SCHEMA
+from orbit.server.uploads import unpack_inputs
+
+FOLLOW_S = 30.0  # a followed log stream ends after this long without the attempt ending: the
+# client asks again from where it got to (proxies drop streams that stay open for long)
+EVENT_BYTES = 64 * 1024  # the most log bytes one event carries
+MAX_FIELD = 1024 * 1024  # a submission's JSON fields; the whole request: limits.upload_bytes
+RUN_REF = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NewExperiment(Body):
+    name: str = Field(min_length=1, max_length=128)
+
+
+class CancelBody(Body):
+    wait_s: float | None = Field(default=None, ge=0, le=3600)
+
+
+class OverridesBody(Body):
+    overrides: ExecutionOverrides | None = None
+
+
+class NewHost(Body):
+    spec: HostSpec
+    check: bool = True
+
+
+class NewUser(Body):
+    name: str = Field(min_length=1, max_length=64)
+    role: Role = Role.MEMBER
+
+
+class NewTokenBody(Body):
+    user: str | None = Field(default=None, min_length=1, max_length=64)
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    expires: str | None = Field(default=None, min_length=1, max_length=16, examples=["30d"])
+
+
+class Stopped(BaseModel):
+    stopped: int
+
+
+class Removed(BaseModel):
+    removed: str
+    stopped_attempts: list[str] = []
+
+
+class ChainReport(BaseModel):
+    events: int
+    head: str | None
+    problems: list[str]
+    intact: bool
+
+
+def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    content = {PROBLEM: {"schema": PROBLEM_SCHEMA}}
+    return {code: {"description": "a problem (RFC 9457)", "content": content} for code in codes}
+
+
+def caller(request: Request) -> Caller:
+    """The request's user (by its bearer token), and the service that will act for them."""
+    service: CoreControlService = request.app.state.service
+    return Caller(authenticate(service, request), service)
+
+
+me = Annotated[Caller, Depends(caller)]
+SubmitForm = Annotated[str, Form(min_length=2, max_length=MAX_FIELD)]
+Source = Annotated[str, Form(min_length=1, max_length=4096)]
+Inputs = Annotated[UploadFile, File(description="the gathered inputs, as tar.gz")]
+
+
+def make_router(service: CoreControlService, config: ServerConfig, metrics: Metrics) -> APIRouter:
+    router = APIRouter(prefix="/api/v1", responses=_problems(401, 403, 404, 409, 422, 502))
+
+    def own_run(who: Caller, ref: str) -> RunRecord:
+        run = service.get_run(ref)
+        who.require_run(run)
+        return run
+
+    # -- who am I ------------------------------------------------------------------------
+    @router.get("/whoami", response_model=UserRecord, tags=["users"])
+    def whoami(who: me) -> UserRecord:
+        return who.user
+
+    # -- templates and experiments -----------------------------------------------------------
+    @router.get("/templates", response_model=list[TemplateView], tags=["catalogue"])
+    def list_templates(who: me) -> list[TemplateView]:
+        return service.list_templates()
+
+    @router.get("/templates/{template_id}", response_model=TemplateView, tags=["catalogue"])
+    def get_template(who: me, template_id: str) -> TemplateView:
+        return service.get_template(template_id)
+
+    @router.get("/experiments", response_model=list[ExperimentRecord], tags=["catalogue"])
+    def list_experiments(who: me) -> list[ExperimentRecord]:
+        return service.list_experiments()
+
+    @router.post(
+        "/experiments", response_model=ExperimentRecord, status_code=201, tags=["catalogue"]
+    )
+    def create_experiment(who: me, body: NewExperiment) -> ExperimentRecord:
+        who.require("submit")
+        with who.acting() as svc:
+            return svc.create_experiment(body.name)
+
+    # -- submitting ----------------------------------------------------------------------
+    def _submission(submission: str, shaped: str, source: str) -> tuple[TaskSubmission, ShapedWire]:
+        try:
+            return (
+                TaskSubmission.model_validate_json(submission),
+                ShapedWire.model_validate_json(shaped),
+            )
+        except ValidationError as exc:
+            raise InvalidInput(describe_validation_error(source, exc)) from None
+
+    @router.post("/runs", response_model=RunRecord, status_code=201, tags=["runs"])
+    def submit(
+        who: me, submission: SubmitForm, shaped: SubmitForm, source: Source, inputs: Inputs
+    ) -> RunRecord:
+        """Freeze and start a run from a submission and the inputs its client gathered."""
+        who.require("submit")
+        task, wire = _submission(submission, shaped, source)
+        with unpack_inputs(inputs.file, config.limits) as folder, who.acting() as svc:
+            try:
+                run = svc.submit_staged(task, wire, folder, source)
+            except Exception:
+                metrics.submissions.labels("refused").inc()
+                raise
+        metrics.submissions.labels("accepted").inc()
+        return run
+
+    @router.post("/runs/plan", response_model=SubmitPlan, tags=["runs"])
+    def plan(
+        who: me, submission: SubmitForm, shaped: SubmitForm, source: Source, inputs: Inputs
+    ) -> SubmitPlan:
+        """What submitting would run and where (a dry run): nothing is written."""
+        task, wire = _submission(submission, shaped, source)
+        with unpack_inputs(inputs.file, config.limits) as folder:
+            return service.plan_staged(task, wire, folder, source)
+
+    # -- runs ------------------------------------------------------------------------------
+    @router.get("/runs", response_model=RunPage, tags=["runs"])
+    def list_runs(
+        who: me,
+        experiment: Annotated[str | None, Query(max_length=128)] = None,
+        state: Annotated[list[RunState] | None, Query()] = None,
+        limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+    ) -> RunPage:
+        return service.run_page(experiment=experiment, states=set(state or ()), limit=limit)
+
+    @router.get("/runs/{ref}", response_model=RunRecord, tags=["runs"])
+    def get_run(who: me, ref: RUN_REF) -> RunRecord:
+        return service.get_run(ref)
+
+    @router.get("/runs/{ref}/view", response_model=RunView, tags=["runs"])
+    def run_view(who: me, ref: RUN_REF, refresh: bool = True, images: bool = False) -> RunView:
+        return service.run_view(ref, refresh=refresh, images=images)
+
+    @router.post("/runs/{ref}/refresh", response_model=RunRecord, tags=["runs"])
+    def refresh(who: me, ref: RUN_REF) -> RunRecord:
+        """Ask where the run executes how it stands now (the server's loops do this anyway)."""
+        return service.refresh_run_status(ref)
+
+    @router.post("/runs/{ref}/cancel", response_model=RunRecord, tags=["runs"])
+    def cancel(who: me, ref: RUN_REF, body: CancelBody | None = None) -> RunRecord:
+        own_run(who, ref)
+        with who.acting() as svc:
+            return svc.cancel_run(ref, wait_s=(body or CancelBody()).wait_s)
+
+    @router.post("/runs/{ref}/retry", response_model=RunRecord, tags=["runs"])
+    def retry(who: me, ref: RUN_REF, body: OverridesBody | None = None) -> RunRecord:
+        own_run(who, ref)
+        with who.acting() as svc:
+            return svc.retry_run(ref, (body or OverridesBody()).overrides)
+
+    @router.post("/runs/{ref}/replay", response_model=RunRecord, status_code=201, tags=["runs"])
+    def replay(who: me, ref: RUN_REF, body: OverridesBody | None = None) -> RunRecord:
+        """A new run of the same bundle: the caller's own, so any member may replay any run."""
+        who.require("submit")
+        with who.acting() as svc:
+            return svc.replay_run(ref, (body or OverridesBody()).overrides)
+
+    @router.post("/runs/{ref}/leftovers/stop", response_model=Stopped, tags=["runs"])
+    def stop_leftovers(who: me, ref: RUN_REF) -> Stopped:
+        own_run(who, ref)
+        with who.acting() as svc:
+            return Stopped(stopped=svc.stop_leftovers(ref))
+
+    @router.get("/runs/{ref}/inspect", response_model=Inspection, tags=["forensics"])
+    def inspect(
+        who: me, ref: RUN_REF, attempt: Annotated[int | None, Query(ge=1)] = None
+    ) -> Inspection:
+        return service.inspect_run(ref, attempt)
+
+    @router.get("/diff", response_model=RunDiff, tags=["forensics"])
+    def diff(who: me, a: RUN_REF, b: RUN_REF) -> RunDiff:
+        return service.diff_runs(a, b)
+
+    # -- logs ------------------------------------------------------------------------------
+    @router.get(
+        "/runs/{ref}/logs/{layer}",
+        tags=["logs"],
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    )
+    def logs(
+        who: me,
+        request: Request,
+        ref: RUN_REF,
+        layer: LogLayer,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        attempt: Annotated[int | None, Query(ge=1)] = None,
+        only_attempt: Annotated[str | None, Query(max_length=64)] = None,
+        follow: bool = False,
+    ) -> StreamingResponse:
+        """A log as Server-Sent Events: `log` events carry base64 bytes, each with the byte
+        offset after them as its id (send it back as Last-Event-ID to go on from there); an
+        `end` event says where the log stands (offset, attempt, whether it had ended). With
+        `follow`, the stream stays open while the attempt runs (up to 30 s a request)."""
+        resume = request.headers.get("last-event-id", "")
+        if resume.isdigit():
+            offset = int(resume)
+        service.get_run(ref)  # an unknown run is a 404, not an empty stream
+        return StreamingResponse(
+            _log_events(service, ref, layer, offset, attempt, only_attempt, follow),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    # -- artifacts -----------------------------------------------------------------------
+    @router.get(
+        "/runs/{ref}/artifacts",
+        tags=["runs"],
+        response_class=FileResponse,
+        responses={200: {"content": {"application/x-tar": {"schema": {"type": "string"}}}}},
+    )
+    def collect(
+        who: me, ref: RUN_REF, attempt: Annotated[int | None, Query(ge=1)] = None
+    ) -> FileResponse:
+        """Collect an attempt's artifacts to the server (incrementally) and send them as a
+        tar; the X-Orbit-Collect header holds what the collect found (files, bytes moved,
+        whether every file matched the run's manifest)."""
+        run = service.get_run(ref)
+        found = service._attempt(run, attempt)
+        cache = service.bundles_dir.parent / "collected" / run.id / str(found.number)
+        with who.acting() as svc:
+            result = svc.collect_run_artifacts(ref, cache, attempt)
+        scratch = Path(tempfile.mkdtemp(prefix=".collect-", dir=service.bundles_dir.parent))
+        archive = scratch / "artifacts.tar"
+        import tarfile
+
+        with tarfile.open(archive, "w") as tar:
+            tar.add(cache, arcname=".")
+        summary = result.model_dump(mode="json", exclude={"dest"})
+        return FileResponse(
+            archive,
+            media_type="application/x-tar",
+            headers={"X-Orbit-Collect": json.dumps(summary)},
+            background=BackgroundTask(shutil.rmtree, scratch, ignore_errors=True),
+        )
+
+    # -- the audit trail -------------------------------------------------------------------
+    @router.get("/audit", response_model=list[AuditEvent], tags=["audit"])
+    def audit(
+        who: me,
+        run: Annotated[str | None, Query(max_length=64)] = None,
+        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+    ) -> list[AuditEvent]:
+        return service.audit(run, limit)
+
+    @router.get("/audit/verify", response_model=ChainReport, tags=["audit"])
+    def verify(who: me) -> ChainReport:
+        check = service.verify_audit()
+        return ChainReport(
+            events=check.events,
+            head=check.head,
+            problems=list(check.problems),
+            intact=check.intact,
+        )
+
+    # -- SSH hosts -------------------------------------------------------------------------
+    @router.get("/hosts", response_model=list[HostRecord], tags=["hosts"])
+    def list_hosts(who: me) -> list[HostRecord]:
+        return service.list_hosts()
+
+    @router.post("/hosts", response_model=HostRecord, status_code=201, tags=["hosts"])
+    def add_host(who: me, body: NewHost) -> HostRecord:
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.add_host(body.spec, check=body.check)
+
+    @router.get("/hosts/{name}", response_model=HostRecord, tags=["hosts"])
+    def get_host(who: me, name: str) -> HostRecord:
+        return service.get_host(name)
+
+    @router.post("/hosts/{name}/check", response_model=HostCheck, tags=["hosts"])
+    def check_host(who: me, name: str) -> HostCheck:
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.check_host(name)
+
+    @router.delete("/hosts/{name}", response_model=Removed, tags=["hosts"])
+    def remove_host(who: me, name: str) -> Removed:
+        who.require("admin")
+        with who.acting() as svc:
+            return Removed(removed=name, stopped_attempts=svc.remove_host(name))
+
+    # -- users and tokens ------------------------------------------------------------------
+    @router.get("/users", response_model=list[UserRecord], tags=["users"])
+    def list_users(who: me) -> list[UserRecord]:
+        who.require("admin")
+        return service.list_users()
+
+    @router.post("/users", response_model=UserRecord, status_code=201, tags=["users"])
+    def add_user(who: me, body: NewUser) -> UserRecord:
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.add_user(body.name, body.role)
+
+    @router.delete("/users/{name}", response_model=UserRecord, tags=["users"])
+    def remove_user(who: me, name: str) -> UserRecord:
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.remove_user(name)
+
+    @router.get("/tokens", response_model=list[TokenRecord], tags=["users"])
+    def list_tokens(
+        who: me, user: Annotated[str | None, Query(max_length=64)] = None
+    ) -> list[TokenRecord]:
+        """The caller's own tokens; an admin's: everyone's, or one user's."""
+        if not who.admin:
+            if user not in (None, who.user.name):
+                raise Forbidden(f"{who.user.name} may list only their own tokens")
+            user = who.user.name
+        return service.list_tokens(user)
+
+    @router.post("/tokens", response_model=NewToken, status_code=201, tags=["users"])
+    def create_token(who: me, body: NewTokenBody) -> NewToken:
+        """A new token, shown in this answer only (the server keeps its hash)."""
+        user = body.user or who.user.name
+        if user != who.user.name:
+            who.require("admin")
+        with who.acting() as svc:
+            return svc.create_token(user, body.name, body.expires)
+
+    @router.delete("/tokens/{token_id}", response_model=TokenRecord, tags=["users"])
+    def revoke_token(who: me, token_id: str) -> TokenRecord:
+        found = service.store.get_token(token_id)
+        if found.user != who.user.name:
+            who.require("admin")
+        with who.acting() as svc:
+            return svc.revoke_token(token_id)
+
+    return router
+
+
+def _log_events(
+    service: CoreControlService,
+    ref: str,
+    layer: LogLayer,
+    offset: int,
+    attempt: int | None,
+    only_attempt: str | None,
+    follow: bool,
+) -> Iterator[str]:
+    """The events of one log stream (see the `logs` route)."""
+    deadline = time.monotonic() + FOLLOW_S
+    quiet_since = time.monotonic()
+    while True:
+        if only_attempt is not None and attempt is None:
+            current = service.get_run(ref).current
+            if current.id != only_attempt:  # a retry began: the caller starts its log anew
+                yield _end(offset, current.number, current.id, current.state.terminal)
+                return
+        chunk = service.read_log(ref, layer, offset, attempt)
+        if chunk.data:
+            for start in range(0, len(chunk.data), EVENT_BYTES):
+                piece = chunk.data[start : start + EVENT_BYTES]
+                offset += len(piece)
+                text = base64.b64encode(piece).decode()
+                yield f"id: {offset}\nevent: log\ndata: {text}\n\n"
+            quiet_since = time.monotonic()
+            continue
+        if not follow or chunk.ended or time.monotonic() >= deadline:
+            yield _end(chunk.offset, chunk.attempt, chunk.attempt_id, chunk.ended)
+            return
+        if time.monotonic() - quiet_since > 10:
+            yield ": still here\n\n"  # keeps proxies from closing a quiet stream
+            quiet_since = time.monotonic()
+        time.sleep(0.25)
+
+
+def _end(offset: int, attempt: int, attempt_id: str, ended: bool) -> str:
+    data = json.dumps(
+        {"offset": offset, "attempt": attempt, "attempt_id": attempt_id, "ended": ended}
+    )
+    return f"id: {offset}\nevent: end\ndata: {data}\n\n"

@@ -1,0 +1,65 @@
+"""A submission's gathered inputs, as a client sent them (tar.gz): unpacked into a scratch
+folder that is removed afterwards, refusing anything that could write outside it (absolute
+paths, `..`, links that lead out, devices) and anything over the configured limits."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from orbit.core.errors import InvalidInput
+from orbit.server.config import Limits
+
+
+@contextmanager
+def unpack_inputs(stream: IO[bytes], limits: Limits) -> Iterator[Path]:
+    scratch = Path(tempfile.mkdtemp(prefix="orbit-inputs-"))
+    try:
+        folder = scratch / "inputs"
+        folder.mkdir()
+        _unpack(stream, folder, limits)
+        yield folder
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
+    try:
+        with tarfile.open(fileobj=stream, mode="r:*") as tar:
+            members, size = [], 0
+            for member in tar:
+                members.append(member)
+                size += max(member.size, 0)
+                if len(members) > limits.inputs_files:
+                    raise InvalidInput(
+                        f"inputs: more than {limits.inputs_files:,} files (limits.inputs_files)"
+                    )
+                if size > limits.inputs_bytes:
+                    raise InvalidInput(
+                        f"inputs: more than {limits.inputs_bytes:,} bytes unpacked "
+                        "(limits.inputs_bytes)"
+                    )
+            for member in members:
+                try:
+                    tar.extract(member, folder, filter="data")
+                except tarfile.FilterError as exc:
+                    raise InvalidInput(f"inputs: {member.name}: {_why(exc)}") from None
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        if isinstance(exc, tarfile.FilterError):
+            raise
+        raise InvalidInput(f"inputs: not a readable tar archive ({exc})") from None
+
+
+def _why(exc: tarfile.FilterError) -> str:
+    return {
+        tarfile.AbsolutePathError: "an absolute path",
+        tarfile.OutsideDestinationError: "a path outside the inputs",
+        tarfile.AbsoluteLinkError: "a link to an absolute path",
+        tarfile.LinkOutsideDestinationError: "a link that leads outside the inputs",
+        tarfile.SpecialFileError: "not a file, folder or link",
+    }.get(type(exc), str(exc))
