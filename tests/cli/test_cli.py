@@ -1,4 +1,7 @@
-"""The `orbit` command as a user runs it: a real process, its exit code, stdout and stderr."""
+"""The `orbit` command as a user runs it: a real process, its exit code, stdout and stderr.
+Every test runs twice: embedded (the store in the CLI's own process) and against a real
+`orbit server` process on loopback (ORBIT_SERVER, ORBIT_TOKEN), where it must behave the same:
+same output, same --json, same exit codes, same one-line errors."""
 
 from __future__ import annotations
 
@@ -14,18 +17,23 @@ import yaml
 
 from orbit.store import Store
 from tests.helpers import eventually, write_spec
+from tests.orbit_server import Server
 
 ORBIT = [sys.executable, "-m", "orbit"]
 
 
-@pytest.fixture
-def env(orbit_home: Path, store_url: str) -> dict[str, str]:
-    return {
+@pytest.fixture(params=["embedded", "server"])
+def env(request: pytest.FixtureRequest, orbit_home: Path, store_url: str) -> dict[str, str]:
+    embedded = {
         **os.environ,
         "ORBIT_HOME": str(orbit_home),
         "ORBIT_DATABASE_URL": store_url,
         "COLUMNS": "200",
     }
+    if request.param == "embedded":
+        return embedded
+    server: Server = request.getfixturevalue("orbit_server")
+    return {**server.env(), "ORBIT_DATABASE_URL": "sqlite:////nonexistent/not-used.db"}
 
 
 def orbit(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -269,6 +277,7 @@ def test_submit_dry_run_shows_what_would_run_and_writes_nothing(
         task={"command": ["python3", "-c", "print(1)"], "env": {"MODE": "fast"}},
         overrides={"resources": {"cpu_count": 2}},
     )
+    events = orbit_json(env, "audit")  # a server's first start audited its admin already
     plan = orbit(env, "submit", str(spec), "--dry-run").stdout
     assert "nothing was submitted" in plan
     for expected in ("python3 -c print(1)", "MODE", "cpu_count=2", "local_host_process"):
@@ -280,7 +289,7 @@ def test_submit_dry_run_shows_what_would_run_and_writes_nothing(
     bundle_line = next(line for line in plan.splitlines() if line.strip().startswith("bundle"))
     digest = bundle_line.split()[1]
     assert orbit_json(env, "runs", "list") == []
-    assert orbit_json(env, "audit") == []
+    assert orbit_json(env, "audit") == events
     assert not (orbit_home / "bundles").exists() or not any((orbit_home / "bundles").iterdir())
     run = orbit_json(env, "submit", str(spec))
     assert run["bundle"]["digest"] == digest

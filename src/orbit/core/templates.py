@@ -44,18 +44,46 @@ class TemplateRegistry:
     """Templates by id (the file's name). A file is read only when its id is asked for, so one
     broken template breaks that template alone, not every command."""
 
-    def __init__(self, folders: Iterable[Path]) -> None:
-        self._paths: dict[str, Path] = {}
-        self._loaded: dict[str, TemplateSource] = {}
-        for folder in folders:
+    def __init__(self, folders: Iterable[Path], *, live: bool = False) -> None:
+        """`live`: look at the folders again on every use, and read a file again once it
+        changed (a long-running server sees templates added or edited since it started)."""
+        self._folders = list(folders)
+        self._live = live
+        self._seen: tuple[tuple[str, int], ...] = ()
+        self._scan()
+
+    def _scan(self) -> None:
+        paths: dict[str, Path] = {}
+        for folder in self._folders:
             if folder.is_dir():
                 for path in sorted(folder.glob("*.y*ml")):
-                    self._paths[path.stem] = path
+                    paths[path.stem] = path
+        self._paths = paths
+        self._loaded: dict[str, TemplateSource] = {}
+        if self._live:
+            self._seen = self._signature()
+
+    def _signature(self) -> tuple[tuple[str, int], ...]:
+        found = []
+        for folder in self._folders:
+            if folder.is_dir():
+                for path in folder.glob("*.y*ml"):
+                    try:
+                        found.append((str(path), path.stat().st_mtime_ns))
+                    except OSError:
+                        continue
+        return tuple(sorted(found))
+
+    def _check(self) -> None:
+        if self._live and self._signature() != self._seen:
+            self._scan()
 
     def ids(self) -> list[str]:
+        self._check()
         return sorted(self._paths)
 
     def source(self, template_id: str) -> TemplateSource:
+        self._check()
         if template_id in self._loaded:
             return self._loaded[template_id]
         try:

@@ -18,7 +18,7 @@ log = logging.getLogger("orbit.server")
 def open_service(settings: Settings, config: ServerConfig) -> CoreControlService:
     if config.database_url:
         settings = dataclasses.replace(settings, database_url=config.database_url)
-    service = CoreControlService.from_settings(settings, actor="orbit-server")
+    service = CoreControlService.from_settings(settings, actor="orbit-server", live_templates=True)
     service.looks_on_read = not config.loops  # the loops look; reads answer from the store
     return service
 

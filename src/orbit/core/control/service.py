@@ -65,8 +65,14 @@ class CoreControlService(Reading, Accounts):
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, cwd: Path | None = None, actor: str | None = None
+        cls,
+        settings: Settings,
+        cwd: Path | None = None,
+        actor: str | None = None,
+        live_templates: bool = False,
     ) -> CoreControlService:
+        """`live_templates`: see templates added or changed after the service was made (a
+        server), rather than those there when first asked (a command)."""
         from orbit.core.execution.service import ExecutionService
         from orbit.store import Store
 
@@ -75,7 +81,8 @@ class CoreControlService(Reading, Accounts):
         def templates() -> TemplateRegistry:
             from orbit.core.templates import TemplateRegistry, default_search_path
 
-            return TemplateRegistry(default_search_path(settings.templates_dir, folder))
+            search = default_search_path(settings.templates_dir, folder)
+            return TemplateRegistry(search, live=live_templates)
 
         def ssh_options() -> SshOptions:
             from orbit.core.execution.ssh.transport import options_for
