@@ -70,9 +70,11 @@ def launch(
     *args: str,
     port: int | None = None,
     env: dict[str, str] | None = None,
+    scheme: str = "http",
+    verify: str | bool = True,
 ) -> Server:
     port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{scheme}://127.0.0.1:{port}"
     log = home / f"server-{port}-{time.monotonic_ns()}.log"
     home.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if k not in ("ORBIT_SERVER", "ORBIT_TOKEN")}
@@ -89,7 +91,7 @@ def launch(
         if proc.poll() is not None:
             raise AssertionError(f"orbit server exited {proc.returncode}:\n{server.output()}")
         try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/healthz", timeout=2, verify=verify).status_code == 200:
                 break
         except httpx.TransportError:
             pass

@@ -42,7 +42,7 @@ from orbit.server.uploads import unpack_inputs
 
 FOLLOW_S = 30.0  # a followed log stream ends after this long without the attempt ending: the
 # client asks again from where it got to (proxies drop streams that stay open for long)
-EVENT_BYTES = 64 * 1024  # the most log bytes one event carries
+EVENT_BYTES = 16 * 1024  # the most log bytes one event carries (a cut stream loses at most one)
 MAX_FIELD = 1024 * 1024  # a submission's JSON fields; the whole request: limits.upload_bytes
 RUN_REF = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
