@@ -291,7 +291,11 @@ def test_metrics_are_prometheus_text_without_ids(orbit_server: Server, tmp_path:
     orbit(orbit_server.env(), "runs", "show", run_id)
     assert httpx.get(f"{orbit_server.url}/healthz").json()["status"] == "ok"  # no token
     assert httpx.get(f"{orbit_server.url}/api/v1/runs").status_code == 401
-    text = httpx.get(f"{orbit_server.url}/metrics").text
+    assert httpx.get(f"{orbit_server.url}/metrics").status_code == 401
+    assert httpx.get(f"{orbit_server.url}/openapi.json").status_code == 401
+    with orbit_server.client(token_for(orbit_server, "prometheus", "viewer")) as http:
+        text = http.get("/metrics").text
+        assert http.get("/openapi.json").json()["paths"]["/api/v1/runs/{ref}"]
     assert 'orbit_submissions_total{outcome="accepted"} 1.0' in text
     assert 'orbit_runs{state="' in text
     assert 'route="/api/v1/runs/{ref}/view"' in text

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,7 +19,7 @@ from orbit.server import problems
 from orbit.server.config import ServerConfig
 from orbit.server.loops import Reconciler
 from orbit.server.metrics import Metrics
-from orbit.server.routes import make_router
+from orbit.server.routes import make_router, me
 
 UPLOAD_PATHS = frozenset({"/api/v1/runs", "/api/v1/runs/plan"})
 
@@ -48,6 +48,9 @@ def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
         summary="A control plane for ML jobs on GPUs that come and go.",
         lifespan=lifespan,
         responses={413: {"description": "too large"}},
+        openapi_url=None,  # served below, behind a token like everything but /healthz
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = service
     app.state.reconciler = reconciler
@@ -61,9 +64,14 @@ def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
         return {"status": "ok", "version": __version__}
 
     @app.get("/metrics", tags=["server"], response_class=PlainTextResponse)
-    def metrics_text() -> PlainTextResponse:
-        """Prometheus text exposition. Needs no token (it carries no ids or names)."""
+    def metrics_text(who: me) -> PlainTextResponse:
+        """Prometheus text exposition (scrape it with a viewer's token as bearer token)."""
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(who: me) -> JSONResponse:
+        """This API's OpenAPI document."""
+        return JSONResponse(app.openapi())
 
     app.add_middleware(
         BodyLimit, body_bytes=config.limits.body_bytes, upload_bytes=config.limits.upload_bytes
