@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import tarfile
 import tempfile
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+# httpx imports its own command line (`httpx._main`: click, rich, pygments) unless that fails;
+# an empty stand-in makes it fail, which httpx allows for, and spares every `orbit` command
+# talking to a server ~50 ms of imports it never uses.
+sys.modules.setdefault("httpx._main", types.ModuleType("httpx._main"))
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
