@@ -24,8 +24,9 @@ class Role(StrEnum):
 TOKEN_PREFIX = "orbit_"  # says what a leaked string is (secret scanners look for prefixes)
 TOKEN_BYTES = 32
 
-# "read": everyone; "submit": members and admins; "control" (cancel, retry, replay, collect,
-# leftovers of a run): admins, and members for their own runs; "admin" (users, other users'
+# "read": everyone (collecting a run's artifacts is reading it); "submit": members and admins
+# (a replay is a new run of the replayer's own); "control" (cancel, retry, leftovers of a run):
+# admins, and members for their own runs; "admin" (users, other users'
 # tokens, hosts add/remove/check): admins only
 ACTIONS = frozenset({"read", "submit", "control", "admin"})
 
