@@ -62,9 +62,9 @@ def login(
 
 def logout() -> None:
     """Forget the server and token `orbit login` saved: commands are embedded again."""
-    from orbit.cli.common import settings
+    from orbit.core.config import orbit_home
 
-    path = settings().credentials_file
+    path = orbit_home() / "credentials.json"  # read nothing: a damaged file goes just the same
     if path.exists():
         path.unlink()
         console.print(f"logged out (removed {path})")

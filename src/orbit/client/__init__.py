@@ -180,23 +180,40 @@ class Run:
 
         chosen = LogLayer(layer)
         pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=64)
+        stop = threading.Event()
+
+        def put(item: bytes | BaseException | None) -> None:
+            while not stop.is_set():  # a reader that went away must not hold this thread
+                try:
+                    pieces.put(item, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+            raise _Stopped
 
         def pump() -> None:
             try:
-                self._pump(chosen, attempt, follow, pieces.put)
+                self._pump(chosen, attempt, follow, put)
+                put(None)
+            except _Stopped:
+                return
             except BaseException as exc:
-                pieces.put(exc)
-            else:
-                pieces.put(None)
+                try:
+                    put(exc)
+                except _Stopped:
+                    return
 
         threading.Thread(target=pump, name=f"logs-{self.record.id}", daemon=True).start()
-        while True:
-            item = pieces.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        try:
+            while True:
+                item = pieces.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()  # the caller stopped reading (or the log ended): the pump stops too
 
     def _pump(self, layer: Any, attempt: int | None, follow: bool, put: Any) -> None:
         import time
@@ -224,3 +241,7 @@ class Run:
                 continue
             self.api.refresh_run_status(self.record.id)
             time.sleep(0.5)
+
+
+class _Stopped(Exception):
+    """The reader of Run.logs stopped: the thread feeding it ends."""

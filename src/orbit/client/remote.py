@@ -34,7 +34,14 @@ from orbit.core.control.views import (
     SubmitPlan,
     TemplateView,
 )
-from orbit.core.errors import BY_NAME, InvalidInput, OrbitError, ServerError, Unreachable
+from orbit.core.errors import (
+    BY_NAME,
+    InvalidInput,
+    NotFound,
+    OrbitError,
+    ServerError,
+    Unreachable,
+)
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.layers import LogLayer
 from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
@@ -129,7 +136,12 @@ class RemoteControl:
             }
             with archive.open("rb") as data:
                 files = {"inputs": ("inputs.tar.gz", data, "application/gzip")}
-                response = self._send("POST", path, data=form, files=files)
+                try:
+                    response = self._send("POST", path, data=form, files=files)
+                except NotFound as exc:
+                    if not str(exc).startswith("unknown template"):
+                        raise
+                    raise NotFound(f"{exc}; templates are the server's ({self.url})") from None
         return model.model_validate_json(response.content)
 
     # -- runs ----------------------------------------------------------------------------
@@ -252,8 +264,10 @@ class RemoteControl:
                 raise self._unreachable(exc) from None
             spool.seek(0)
             dest.mkdir(parents=True, exist_ok=True)
+            from orbit.core.tarsafe import extract_all
+
             with tarfile.open(fileobj=spool, mode="r:") as tar:
-                tar.extractall(dest, filter="data")
+                extract_all(tar, dest, "artifacts")
         return CollectResult(dest=dest, **summary)
 
     # -- the audit trail -------------------------------------------------------------------

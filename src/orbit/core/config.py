@@ -41,7 +41,7 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
-        home = Path(os.environ.get("ORBIT_HOME") or Path.home() / ".orbit").expanduser()
+        home = orbit_home()
         url = os.environ.get("ORBIT_DATABASE_URL") or f"sqlite:///{home / 'orbit.db'}"
         ssh_config = os.environ.get("ORBIT_SSH_CONFIG")
         timeout = os.environ.get("ORBIT_SSH_TIMEOUT")
@@ -66,6 +66,11 @@ class Settings:
         )
 
 
+def orbit_home() -> Path:
+    """$ORBIT_HOME, default ~/.orbit."""
+    return Path(os.environ.get("ORBIT_HOME") or Path.home() / ".orbit").expanduser()
+
+
 def _saved_login(path: Path) -> dict[str, str]:
     """What `orbit login` saved: {"server": URL, "token": T}, or nothing."""
     try:
@@ -73,9 +78,11 @@ def _saved_login(path: Path) -> dict[str, str]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise InvalidInput(f"{path}: not the file `orbit login` writes ({exc})") from None
+        raise InvalidInput(
+            f"{path}: not the file `orbit login` writes ({exc}); remove it and log in again"
+        ) from None
     if not isinstance(data, dict):
-        raise InvalidInput(f"{path}: not the file `orbit login` writes")
+        raise InvalidInput(f"{path}: not the file `orbit login` writes; remove it, log in again")
     return {k: v for k, v in data.items() if isinstance(v, str)}
 
 
