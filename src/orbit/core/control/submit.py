@@ -8,6 +8,8 @@ and gathers its inputs (`gather_inputs`), and the server freezes what it was sen
 
 from __future__ import annotations
 
+import posixpath
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from orbit.core.control.lifecycle import Lifecycle
 from orbit.core.control.views import SubmitPlan
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
     from orbit.core.tasks import TaskRegistry
 
 
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 class ShapedWire(Strict):
     """A shaped task as a client sends it to `orbit server`, beside its gathered inputs."""
 
@@ -46,6 +51,29 @@ class ShapedWire(Strict):
     workdir: str = Field(default="workdir", min_length=1, max_length=256)
     interpreter: str = Field(default="python3", min_length=1, max_length=4096)
     shell_command: str | None = None
+
+    @field_validator("workdir")
+    @classmethod
+    def _inside_inputs(cls, value: str) -> str:
+        clean = posixpath.normpath(value)
+        if value.startswith("/") or clean != value or clean == ".." or clean.startswith("../"):
+            raise ValueError("must be a plain relative path inside inputs/ (no '..', no '/')")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> ShapedWire:
+        texts = [*self.entrypoint, *self.env.values(), self.interpreter, self.shell_command or ""]
+        if any("\x00" in text for text in texts):
+            raise ValueError("a NUL byte cannot be passed to a process")
+        return self
 
     @classmethod
     def of(cls, shaped: ShapedTask) -> ShapedWire:
