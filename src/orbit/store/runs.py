@@ -444,3 +444,28 @@ class RunsMixin(RunQueriesMixin):
                 "WHERE id = :id AND reconcile_owner = :owner",
                 {"due": next_due, "id": attempt_id, "owner": owner},
             )
+
+    def reconcile_holders(self, at: datetime) -> list[str]:
+        """Who holds the reconcile leases of active attempts not due at `at`: a replica with a
+        look under way, or the one whose last look scheduled the next."""
+        placeholders, states = expand("state", [s.value for s in RunState if not s.terminal])
+        with self._read() as tx:
+            rows = tx.all(
+                "SELECT DISTINCT reconcile_owner FROM attempts "
+                f"WHERE state IN ({placeholders}) AND reconcile_due_at > :at "
+                "AND reconcile_owner IS NOT NULL",
+                {**states, "at": at},
+            )
+        return sorted(str(r["reconcile_owner"]) for r in rows)
+
+    def release_reconcile(self, owner: str, at: datetime) -> int:
+        """`owner` is known gone (killed mid-look, say): the active attempts it holds are due
+        at `at`, instead of when its leases would have run out. How many."""
+        placeholders, states = expand("state", [s.value for s in RunState if not s.terminal])
+        with self._write() as tx:
+            return tx.execute(
+                "UPDATE attempts SET reconcile_due_at = :at "
+                f"WHERE reconcile_owner = :owner AND state IN ({placeholders}) "
+                "AND reconcile_due_at > :at",
+                {**states, "owner": owner, "at": at},
+            )

@@ -40,6 +40,21 @@ def launcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def process_gone(owner: str) -> bool:
+    """Whether `owner` (HOST:PID, as `launcher_id` names a process) is a process of this host
+    that no longer exists. Another host's process can only be judged by its lease."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def lease_lapsed(attempt: AttemptRecord, at: datetime) -> bool:
     """Whether the process that claimed the launch is known gone: its lease ran out, or it was
     a process of this host that no longer exists."""
@@ -47,15 +62,7 @@ def lease_lapsed(attempt: AttemptRecord, at: datetime) -> bool:
         return True
     if attempt.lease_expires_at is None or attempt.lease_expires_at <= at:
         return True
-    host, _, pid = attempt.lease_owner.rpartition(":")
-    if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-    return False
+    return process_gone(attempt.lease_owner)
 
 
 def _contact_is_old(attempt: AttemptRecord, every_s: float = 1.0) -> bool:
