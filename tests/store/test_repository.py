@@ -14,6 +14,7 @@ from orbit.core.errors import IllegalTransition, InvalidInput, NotFound
 from orbit.core.models import FailureReason, RunState
 from orbit.core.records import AttemptRecord, AuditEvent, RunRecord
 from orbit.store import Store
+from orbit.store.runs import AutoRetry
 from orbit.store.schema import HEAD_REVISION
 from tests.store.raw import query, table_names
 
@@ -250,6 +251,49 @@ def test_add_attempt_numbers_and_refuses_while_active(store: Store) -> None:
         (2, "auto_retry"),
         (3, "retry"),
     ]
+
+
+def test_an_end_opens_its_automatic_retry_in_the_same_move(store: Store) -> None:
+    """A reader never sees the run ended while its retry is to come, and a process that dies
+    after the end cannot lose the retry: both are one transaction. A cancel asked for before
+    the end is made opens none; a move that lost its compare-and-set opens none either."""
+    exp = store.create_experiment("e", ACTOR)
+    run = make_run(store, exp.id)
+    a1 = run.current.id
+    drive(store, a1, (S.SUBMITTED, None), (S.RUNNING, None))
+    later = base.utcnow()
+    retry = AutoRetry(event={"retry": 1, "backoff_s": 5.0}, not_before=later)
+    assert store.move_attempt(
+        a1, S.FAILED, actor=ACTOR, reason=FailureReason.NODE_LOST, expect=S.RUNNING, retry=retry
+    )
+    again = store.get_run(run.id)
+    assert [(a.number, a.state, a.trigger) for a in again.attempts] == [
+        (1, S.FAILED, "submit"),
+        (2, S.PREPARED, "auto_retry"),
+    ]
+    assert again.current.not_before == later and again.current.lease_owner is None
+    assert again.current.target == "localhost"
+    actions = [(e.action, e.attempt_id) for e in store.list_events(run_id=run.id)][-3:]
+    assert actions == [
+        ("attempt.state", a1),
+        ("run.auto_retry", a1),
+        ("attempt.created", f"{run.id}-2"),
+    ]
+    # a second process ending the same attempt (it saw it running) loses, and opens nothing
+    assert not store.move_attempt(
+        a1, S.FAILED, actor=ACTOR, reason=FailureReason.NODE_LOST, expect=S.RUNNING, retry=retry
+    )
+    a2 = again.current.id
+    claim = ("host:1", later)
+    store.request_cancel(a2, ACTOR)
+    assert store.move_attempt(
+        a2,
+        S.FAILED,
+        actor=ACTOR,
+        reason=FailureReason.STAGING_FAILED,
+        retry=AutoRetry(launcher=claim),
+    )
+    assert [a.number for a in store.get_run(run.id).attempts] == [1, 2]
 
 
 def test_list_runs_filters_on_experiment_and_current_attempt(store: Store) -> None:

@@ -323,6 +323,22 @@ def test_claims_lease_attempts_until_due_and_skip_the_ended(store: Store) -> Non
     assert not [e for e in store.list_events() if "reconcile" in e.action]
 
 
+def test_the_leases_of_a_gone_owner_are_released_at_once(store: Store) -> None:
+    made = attempts(store, 4)
+    at = now()
+    lease = at + timedelta(seconds=60)
+    held = store.claim_reconcile("dead", at=at, lease_until=lease, limit=3)
+    assert len(store.claim_reconcile("alive", at=at, lease_until=lease, limit=10)) == 1
+    store.move_attempt(held[0][1], S.FAILED, actor=ACTOR, reason=FailureReason.LAUNCH_FAILED)
+    assert store.reconcile_holders(at) == ["alive", "dead"]
+    assert store.reconcile_holders(lease) == []  # all due by then
+    assert store.release_reconcile("dead", at) == 2  # the ended attempt is left as it is
+    assert store.reconcile_holders(at) == ["alive"]
+    # what the gone owner held is due now, and the next claim takes it; the rest wait
+    taken = store.claim_reconcile("next", at=at, lease_until=lease, limit=10)
+    assert sorted(taken) == sorted(held[1:]) and len(made) == 4
+
+
 def test_the_longest_due_are_claimed_first(store: Store) -> None:
     made = attempts(store, 3)
     at = now()

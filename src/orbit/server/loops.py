@@ -2,7 +2,9 @@
 claims the active attempts that are due under a lease in the store (FOR UPDATE SKIP LOCKED on
 PostgreSQL), so that replicas share the work and never look at one attempt together; each look
 is the same refresh a command does embedded, whose every move is a compare-and-set, so that
-even a lease that lapsed mid-look cannot launch, retry or end an attempt twice."""
+even a lease that lapsed mid-look cannot launch, retry or end an attempt twice. The leases of
+a replica of this host that is gone (killed mid-look, then restarted) are released at once
+rather than left to run out."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
-from orbit.core.control.lifecycle import launcher_id
+from orbit.core.control.lifecycle import launcher_id, process_gone
 from orbit.core.control.service import CoreControlService
 from orbit.core.errors import NoBackend, OrbitError
 from orbit.server.metrics import Metrics
@@ -20,6 +22,8 @@ from orbit.server.metrics import Metrics
 log = logging.getLogger("orbit.server.loops")
 
 LOOK_LEASE_S = 60.0  # a look that takes longer than this (a host timing out) may be taken over
+RELEASE_EVERY_S = 10.0  # how often a replica asks whether a lease holder of its host is gone
+OWNER_PREFIX = "reconcile:"
 
 
 class Reconciler:
@@ -29,9 +33,10 @@ class Reconciler:
         self.service = service
         self.metrics = metrics
         self.every_s = every_s
-        self.owner = f"reconcile:{launcher_id()}"
+        self.owner = f"{OWNER_PREFIX}{launcher_id()}"
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
         self.batch = workers * 4
+        self._released_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
 
@@ -57,9 +62,26 @@ class Reconciler:
             self._stop.wait(max(0.0, due - time.monotonic()))
             due = max(due, time.monotonic() - self.every_s)  # after a long pass: no burst
 
+    def release_the_gone(self) -> list[str]:
+        """Make the attempts whose reconcile leases a gone process of this host holds due now.
+        Without this, a server killed mid-look and restarted (or a replica beside one that
+        was killed) would leave those attempts unlooked-at for LOOK_LEASE_S. Returns the
+        owners released."""
+        at = datetime.now(UTC)
+        released = []
+        for owner in self.service.store.reconcile_holders(at):
+            if owner.startswith(OWNER_PREFIX) and process_gone(owner[len(OWNER_PREFIX) :]):
+                count = self.service.store.release_reconcile(owner, at)
+                log.info("released %d reconcile leases of %s, which is gone", count, owner)
+                released.append(owner)
+        return released
+
     def run_pass(self) -> int:
         """Look at every attempt that is due, a batch at a time; how many were looked at."""
         looked = 0
+        if self._released_at is None or time.monotonic() - self._released_at >= RELEASE_EVERY_S:
+            self._released_at = time.monotonic()
+            self.release_the_gone()
         while not self._stop.is_set():
             at = datetime.now(UTC)
             claimed = self.service.store.claim_reconcile(

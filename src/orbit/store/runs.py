@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -13,10 +14,23 @@ from orbit.store import base
 from orbit.store.audit import append_event
 from orbit.store.base import utcnow
 from orbit.store.run_queries import RunQueriesMixin
-from orbit.store.sql import Conflict, Tx, expand
+from orbit.store.sql import Conflict, Row, Tx, expand
 
 # who claims an attempt for launching, and until when the claim holds without a renewal
 Lease = tuple[str, datetime]
+
+
+@dataclass(frozen=True)
+class AutoRetry:
+    """An automatic retry, opened by `move_attempt` in the transaction that ends the attempt
+    before it: the next attempt of the same bundle, on the same target, launchable after
+    `not_before` (its backoff) or claimed at once by `launcher`. `event` is the data of its
+    `run.auto_retry` event."""
+
+    event: dict[str, Any] = field(default_factory=dict)
+    not_before: datetime | None = None
+    launcher: Lease | None = None
+    actor: str = "orbit"
 
 
 class RunsMixin(RunQueriesMixin):
@@ -161,13 +175,23 @@ class RunsMixin(RunQueriesMixin):
         message: str | None = None,
         started_at: datetime | None = None,
         finished_at: datetime | None = None,
+        retry: AutoRetry | None = None,
     ) -> bool:
         """The one function that changes a state. It checks the move against the table,
         compares-and-sets the row (so two processes never both make the same move), and writes
         the event in the same transaction. Returns False when the attempt is already there
-        (or, with `expect`, no longer where the caller saw it)."""
+        (or, with `expect`, no longer where the caller saw it).
+
+        With `retry`, a move to an end also opens the next attempt in the same transaction
+        (unless a cancel was asked for meanwhile), so that no reader ever sees the run ended
+        while its retry is still to come, and a process that dies right after the end cannot
+        lose the retry its policy owed."""
         with self._write() as tx:
-            row = tx.one("SELECT run_id, state FROM attempts WHERE id = :id", {"id": attempt_id})
+            row = tx.one(
+                "SELECT run_id, state, number, target, backend_key, cancel_requested "
+                "FROM attempts WHERE id = :id",
+                {"id": attempt_id},
+            )
             if row is None:
                 raise NotFound(f"unknown attempt '{attempt_id}'")
             current = RunState(row["state"])
@@ -205,7 +229,26 @@ class RunsMixin(RunQueriesMixin):
             append_event(
                 tx, actor, "attempt.state", run_id=row["run_id"], attempt_id=attempt_id, **data
             )
+            if retry is not None and to.terminal and not row["cancel_requested"]:
+                self._open_retry(tx, row, attempt_id, retry)
         return True
+
+    def _open_retry(self, tx: Tx, ended: Row, attempt_id: str, retry: AutoRetry) -> None:
+        """The next attempt after `ended` (the run's last: it had not ended until now)."""
+        run_id = ended["run_id"]
+        append_event(
+            tx, retry.actor, "run.auto_retry", run_id=run_id, attempt_id=attempt_id, **retry.event
+        )
+        new_id = self._add_attempt(
+            tx,
+            run_id,
+            ended["number"] + 1,
+            ended["target"],
+            ended["backend_key"],
+            "auto_retry",
+            retry.actor,
+        )
+        self._claimed(tx, new_id, launcher=retry.launcher, not_before=retry.not_before)
 
     @staticmethod
     def _claimed(
@@ -400,4 +443,29 @@ class RunsMixin(RunQueriesMixin):
                 "UPDATE attempts SET reconcile_due_at = :due "
                 "WHERE id = :id AND reconcile_owner = :owner",
                 {"due": next_due, "id": attempt_id, "owner": owner},
+            )
+
+    def reconcile_holders(self, at: datetime) -> list[str]:
+        """Who holds the reconcile leases of active attempts not due at `at`: a replica with a
+        look under way, or the one whose last look scheduled the next."""
+        placeholders, states = expand("state", [s.value for s in RunState if not s.terminal])
+        with self._read() as tx:
+            rows = tx.all(
+                "SELECT DISTINCT reconcile_owner FROM attempts "
+                f"WHERE state IN ({placeholders}) AND reconcile_due_at > :at "
+                "AND reconcile_owner IS NOT NULL",
+                {**states, "at": at},
+            )
+        return sorted(str(r["reconcile_owner"]) for r in rows)
+
+    def release_reconcile(self, owner: str, at: datetime) -> int:
+        """`owner` is known gone (killed mid-look, say): the active attempts it holds are due
+        at `at`, instead of when its leases would have run out. How many."""
+        placeholders, states = expand("state", [s.value for s in RunState if not s.terminal])
+        with self._write() as tx:
+            return tx.execute(
+                "UPDATE attempts SET reconcile_due_at = :at "
+                f"WHERE reconcile_owner = :owner AND state IN ({placeholders}) "
+                "AND reconcile_due_at > :at",
+                {**states, "owner": owner, "at": at},
             )

@@ -24,6 +24,7 @@ from orbit.core.models import ExecutionRequest, FailureReason, RetryPolicy, RunS
 from orbit.core.records import AttemptRecord, RunRecord
 from orbit.core.retry import backoff_delay, should_retry
 from orbit.core.states import ALLOWED
+from orbit.store.runs import AutoRetry
 
 LEASE_S = 30.0  # a launch claim lapses this long after its last renewal
 RENEW_S = 10.0  # a launching process renews its claim this often
@@ -39,6 +40,21 @@ def launcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def process_gone(owner: str) -> bool:
+    """Whether `owner` (HOST:PID, as `launcher_id` names a process) is a process of this host
+    that no longer exists. Another host's process can only be judged by its lease."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def lease_lapsed(attempt: AttemptRecord, at: datetime) -> bool:
     """Whether the process that claimed the launch is known gone: its lease ran out, or it was
     a process of this host that no longer exists."""
@@ -46,15 +62,7 @@ def lease_lapsed(attempt: AttemptRecord, at: datetime) -> bool:
         return True
     if attempt.lease_expires_at is None or attempt.lease_expires_at <= at:
         return True
-    host, _, pid = attempt.lease_owner.rpartition(":")
-    if host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-    return False
+    return process_gone(attempt.lease_owner)
 
 
 def _contact_is_old(attempt: AttemptRecord, every_s: float = 1.0) -> bool:
@@ -175,7 +183,12 @@ class Lifecycle(ServiceBase):
 
     def _end(self, run_id: str, attempt: AttemptRecord, status: RunStatus, actor: str) -> None:
         """Move the attempt to where its status says (compare-and-set on the state it had) and,
-        when that ended it, apply the retry policy. Only the process whose move won retries."""
+        when that ends it, open the retry its policy asks for in the same move: the run is
+        never seen ended while a retry is to come, and a crash cannot lose the retry. Only
+        the process whose move won retries; it launches a retry without backoff at once."""
+        retry = (
+            self._retry_for(self.store.get_run(run_id), status) if status.state.terminal else None
+        )
         moved = self.store.move_attempt(
             attempt.id,
             status.state,
@@ -186,9 +199,14 @@ class Lifecycle(ServiceBase):
             message=status.message,
             started_at=status.started_at,
             finished_at=status.finished_at,
+            retry=retry,
         )
-        if moved and status.state.terminal:
-            self._after_end(self.store.get_run(run_id), status)
+        if not moved or retry is None or retry.launcher is None:
+            return
+        run = self.store.get_run(run_id)
+        new = run.current
+        if new.number == attempt.number + 1 and new.lease_owner == retry.launcher[0]:
+            self._launch(run, new, self._request_for(run, new))
 
     def _advance_prepared(self, run: RunRecord, attempt: AttemptRecord) -> None:
         """A prepared attempt: launch it once due (a retry after its backoff, an attempt
@@ -306,8 +324,10 @@ class Lifecycle(ServiceBase):
         )
         self._end(run.id, attempt, ended, actor="orbit")
 
-    def _after_end(self, run: RunRecord, status: RunStatus) -> None:
-        """The retry policy: a new attempt, launched now or once its backoff is over."""
+    def _retry_for(self, run: RunRecord, status: RunStatus) -> AutoRetry | None:
+        """The retry policy for the run's current attempt ending with `status`: the new
+        attempt to open with the end (launched at once, or once its backoff is over), or
+        None. (The store opens none if a cancel was asked for by the time the end is made.)"""
         attempt = run.current
         policy = RetryPolicy.model_validate(run.submission.get("retry", {}))
         retries = 0
@@ -316,30 +336,17 @@ class Lifecycle(ServiceBase):
                 break
             retries += 1
         if not should_retry(policy, status, retries, attempt.cancel_requested):
-            return
+            return None
         delay = backoff_delay(policy, retries)
-        self.store.record_event(
-            "orbit",
-            "run.auto_retry",
-            run_id=run.id,
-            attempt_id=attempt.id,
-            reason=status.reason.value if status.reason else None,
-            retry=retries + 1,
-            max_retries=policy.max_retries,
-            backoff_s=delay,
-        )
-        new = self.store.add_attempt(
-            run.id,
-            target=attempt.target,
-            backend_key=attempt.backend_key,
-            trigger="auto_retry",
-            actor="orbit",
-            not_before=now() + timedelta(seconds=delay) if delay > 0 else None,
-            launcher=self._claim() if delay <= 0 else None,
-        )
-        if delay <= 0:
-            run = self.store.get_run(run.id)
-            self._launch(run, new, self._request_for(run, new))
+        event = {
+            "reason": status.reason.value if status.reason else None,
+            "retry": retries + 1,
+            "max_retries": policy.max_retries,
+            "backoff_s": delay,
+        }
+        if delay > 0:
+            return AutoRetry(event=event, not_before=now() + timedelta(seconds=delay))
+        return AutoRetry(event=event, launcher=self._claim())
 
     @staticmethod
     def _claim() -> tuple[str, datetime]:
