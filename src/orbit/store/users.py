@@ -56,12 +56,18 @@ def no_user(name: str) -> NotFound:
     return NotFound(f"no user '{name}'")
 
 
+# the actors ORBIT's own moves are audited as: no user may pose as them
+SYSTEM_ACTORS = frozenset({"orbit", "orbit-server"})
+
+
 def check_user_name(name: str) -> None:
     if not USER_NAME.fullmatch(name):
         raise InvalidInput(
             f"user name '{name}': use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+    if name.lower() in SYSTEM_ACTORS:
+        raise InvalidInput(f"user name '{name}': reserved for ORBIT's own entries in the audit")
 
 
 def lock_users(tx: Tx) -> None:

@@ -116,7 +116,7 @@ class RunActions(Submitting):
         self.store.record_event(
             self.actor, "run.retry", run_id=run.id, attempt_id=attempt.id, overrides=changed
         )
-        self._launch(self.store.get_run(run.id), attempt, request)
+        self._launch(self.store.get_run(run.id), attempt, request, actor=self.actor)
         return self.store.get_run(run.id)
 
     def replay_run(self, ref: str, overrides: ExecutionOverrides | None = None) -> RunRecord:
@@ -142,5 +142,5 @@ class RunActions(Submitting):
         self.store.record_event(
             self.actor, "run.replayed", run_id=run.id, replay_of=original.id, overrides=changed
         )
-        self._launch(run, run.current, request)
+        self._launch(run, run.current, request, actor=self.actor)
         return self.store.get_run(run.id)

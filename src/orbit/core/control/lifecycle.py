@@ -91,12 +91,19 @@ class Lifecycle(ServiceBase):
             stop.set()
             thread.join()
 
-    def _launch(self, run: RunRecord, attempt: AttemptRecord, request: ExecutionRequest) -> None:
+    def _launch(
+        self,
+        run: RunRecord,
+        attempt: AttemptRecord,
+        request: ExecutionRequest,
+        actor: str = "orbit",
+    ) -> None:
         """Claim the attempt, stage and start it, then record its handle and the move to
         submitted in one compare-and-set. A launch that failed ends the attempt (and may retry
         it); one whose host does not answer waits for it, as a running attempt does. If this
         process dies before the record, the next look finds the attempt where it was to run
-        (see _adopt)."""
+        (see _adopt). `actor` is who asked (a submit, a retry); a launch that only comes due
+        (an automatic retry after its backoff) is ORBIT's own, whoever happened to look."""
         if failpoints.skips("launch"):
             return
         owner = launcher_id()
@@ -123,12 +130,12 @@ class Lifecycle(ServiceBase):
                 self._wait_for_host(run, self.store.get_attempt(attempt.id), str(exc), owner)
                 return
             ended = RunStatus(state=RunState.FAILED, reason=exc.reason, message=str(exc))
-            self._end(run.id, attempt, ended, actor=self.actor)
+            self._end(run.id, attempt, ended, actor=actor)
             return
         extra: dict[str, Any] = {
             k: handle.data[k] for k in ("staged_bytes", "bundle_cached") if k in handle.data
         }
-        recorded = self.store.record_launch(attempt.id, handle, actor=self.actor, **extra)
+        recorded = self.store.record_launch(attempt.id, handle, actor=actor, **extra)
         stopped = handle.data.get("processes_stopped")
         if stopped:  # the launch swept its host first: what that stopped is audited too
             swept = ProcessSweep({str(a): tuple(p) for a, p in stopped.items()})

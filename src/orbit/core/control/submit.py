@@ -201,7 +201,7 @@ class Submitting(Lifecycle):
             actor=self.actor,
             launcher=self._claim(),
         )
-        self._launch(run, run.current, prepared.request)
+        self._launch(run, run.current, prepared.request, actor=self.actor)
         return self.store.get_run(run.id)
 
     def plan_submission(
