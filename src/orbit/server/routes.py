@@ -113,7 +113,7 @@ Inputs = Annotated[UploadFile, File(description="the gathered inputs, as tar.gz"
 
 
 def make_router(service: CoreControlService, config: ServerConfig, metrics: Metrics) -> APIRouter:
-    router = APIRouter(prefix="/api/v1", responses=_problems(401, 403, 404, 409, 422, 502))
+    router = APIRouter(prefix="/api/v1", responses=_problems(400, 401, 403, 404, 409, 422, 502))
 
     def own_run(who: Caller, ref: str) -> RunRecord:
         run = service.get_run(ref)
