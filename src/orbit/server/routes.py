@@ -44,6 +44,16 @@ FOLLOW_S = 30.0  # a followed log stream ends after this long without the attemp
 # client asks again from where it got to (proxies drop streams that stay open for long)
 EVENT_BYTES = 64 * 1024  # the most log bytes one event carries
 MAX_FIELD = 1024 * 1024  # a submission's JSON fields; the whole request: limits.upload_bytes
+# one event of a log stream (before OpenAPI 3.2, a stream's `schema` describes each event)
+LOG_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["log", "end"]},
+        "id": {"type": "string", "description": "the log's byte offset after this event"},
+        "data": {"type": "string", "description": "log: base64 bytes; end: a JSON object"},
+    },
+}
 RUN_REF = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
@@ -244,7 +254,7 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
         "/runs/{ref}/logs/{layer}",
         tags=["logs"],
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+        responses={200: {"content": {"text/event-stream": {"schema": LOG_EVENT}}}},
     )
     def logs(
         who: me,
