@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.background import BackgroundTask
@@ -28,7 +29,12 @@ from orbit.core.control.views import (
     SubmitPlan,
     TemplateView,
 )
-from orbit.core.errors import Forbidden, InvalidInput, describe_validation_error
+from orbit.core.errors import (
+    Forbidden,
+    InvalidInput,
+    describe_validation_error,
+    pydantic_location,
+)
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.layers import LogLayer
 from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
@@ -117,13 +123,62 @@ def caller(request: Request) -> Caller:
 
 
 me = Annotated[Caller, Depends(caller)]
+NUL = "must not contain NUL (\\x00)"
+
+
+def nul_at(value: Any) -> tuple[str | int, ...] | None:
+    """Where in a JSON value a text (or a key) holds a NUL character, or None."""
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
+    while stack:  # not recursive: a body may nest as deep as JSON parsers allow
+        loc, item = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return loc
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                if "\x00" in key:
+                    return (*loc, _shown(key))
+                stack.append(((*loc, key), sub))
+        elif isinstance(item, list):
+            stack.extend(((*loc, index), sub) for index, sub in enumerate(item))
+    return None
+
+
+def _shown(name: str) -> str:
+    return name.replace("\x00", "\\x00")
+
+
+async def no_nul(request: Request, who: me) -> None:
+    """Refuse a path, query or JSON body with a NUL (\\x00) in a text, naming the field: no
+    name, id or value of ORBIT's holds one, and PostgreSQL cannot store one where SQLite
+    would, so that every store answers alike (422, not the store's 503). After `who`: a
+    caller without a token hears 401 first."""
+    params = [("path", k, v) for k, v in request.path_params.items()]
+    params += [("query", k, v) for k, v in request.query_params.multi_items()]
+    found: tuple[str | int, ...] | None = next(
+        ((kind, _shown(k)) for kind, k, v in params if "\x00" in k + v), None
+    )
+    content_type = request.headers.get("content-type", "")
+    if found is None and request.method != "GET" and "form" not in content_type:
+        try:
+            where = nul_at(json.loads(await request.body() or b"null"))
+        except (ValueError, RecursionError):
+            return  # not JSON: FastAPI says what is wrong with it
+        found = None if where is None else ("body", *where)
+    if found is not None:
+        raise RequestValidationError([{"type": "nul", "loc": found, "msg": NUL}])
+
+
 SubmitForm = Annotated[str, Form(min_length=2, max_length=MAX_FIELD)]
 Source = Annotated[str, Form(min_length=1, max_length=4096)]
 Inputs = Annotated[UploadFile, File(description="the gathered inputs, as tar.gz")]
 
 
 def make_router(service: CoreControlService, config: ServerConfig, metrics: Metrics) -> APIRouter:
-    router = APIRouter(prefix="/api/v1", responses=_problems(400, 401, 403, 404, 409, 422, 502))
+    router = APIRouter(
+        prefix="/api/v1",
+        responses=_problems(400, 401, 403, 404, 409, 422, 502),
+        dependencies=[Depends(no_nul)],
+    )
 
     def own_run(who: Caller, ref: str) -> RunRecord:
         run = service.get_run(ref)
@@ -158,13 +213,20 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
 
     # -- submitting ----------------------------------------------------------------------
     def _submission(submission: str, shaped: str, source: str) -> tuple[TaskSubmission, ShapedWire]:
+        if "\x00" in source:
+            raise InvalidInput(f"source: {NUL}")
         try:
-            return (
+            parsed = (
                 TaskSubmission.model_validate_json(submission),
                 ShapedWire.model_validate_json(shaped),
             )
         except ValidationError as exc:
             raise InvalidInput(describe_validation_error(source, exc)) from None
+        for name, text in (("submission", submission), ("shaped", shaped)):
+            where = nul_at(json.loads(text))
+            if where is not None:
+                raise InvalidInput(f"{source}: {name}.{pydantic_location(where)}: {NUL}")
+        return parsed
 
     @router.post("/runs", response_model=RunRecord, status_code=201, tags=["runs"])
     def submit(
