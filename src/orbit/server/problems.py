@@ -50,8 +50,8 @@ TITLES = {
     502: "Host unreachable",
     503: "Store unavailable",
 }
-# what FastAPI says of a body it could not read, said as ORBIT says it
-UNPARSED = {"There was an error parsing the body": "not valid JSON (not UTF-8)"}
+# what FastAPI says of a JSON body that json.loads refused with other than a JSONDecodeError
+UNPARSED = "There was an error parsing the body"
 # what an answer's body may hold, for the OpenAPI document
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -116,8 +116,9 @@ def install(app: FastAPI) -> None:
         status = exc.status_code
         detail = exc.detail if isinstance(exc.detail, str) else TITLES.get(status, "error")
         if status == 400:  # FastAPI or Starlette could not parse the body (JSON, multipart)
-            detail = UNPARSED.get(detail, detail.rstrip("."))
-            return problem(400, f"body: {detail}", "InvalidInput", field="body")
+            if detail == UNPARSED:  # not UTF-8, nested too deep...: the cause says which
+                detail = f"not valid JSON ({exc.__cause__ or 'unreadable'})"
+            return problem(400, f"body: {detail.rstrip('.')}", "InvalidInput", field="body")
         error = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(status)
         return problem(status, detail, error or ("InvalidInput" if status < 500 else "ServerError"))
 
