@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,6 +49,7 @@ from orbit.server.uploads import unpack_inputs
 FOLLOW_S = 30.0  # a followed log stream ends after this long without the attempt ending: the
 # client asks again from where it got to (proxies drop streams that stay open for long)
 EVENT_BYTES = 64 * 1024  # the most log bytes one event carries
+MAX_OFFSET = 2**63 - 1  # the largest offset a file can be read from
 MAX_FIELD = 1024 * 1024  # a submission's JSON fields; the whole request: limits.upload_bytes
 # one event of a log stream (before OpenAPI 3.2, a stream's `schema` describes each event)
 LOG_EVENT: dict[str, Any] = {
@@ -320,22 +321,24 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
     )
     def logs(
         who: me,
-        request: Request,
         ref: RUN_REF,
         layer: LogLayer,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
         attempt: Annotated[int | None, Query(ge=1)] = None,
         only_attempt: Annotated[str | None, Query(max_length=64)] = None,
         follow: bool = False,
+        last_event_id: Annotated[
+            int | None, Header(ge=0, le=MAX_OFFSET, description="resume here (wins over offset)")
+        ] = None,
     ) -> StreamingResponse:
         """A log as Server-Sent Events: `log` events carry base64 bytes, each with the byte
         offset after them as its id (send it back as Last-Event-ID to go on from there); an
         `end` event says where the log stands (offset, attempt, whether it had ended). With
         `follow`, the stream stays open while the attempt runs (up to 30 s a request)."""
-        resume = request.headers.get("last-event-id", "")
-        if resume.isdigit():
-            offset = int(resume)
-        service.get_run(ref)  # an unknown run is a 404, not an empty stream
+        if last_event_id is not None:
+            offset = last_event_id
+        # an unknown run or attempt is a 404 now, not a stream that breaks off once begun
+        service._attempt(service.get_run(ref), attempt)
         return StreamingResponse(
             _log_events(service, ref, layer, offset, attempt, only_attempt, follow),
             media_type="text/event-stream",
