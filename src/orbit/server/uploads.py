@@ -33,6 +33,8 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
         with tarfile.open(fileobj=stream, mode="r:*") as tar:
             members, size = [], 0
             for member in tar:
+                if member.name.startswith("/"):  # the "data" filter would only strip the "/"
+                    raise InvalidInput(f"inputs: {member.name}: an absolute path")
                 members.append(member)
                 size += max(member.size, 0)
                 if len(members) > limits.inputs_files:
