@@ -54,7 +54,8 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
     except (tarfile.TarError, EOFError, OSError) as exc:
         if isinstance(exc, tarfile.FilterError):
             raise
-        raise InvalidInput(f"inputs: not a readable tar archive ({exc})") from None
+        why = " ".join(str(exc).split())  # tarfile's own can run over several lines
+        raise InvalidInput(f"inputs: not a readable tar archive ({why})") from None
 
 
 def _why(exc: tarfile.FilterError) -> str:
