@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -125,19 +126,25 @@ def caller(request: Request) -> Caller:
 
 me = Annotated[Caller, Depends(caller)]
 NUL = "must not contain NUL (\\x00)"
+NOT_FINITE = "must be a finite number"
+Loc = tuple[str | int, ...]
 
 
-def nul_at(value: Any) -> tuple[str | int, ...] | None:
-    """Where in a JSON value a text (or a key) holds a NUL character, or None."""
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
+def unstorable(value: Any) -> tuple[Loc, str] | None:
+    """Where in a JSON value is something no store keeps as it was sent, and why: a NUL in a
+    text or key (PostgreSQL refuses it, SQLite keeps it), or a number too large to be finite
+    (1e400, or Python's Infinity and NaN: JSON has none, PostgreSQL refuses them)."""
+    stack: list[tuple[Loc, Any]] = [((), value)]
     while stack:  # not recursive: a body may nest as deep as JSON parsers allow
         loc, item = stack.pop()
         if isinstance(item, str) and "\x00" in item:
-            return loc
+            return loc, NUL
+        if isinstance(item, float) and not math.isfinite(item):
+            return loc, NOT_FINITE
         if isinstance(item, dict):
             for key, sub in item.items():
                 if "\x00" in key:
-                    return (*loc, _shown(key))
+                    return (*loc, _shown(key)), NUL
                 stack.append(((*loc, key), sub))
         elif isinstance(item, list):
             stack.extend(((*loc, index), sub) for index, sub in enumerate(item))
@@ -148,25 +155,24 @@ def _shown(name: str) -> str:
     return name.replace("\x00", "\\x00")
 
 
-async def no_nul(request: Request, who: me) -> None:
-    """Refuse a path, query or JSON body with a NUL (\\x00) in a text, naming the field: no
-    name, id or value of ORBIT's holds one, and PostgreSQL cannot store one where SQLite
-    would, so that every store answers alike (422, not the store's 503). After `who`: a
-    caller without a token hears 401 first."""
+async def storable(request: Request, who: me) -> None:
+    """Refuse, naming the field, a path, query or JSON body that holds what no store keeps
+    as sent (see `unstorable`): every store then answers alike, with a 422 rather than
+    PostgreSQL's 503. After `who`: a caller without a token hears 401 first."""
     params = [("path", k, v) for k, v in request.path_params.items()]
     params += [("query", k, v) for k, v in request.query_params.multi_items()]
-    found: tuple[str | int, ...] | None = next(
-        ((kind, _shown(k)) for kind, k, v in params if "\x00" in k + v), None
+    found: tuple[Loc, str] | None = next(
+        (((kind, _shown(k)), NUL) for kind, k, v in params if "\x00" in k + v), None
     )
     content_type = request.headers.get("content-type", "")
     if found is None and request.method != "GET" and "form" not in content_type:
         try:
-            where = nul_at(json.loads(await request.body() or b"null"))
+            in_body = unstorable(json.loads(await request.body() or b"null"))
         except (ValueError, RecursionError):
             return  # not JSON: FastAPI says what is wrong with it
-        found = None if where is None else ("body", *where)
+        found = None if in_body is None else (("body", *in_body[0]), in_body[1])
     if found is not None:
-        raise RequestValidationError([{"type": "nul", "loc": found, "msg": NUL}])
+        raise RequestValidationError([{"type": "unstorable", "loc": found[0], "msg": found[1]}])
 
 
 SubmitForm = Annotated[str, Form(min_length=2, max_length=MAX_FIELD)]
@@ -178,7 +184,7 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
     router = APIRouter(
         prefix="/api/v1",
         responses=_problems(400, 401, 403, 404, 409, 422, 502),
-        dependencies=[Depends(no_nul)],
+        dependencies=[Depends(storable)],
     )
 
     def own_run(who: Caller, ref: str) -> RunRecord:
@@ -224,9 +230,10 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
         except ValidationError as exc:
             raise InvalidInput(describe_validation_error(source, exc)) from None
         for name, text in (("submission", submission), ("shaped", shaped)):
-            where = nul_at(json.loads(text))
-            if where is not None:
-                raise InvalidInput(f"{source}: {name}.{pydantic_location(where)}: {NUL}")
+            found = unstorable(json.loads(text))
+            if found is not None:
+                where, why = found
+                raise InvalidInput(f"{source}: {name}.{pydantic_location(where)}: {why}")
         return parsed
 
     @router.post("/runs", response_model=RunRecord, status_code=201, tags=["runs"])
