@@ -22,6 +22,7 @@ from orbit.server.metrics import Metrics
 from orbit.server.routes import make_router, me
 
 UPLOAD_PATHS = frozenset({"/api/v1/runs", "/api/v1/runs/plan"})
+PROBLEM_CONTENT = {problems.PROBLEM: {"schema": problems.PROBLEM_SCHEMA}}
 
 
 def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
@@ -47,7 +48,10 @@ def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
         version=__version__,
         summary="A control plane for ML jobs on GPUs that come and go.",
         lifespan=lifespan,
-        responses={413: {"description": "too large"}},
+        responses={
+            413: {"description": "too large", "content": PROBLEM_CONTENT},
+            503: {"description": "the server's store failed", "content": PROBLEM_CONTENT},
+        },
         openapi_url=None,  # served below, behind a token like everything but /healthz
         docs_url=None,
         redoc_url=None,

@@ -50,6 +50,8 @@ TITLES = {
     502: "Host unreachable",
     503: "Store unavailable",
 }
+# what FastAPI says of a JSON body that json.loads refused with other than a JSONDecodeError
+UNPARSED = "There was an error parsing the body"
 # what an answer's body may hold, for the OpenAPI document
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -93,10 +95,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        first: dict[str, Any] = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         loc = tuple(first.get("loc", ()))
         if loc and loc[0] in ("body", "query", "path", "header"):
             loc = loc[1:]
+        if first.get("type") == "json_invalid":  # FastAPI's: loc is ("body", character)
+            where = f" at character {loc[0]}" if loc else ""
+            why = (first.get("ctx") or {}).get("error", "JSON decode error")
+            detail = f"body: not valid JSON ({why}{where})"
+            return problem(400, detail, "InvalidInput", field="body")
         field = pydantic_location(loc)
         message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
         if first.get("type") == "extra_forbidden":
@@ -108,6 +115,10 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         status = exc.status_code
         detail = exc.detail if isinstance(exc.detail, str) else TITLES.get(status, "error")
+        if status == 400:  # FastAPI or Starlette could not parse the body (JSON, multipart)
+            if detail == UNPARSED:  # not UTF-8, nested too deep...: the cause says which
+                detail = f"not valid JSON ({exc.__cause__ or 'unreadable'})"
+            return problem(400, f"body: {detail.rstrip('.')}", "InvalidInput", field="body")
         error = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(status)
         return problem(status, detail, error or ("InvalidInput" if status < 500 else "ServerError"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -12,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.background import BackgroundTask
@@ -28,7 +30,12 @@ from orbit.core.control.views import (
     SubmitPlan,
     TemplateView,
 )
-from orbit.core.errors import Forbidden, InvalidInput, describe_validation_error
+from orbit.core.errors import (
+    Forbidden,
+    InvalidInput,
+    describe_validation_error,
+    pydantic_location,
+)
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.layers import LogLayer
 from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
@@ -43,7 +50,18 @@ from orbit.server.uploads import unpack_inputs
 FOLLOW_S = 30.0  # a followed log stream ends after this long without the attempt ending: the
 # client asks again from where it got to (proxies drop streams that stay open for long)
 EVENT_BYTES = 16 * 1024  # the most log bytes one event carries (a cut stream loses at most one)
+MAX_OFFSET = 2**63 - 1  # the largest offset a file can be read from
 MAX_FIELD = 1024 * 1024  # a submission's JSON fields; the whole request: limits.upload_bytes
+# one event of a log stream (before OpenAPI 3.2, a stream's `schema` describes each event)
+LOG_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["log", "end"]},
+        "id": {"type": "string", "description": "the log's byte offset after this event"},
+        "data": {"type": "string", "description": "log: base64 bytes; end: a JSON object"},
+    },
+}
 RUN_REF = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
@@ -107,13 +125,67 @@ def caller(request: Request) -> Caller:
 
 
 me = Annotated[Caller, Depends(caller)]
+NUL = "must not contain NUL (\\x00)"
+NOT_FINITE = "must be a finite number"
+Loc = tuple[str | int, ...]
+
+
+def unstorable(value: Any) -> tuple[Loc, str] | None:
+    """Where in a JSON value is something no store keeps as it was sent, and why: a NUL in a
+    text or key (PostgreSQL refuses it, SQLite keeps it), or a number too large to be finite
+    (1e400, or Python's Infinity and NaN: JSON has none, PostgreSQL refuses them)."""
+    stack: list[tuple[Loc, Any]] = [((), value)]
+    while stack:  # not recursive: a body may nest as deep as JSON parsers allow
+        loc, item = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return loc, NUL
+        if isinstance(item, float) and not math.isfinite(item):
+            return loc, NOT_FINITE
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                if "\x00" in key:
+                    return (*loc, _shown(key)), NUL
+                stack.append(((*loc, key), sub))
+        elif isinstance(item, list):
+            stack.extend(((*loc, index), sub) for index, sub in enumerate(item))
+    return None
+
+
+def _shown(name: str) -> str:
+    return name.replace("\x00", "\\x00")
+
+
+async def storable(request: Request, who: me) -> None:
+    """Refuse, naming the field, a path, query or JSON body that holds what no store keeps
+    as sent (see `unstorable`): every store then answers alike, with a 422 rather than
+    PostgreSQL's 503. After `who`: a caller without a token hears 401 first."""
+    params = [("path", k, v) for k, v in request.path_params.items()]
+    params += [("query", k, v) for k, v in request.query_params.multi_items()]
+    found: tuple[Loc, str] | None = next(
+        (((kind, _shown(k)), NUL) for kind, k, v in params if "\x00" in k + v), None
+    )
+    content_type = request.headers.get("content-type", "")
+    if found is None and request.method != "GET" and "form" not in content_type:
+        try:
+            in_body = unstorable(json.loads(await request.body() or b"null"))
+        except (ValueError, RecursionError):
+            return  # not JSON: FastAPI says what is wrong with it
+        found = None if in_body is None else (("body", *in_body[0]), in_body[1])
+    if found is not None:
+        raise RequestValidationError([{"type": "unstorable", "loc": found[0], "msg": found[1]}])
+
+
 SubmitForm = Annotated[str, Form(min_length=2, max_length=MAX_FIELD)]
 Source = Annotated[str, Form(min_length=1, max_length=4096)]
 Inputs = Annotated[UploadFile, File(description="the gathered inputs, as tar.gz")]
 
 
 def make_router(service: CoreControlService, config: ServerConfig, metrics: Metrics) -> APIRouter:
-    router = APIRouter(prefix="/api/v1", responses=_problems(401, 403, 404, 409, 422, 502))
+    router = APIRouter(
+        prefix="/api/v1",
+        responses=_problems(400, 401, 403, 404, 409, 422, 502),
+        dependencies=[Depends(storable)],
+    )
 
     def own_run(who: Caller, ref: str) -> RunRecord:
         run = service.get_run(ref)
@@ -148,13 +220,21 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
 
     # -- submitting ----------------------------------------------------------------------
     def _submission(submission: str, shaped: str, source: str) -> tuple[TaskSubmission, ShapedWire]:
+        if "\x00" in source:
+            raise InvalidInput(f"source: {NUL}")
         try:
-            return (
+            parsed = (
                 TaskSubmission.model_validate_json(submission),
                 ShapedWire.model_validate_json(shaped),
             )
         except ValidationError as exc:
             raise InvalidInput(describe_validation_error(source, exc)) from None
+        for name, text in (("submission", submission), ("shaped", shaped)):
+            found = unstorable(json.loads(text))
+            if found is not None:
+                where, why = found
+                raise InvalidInput(f"{source}: {name}.{pydantic_location(where)}: {why}")
+        return parsed
 
     @router.post("/runs", response_model=RunRecord, status_code=201, tags=["runs"])
     def submit(
@@ -244,26 +324,28 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
         "/runs/{ref}/logs/{layer}",
         tags=["logs"],
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+        responses={200: {"content": {"text/event-stream": {"schema": LOG_EVENT}}}},
     )
     def logs(
         who: me,
-        request: Request,
         ref: RUN_REF,
         layer: LogLayer,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
         attempt: Annotated[int | None, Query(ge=1)] = None,
         only_attempt: Annotated[str | None, Query(max_length=64)] = None,
         follow: bool = False,
+        last_event_id: Annotated[
+            int | None, Header(ge=0, le=MAX_OFFSET, description="resume here (wins over offset)")
+        ] = None,
     ) -> StreamingResponse:
         """A log as Server-Sent Events: `log` events carry base64 bytes, each with the byte
         offset after them as its id (send it back as Last-Event-ID to go on from there); an
         `end` event says where the log stands (offset, attempt, whether it had ended). With
         `follow`, the stream stays open while the attempt runs (up to 30 s a request)."""
-        resume = request.headers.get("last-event-id", "")
-        if resume.isdigit():
-            offset = int(resume)
-        service.get_run(ref)  # an unknown run is a 404, not an empty stream
+        if last_event_id is not None:
+            offset = last_event_id
+        # an unknown run or attempt is a 404 now, not a stream that breaks off once begun
+        service._attempt(service.get_run(ref), attempt)
         return StreamingResponse(
             _log_events(service, ref, layer, offset, attempt, only_attempt, follow),
             media_type="text/event-stream",

@@ -33,6 +33,8 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
         with tarfile.open(fileobj=stream, mode="r:*") as tar:
             members, size = [], 0
             for member in tar:
+                if member.name.startswith("/"):  # the "data" filter would only strip the "/"
+                    raise InvalidInput(f"inputs: {member.name}: an absolute path")
                 members.append(member)
                 size += max(member.size, 0)
                 if len(members) > limits.inputs_files:
@@ -52,7 +54,8 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
     except (tarfile.TarError, EOFError, OSError) as exc:
         if isinstance(exc, tarfile.FilterError):
             raise
-        raise InvalidInput(f"inputs: not a readable tar archive ({exc})") from None
+        why = " ".join(str(exc).split())  # tarfile's own can run over several lines
+        raise InvalidInput(f"inputs: not a readable tar archive ({why})") from None
 
 
 def _why(exc: tarfile.FilterError) -> str:

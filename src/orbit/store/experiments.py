@@ -12,13 +12,17 @@ from orbit.store.base import StoreBase, new_id, utcnow
 from orbit.store.sql import Conflict, read_time_required
 
 
+def check_experiment_name(name: str) -> None:
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise InvalidInput(
+            f"experiment name '{name}': use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+
+
 class ExperimentsMixin(StoreBase):
     def create_experiment(self, name: str, actor: str) -> ExperimentRecord:
-        if not re.fullmatch(NAME_PATTERN, name):
-            raise InvalidInput(
-                f"experiment name '{name}': use 1-128 letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit"
-            )
+        check_experiment_name(name)
         record = ExperimentRecord(id=new_id("exp"), name=name, created_at=utcnow())
         try:
             with self._write() as tx:

@@ -108,9 +108,13 @@ def test_refusals_write_nothing_to_the_store(service: CoreControlService, tmp_pa
             submission(task_request={"command": 5}),
             base_dir=tmp_path,  # type: ignore[arg-type]
         )
+    with pytest.raises(InvalidInput, match="experiment name 'bad name!'"):
+        submit(service, tmp_path, experiment_id="bad name!")
     assert service.list_runs() == []
     assert service.list_experiments() == []
     assert service.audit() == []
+    bundles = service.bundles_dir
+    assert not bundles.exists() or list(bundles.iterdir()) == []  # nothing was frozen either
 
 
 def test_a_vanished_wrapper_is_an_infrastructure_failure_and_is_retried(

@@ -254,7 +254,10 @@ class Submitting(Lifecycle):
         from orbit.core.execution.launch_modes import task_entrypoint
         from orbit.core.overrides import resolve
         from orbit.core.secret_names import looks_secret
+        from orbit.store.experiments import check_experiment_name
 
+        if self.store.find_experiment(submission.experiment_id) is None:
+            check_experiment_name(submission.experiment_id)  # before a bundle is frozen for it
         if shaped is None:
             shaped = self.tasks.shape(
                 submission.task_type, submission.task_request, base_dir, source
