@@ -317,3 +317,21 @@ def test_logs_follow_says_how_the_run_ended(env: dict[str, str], tmp_path: Path)
     ok = orbit_json(env, "submit", str(write_spec(tmp_path, "ok.yaml")))["id"]
     done = orbit(env, "logs", ok, "--follow")
     assert done.stdout == "hello\n" and "succeeded" in done.stderr
+
+
+def test_logs_follow_goes_through_automatic_retries(env: dict[str, str], tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        task={"command": "echo ran $ORBIT_ATTEMPT_ID; exit 3"},
+        retry={"max_retries": 2, "on_exit_codes": [3], "backoff_s": 0},
+    )
+    run_id = orbit_json(env, "submit", str(spec))["id"]
+    followed = orbit(env, "logs", run_id, "--follow", check=False)
+    assert followed.returncode == 1
+    assert followed.stdout == (
+        f"ran {run_id}-1\n--- attempt 2 ---\nran {run_id}-2\n--- attempt 3 ---\nran {run_id}-3\n"
+    )
+    assert orbit(env, "logs", run_id, "--attempt", "2").stdout == f"ran {run_id}-2\n"
+    missing = orbit(env, "logs", run_id, "--attempt", "9", check=False)
+    assert missing.returncode == 2
+    assert missing.stderr == f"orbit: error: run {run_id} has no attempt 9 (it has 3)\n"

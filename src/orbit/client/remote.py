@@ -233,6 +233,10 @@ class RemoteControl:
                         elif event == "end":
                             end = json.loads(data)
                             return LogChunk(data=b"", **end)
+                        elif event == "error":  # the server hit a problem once streaming
+                            problem = json.loads(data)
+                            cls = BY_NAME.get(str(problem.get("error")), ServerError)
+                            raise cls(str(problem.get("detail")))
             except (httpx.TransportError, httpx.DecodingError) as exc:
                 broken += 1
                 if broken > RESUMES:

@@ -3,16 +3,19 @@ and calls the control service acting for the caller; nothing here decides anythi
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import functools
 import json
 import math
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, StreamingResponse
@@ -33,13 +36,14 @@ from orbit.core.control.views import (
 from orbit.core.errors import (
     Forbidden,
     InvalidInput,
+    OrbitError,
     describe_validation_error,
     pydantic_location,
 )
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.layers import LogLayer
 from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
-from orbit.core.records import AuditEvent, ExperimentRecord, RunRecord
+from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.forensics.diagnose import Inspection
 from orbit.server.auth import Caller, authenticate
 from orbit.server.config import ServerConfig
@@ -345,9 +349,14 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
         if last_event_id is not None:
             offset = last_event_id
         # an unknown run or attempt is a 404 now, not a stream that breaks off once begun
-        service._attempt(service.get_run(ref), attempt)
+        run = service.get_run(ref)
+        found = service._attempt(run, attempt)
+        # the stream stays with one attempt, whatever comes after; if a retry began since the
+        # caller's last read (only_attempt is no longer current), it only says which
+        began = attempt is None and only_attempt not in (None, found.id)
+        pinned = None if began else found.number
         return StreamingResponse(
-            _log_events(service, ref, layer, offset, attempt, only_attempt, follow),
+            _log_events(service, run.id, layer, offset, found, pinned, follow),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -479,25 +488,33 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
     return router
 
 
-def _log_events(
+async def _log_events(
     service: CoreControlService,
     ref: str,
     layer: LogLayer,
     offset: int,
-    attempt: int | None,
-    only_attempt: str | None,
+    found: AttemptRecord,
+    pinned: int | None,
     follow: bool,
-) -> Iterator[str]:
-    """The events of one log stream (see the `logs` route)."""
+) -> AsyncIterator[str]:
+    """The events of one log stream (see the `logs` route): the bytes of attempt `pinned`
+    from `offset`, or, with none pinned, only the `end` event naming the current attempt.
+    Reads run in the thread pool, the waits between them do not hold a thread; an error once
+    the stream began is an `error` event with the problem's detail."""
+    if pinned is None:
+        yield _end(offset, found.number, found.id, found.state.terminal)
+        return
     deadline = time.monotonic() + FOLLOW_S
     quiet_since = time.monotonic()
     while True:
-        if only_attempt is not None and attempt is None:
-            current = service.get_run(ref).current
-            if current.id != only_attempt:  # a retry began: the caller starts its log anew
-                yield _end(offset, current.number, current.id, current.state.terminal)
-                return
-        chunk = service.read_log(ref, layer, offset, attempt)
+        try:
+            chunk = await anyio.to_thread.run_sync(
+                functools.partial(service.read_log, ref, layer, offset, pinned)
+            )
+        except OrbitError as exc:
+            problem = {"detail": str(exc), "error": type(exc).__name__}
+            yield f"event: error\ndata: {json.dumps(problem)}\n\n"
+            return
         if chunk.data:
             for start in range(0, len(chunk.data), EVENT_BYTES):
                 piece = chunk.data[start : start + EVENT_BYTES]
@@ -512,7 +529,7 @@ def _log_events(
         if time.monotonic() - quiet_since > 10:
             yield ": still here\n\n"  # keeps proxies from closing a quiet stream
             quiet_since = time.monotonic()
-        time.sleep(0.25)
+        await asyncio.sleep(0.25)
 
 
 def _end(offset: int, attempt: int, attempt_id: str, ended: bool) -> str:
