@@ -18,14 +18,14 @@ from orbit.core.errors import InvalidInput
 
 
 def check_member(member: tarfile.TarInfo, links: set[str], files: set[str], what: str) -> None:
-    """Refuse `member` (naming it) unless it stays inside; `links` and `files` are the
-    symlinks and files seen so far, and are updated."""
+    """Refuse `member` (naming it, and `what` the archive holds) unless it stays inside;
+    `links` and `files` are the symlinks and files seen so far, and are updated."""
     name = member.name
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise InvalidInput(f"{what}: {name}: an absolute path")
     clean = posixpath.normpath(name)
     if clean == ".." or clean.startswith("../"):
-        raise InvalidInput(f"{what}: {name}: a path outside the folder")
+        raise InvalidInput(f"{what}: {name}: a path outside the {what}")
     parts = clean.split("/")
     for depth in range(1, len(parts)):
         if "/".join(parts[:depth]) in links:
@@ -36,10 +36,13 @@ def check_member(member: tarfile.TarInfo, links: set[str], files: set[str], what
             raise InvalidInput(f"{what}: {name}: a link to an absolute path")
         resolved = posixpath.normpath(posixpath.join(posixpath.dirname(clean), target))
         if resolved == ".." or resolved.startswith("../"):
-            raise InvalidInput(f"{what}: {name}: a link that leads outside the folder")
+            raise InvalidInput(f"{what}: {name}: a link that leads outside the {what}")
         links.add(clean)
     elif member.islnk():
-        if posixpath.normpath(member.linkname) not in files:
+        target = posixpath.normpath(member.linkname)
+        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
+            raise InvalidInput(f"{what}: {name}: a link that leads outside the {what}")
+        if target not in files:
             raise InvalidInput(f"{what}: {name}: a hard link to a file not in the archive")
         files.add(clean)
     elif member.isfile():

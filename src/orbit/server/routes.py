@@ -261,6 +261,7 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
         who: me, submission: SubmitForm, shaped: SubmitForm, source: Source, inputs: Inputs
     ) -> SubmitPlan:
         """What submitting would run and where (a dry run): nothing is written."""
+        who.require("submit")  # it unpacks and freezes what was sent: a reader has no need
         task, wire = _submission(submission, shaped, source)
         with unpack_inputs(inputs.file, config.limits) as folder:
             return service.plan_staged(task, wire, folder, source)

@@ -1,6 +1,7 @@
 """A submission's gathered inputs, as a client sent them (tar.gz): unpacked into a scratch
 folder that is removed afterwards, refusing anything that could write outside it (absolute
-paths, `..`, links that lead out, devices) and anything over the configured limits."""
+paths, `..`, links that lead out or are walked through, devices; see orbit.core.tarsafe) and
+anything over the configured limits."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from orbit.core.errors import InvalidInput
+from orbit.core.tarsafe import check_member
 from orbit.server.config import Limits
 
 
@@ -32,9 +34,10 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
     try:
         with tarfile.open(fileobj=stream, mode="r:*") as tar:
             members, size = [], 0
+            links: set[str] = set()
+            files: set[str] = set()
             for member in tar:
-                if member.name.startswith("/"):  # the "data" filter would only strip the "/"
-                    raise InvalidInput(f"inputs: {member.name}: an absolute path")
+                check_member(member, links, files, "inputs")  # see orbit.core.tarsafe
                 members.append(member)
                 size += max(member.size, 0)
                 if len(members) > limits.inputs_files:
