@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from orbit import __version__
 from orbit.core.control.service import CoreControlService
 from orbit.server import problems
+from orbit.server.auth import RequireToken
 from orbit.server.config import ServerConfig
 from orbit.server.loops import Reconciler
 from orbit.server.metrics import Metrics
@@ -80,6 +81,7 @@ def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
     app.add_middleware(
         BodyLimit, body_bytes=config.limits.body_bytes, upload_bytes=config.limits.upload_bytes
     )
+    app.add_middleware(RequireToken, service=service)  # runs before BodyLimit reads a byte
     app.add_middleware(Timed, metrics=metrics)
     return app
 

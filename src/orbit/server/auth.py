@@ -8,11 +8,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import anyio
 from fastapi import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orbit.core.auth import Role, UserRecord, can, token_hash
 from orbit.core.control.service import CoreControlService
-from orbit.core.errors import Forbidden, Unauthorized
+from orbit.core.errors import Forbidden, StoreError, Unauthorized
 from orbit.core.records import RunRecord
 
 WHAT = {
@@ -65,3 +67,34 @@ def authenticate(service: CoreControlService, request: Request) -> UserRecord:
     if found is None:
         raise Unauthorized("the token was not accepted (unknown, revoked or expired)")
     return found[0]
+
+
+class RequireToken:
+    """Every request but /healthz shows a token the store accepts, checked before anything
+    reads its body: a client without one is turned away at once (401), not after uploading
+    and parsing, and learns nothing of the API from validation errors."""
+
+    OPEN = frozenset({"/healthz"})
+
+    def __init__(self, app: ASGIApp, service: CoreControlService) -> None:
+        self.app, self.service = app, service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.OPEN:
+            await self.app(scope, receive, send)
+            return
+        from orbit.server.problems import problem
+
+        try:
+            user = await anyio.to_thread.run_sync(authenticate, self.service, Request(scope))
+        except Unauthorized as exc:
+            await problem(401, str(exc), "Unauthorized")(scope, receive, send)
+            return
+        except StoreError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            await problem(503, f"the server's store failed: {first}", "ServerError")(
+                scope, receive, send
+            )
+            return
+        scope.setdefault("state", {})["user"] = user
+        await self.app(scope, receive, send)

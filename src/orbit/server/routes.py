@@ -123,9 +123,11 @@ def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def caller(request: Request) -> Caller:
-    """The request's user (by its bearer token), and the service that will act for them."""
+    """The request's user (found by auth.RequireToken before the body was read), and the
+    service that will act for them."""
     service: CoreControlService = request.app.state.service
-    return Caller(authenticate(service, request), service)
+    user = getattr(request.state, "user", None)
+    return Caller(user if user is not None else authenticate(service, request), service)
 
 
 me = Annotated[Caller, Depends(caller)]
