@@ -786,7 +786,7 @@ def measure_database(
     kind: str, sz: Sizes, seed: Seed, admin_url: str, say: Callable[[str], None]
 ) -> dict[str, Any]:
     rng = random.Random(1123)
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"loadavg_before": round(os.getloadavg()[0], 2)}
     list_path = f"/api/v1/runs?limit={PAGE}"
     with tempfile.TemporaryDirectory(prefix=f"orbit-bench-api-{kind}-") as scratch_name:
         scratch = Path(scratch_name)
@@ -807,6 +807,9 @@ def measure_database(
                 assert store.count_runs() == sz.runs
                 if sz.runs <= 10_000:
                     assert store.check_audit().intact, "the seeded audit chain is broken"
+                if kind == "postgres":
+                    with store.db.transaction(write=False) as tx:
+                        report["server_version"] = tx.scalar("SHOW server_version")
             finally:
                 store.close()
             report["seed"] = {
@@ -874,6 +877,7 @@ def measure_database(
             with serving(home, url, loops=False, failpoints="launch=skip") as server:
                 report["submit"] = submissions(server, scratch, sz.submissions)
                 say(f"{kind}: submissions {report['submit']}")
+    report["loadavg_after"] = round(os.getloadavg()[0], 2)
     return report
 
 
@@ -928,8 +932,13 @@ def rows(db: dict[str, Any], slurm: dict[str, Any] | None) -> list[dict[str, Any
     ]  # fmt: skip
 
 
-def print_table(kind: str, runs: int, table: list[dict[str, Any]]) -> None:
-    print(f"\n{kind}: {runs:,} runs in the store (N); ratio = ORBIT / Slurm")
+def print_table(kind: str, runs: int, db: dict[str, Any]) -> None:
+    version = f" {db['server_version']}" if "server_version" in db else ""
+    print(
+        f"\n{kind}{version}: {runs:,} runs in the store (N); ratio = ORBIT / Slurm; load "
+        f"average {db['loadavg_before']} before, {db['loadavg_after']} after"
+    )
+    table = db["table"]
     print(f"{'metric':<36} {'ORBIT':>9} {'Slurm':>9} {'ratio':>7} {'goal':>7}  met?")
     for r in table:
         peer = "-" if r["slurm"] is None else f"{r['slurm']:.1f}"
@@ -1019,7 +1028,7 @@ def main() -> int:
             f"lists the {slurm['queued']} jobs then queued"
         )
     for kind, db in result["databases"].items():
-        print_table(kind, sz.runs, db["table"])
+        print_table(kind, sz.runs, db)
         sub = db["submit"]
         print(
             f"  submissions: {sub['n']} from {CLIENTS} client processes, p50 "
