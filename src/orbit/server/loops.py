@@ -35,7 +35,9 @@ class Reconciler:
         self.every_s = every_s
         self.owner = f"{OWNER_PREFIX}{launcher_id()}"
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
-        self.batch = workers * 4
+        self.capacity = workers  # looks in flight at once
+        self._busy = 0
+        self._lock = threading.Lock()
         self._released_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
@@ -77,28 +79,35 @@ class Reconciler:
         return released
 
     def run_pass(self) -> int:
-        """Look at every attempt that is due, a batch at a time; how many were looked at."""
-        looked = 0
+        """Claim what is due, as much as there are free workers for, and hand it to them; a
+        slow look (a host timing out) holds one worker, not the whole pass. How many were
+        handed out."""
+        handed = 0
         if self._released_at is None or time.monotonic() - self._released_at >= RELEASE_EVERY_S:
             self._released_at = time.monotonic()
             self.release_the_gone()
         while not self._stop.is_set():
+            with self._lock:
+                free = self.capacity - self._busy
+            if free <= 0:
+                return handed
             at = datetime.now(UTC)
             claimed = self.service.store.claim_reconcile(
                 self.owner,
                 at=at,
                 lease_until=at + timedelta(seconds=LOOK_LEASE_S),
-                limit=self.batch,
+                limit=free,
             )
-            if not claimed:
-                return looked
-            list(self.pool.map(self._look, claimed))
-            looked += len(claimed)
-            if len(claimed) < self.batch:
-                return looked
-        return looked
+            for item in claimed:
+                with self._lock:
+                    self._busy += 1
+                self.pool.submit(self._look, item, at)
+            handed += len(claimed)
+            if len(claimed) < free:
+                return handed
+        return handed
 
-    def _look(self, claimed: tuple[str, str]) -> None:
+    def _look(self, claimed: tuple[str, str], at: datetime) -> None:
         run_id, attempt_id = claimed
         try:
             self.service.refresh_run_status(run_id)
@@ -111,8 +120,12 @@ class Reconciler:
             self.metrics.loop_errors.inc()
             log.exception("run %s: the look failed", run_id)
         finally:
+            with self._lock:
+                self._busy -= 1
             self.metrics.reconciled.inc()
-            next_due = datetime.now(UTC) + timedelta(seconds=self.every_s)
+            # due again a period after it was claimed (not after the look ended, which would
+            # stretch the period by the look's own time)
+            next_due = max(at + timedelta(seconds=self.every_s), datetime.now(UTC))
             try:
                 self.service.store.reconcile_done(attempt_id, self.owner, next_due)
             except Exception:
