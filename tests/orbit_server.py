@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -71,7 +72,7 @@ def launch(
     port: int | None = None,
     env: dict[str, str] | None = None,
     scheme: str = "http",
-    verify: str | bool = True,
+    verify: str | bool | Any = True,
 ) -> Server:
     port = port or free_port()
     url = f"{scheme}://127.0.0.1:{port}"
@@ -86,6 +87,10 @@ def launch(
             cmd, cwd=cwd, env=run_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     server = Server(url=url, home=home, database_url=database_url, proc=proc, log=log)
+    if isinstance(verify, str):  # a CA file: httpx wants it as a context
+        import ssl
+
+        verify = ssl.create_default_context(cafile=verify)
     deadline = time.monotonic() + 30
     while True:
         if proc.poll() is not None:
