@@ -83,9 +83,11 @@ def main() -> None:
     except StoreError as exc:  # the store cannot be reached or read
         from orbit.cli.common import settings
 
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         url = settings().database_url
-        fail(f"the store at {url} failed: {first} (check ORBIT_DATABASE_URL / ORBIT_HOME)", 2)
+        fail(
+            f"the store at {url} failed: {exc.first_line} (check ORBIT_DATABASE_URL / ORBIT_HOME)",
+            2,
+        )
 
 
 def fail(message: str, code: int) -> None:

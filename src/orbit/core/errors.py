@@ -59,6 +59,12 @@ class StoreError(Exception):
     driver's own error (its `__cause__`). Not a user's mistake in the usual sense, but said in
     one line all the same: which store, and what to check."""
 
+    @property
+    def first_line(self) -> str:
+        """What the driver said, in one line (its first), or the error's name."""
+        text = str(self).strip()
+        return text.splitlines()[0] if text else type(self).__name__
+
 
 class Unauthorized(OrbitError):
     """No token, or one the server does not accept (unknown, revoked, expired)."""

@@ -83,7 +83,7 @@ class RequireToken:
         if scope["type"] != "http" or scope["path"] in self.OPEN:
             await self.app(scope, receive, send)
             return
-        from orbit.server.problems import problem
+        from orbit.server.problems import problem, store_failed
 
         try:
             user = await anyio.to_thread.run_sync(authenticate, self.service, Request(scope))
@@ -91,10 +91,7 @@ class RequireToken:
             await problem(401, str(exc), "Unauthorized")(scope, receive, send)
             return
         except StoreError as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            await problem(503, f"the server's store failed: {first}", "ServerError")(
-                scope, receive, send
-            )
+            await store_failed(exc)(scope, receive, send)
             return
         scope.setdefault("state", {})["user"] = user
         await self.app(scope, receive, send)

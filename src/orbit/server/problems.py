@@ -80,6 +80,12 @@ def problem(status: int, detail: str, error: str, **extra: Any) -> JSONResponse:
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
+def store_failed(exc: StoreError) -> JSONResponse:
+    """503: the server's own store failed (not the client's doing), logged once."""
+    log.error("the store failed: %s", exc.first_line)
+    return problem(503, f"the server's store failed: {exc.first_line}", "ServerError")
+
+
 def status_of(exc: OrbitError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS:
@@ -124,9 +130,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def store_down(request: Request, exc: StoreError) -> JSONResponse:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        log.error("the store failed: %s", first)
-        return problem(503, f"the server's store failed: {first}", "ServerError")
+        return store_failed(exc)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
