@@ -45,7 +45,7 @@ from orbit.core.layers import LogLayer
 from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
 from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.forensics.diagnose import Inspection
-from orbit.server.auth import Caller, authenticate
+from orbit.server.auth import Caller
 from orbit.server.config import ServerConfig
 from orbit.server.metrics import Metrics
 from orbit.server.problems import PROBLEM, PROBLEM_SCHEMA
@@ -125,9 +125,8 @@ def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
 def caller(request: Request) -> Caller:
     """The request's user (found by auth.RequireToken before the body was read), and the
     service that will act for them."""
-    service: CoreControlService = request.app.state.service
-    user = getattr(request.state, "user", None)
-    return Caller(user if user is not None else authenticate(service, request), service)
+    user: UserRecord = request.state.user
+    return Caller(user, request.app.state.service)
 
 
 me = Annotated[Caller, Depends(caller)]
