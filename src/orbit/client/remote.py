@@ -34,6 +34,7 @@ from orbit.core.control.views import (
     SubmitPlan,
     TemplateView,
 )
+from orbit.core.control.waiting import WaitsForRuns
 from orbit.core.errors import (
     BY_NAME,
     InvalidInput,
@@ -53,7 +54,7 @@ API = "/api/v1"
 RESUMES = 20  # a log stream broken off this many times in a row is given up on
 
 
-class RemoteControl:
+class RemoteControl(WaitsForRuns):
     """ControlAPI at `url`, shown `token`."""
 
     def __init__(self, url: str, token: str | None, *, timeout_s: float = 600.0) -> None:
@@ -169,14 +170,6 @@ class RemoteControl:
     ) -> RunPage:
         state = sorted(s.value for s in states) if states else None
         return self._get(RunPage, "/runs", experiment=experiment, state=state, limit=limit)
-
-    def wait_for(self, ref: str, timeout_s: float | None = None, poll_s: float = 0.5) -> RunRecord:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            run = self.refresh_run_status(ref)
-            if run.state.terminal or (deadline is not None and time.monotonic() >= deadline):
-                return run
-            time.sleep(poll_s)
 
     def cancel_run(self, ref: str, wait_s: float | None = None) -> RunRecord:
         return self._post(RunRecord, f"/runs/{_part(ref)}/cancel", {"wait_s": wait_s})

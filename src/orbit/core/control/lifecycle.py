@@ -10,13 +10,13 @@ import contextlib
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orbit.core import failpoints
 from orbit.core.control.base import ServiceBase
+from orbit.core.control.waiting import WaitsForRuns
 from orbit.core.errors import NoBackend, OrbitError, Unreachable
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, ProcessSweep
 from orbit.core.execution.leftovers import sweep_after_contact
@@ -71,7 +71,7 @@ def _contact_is_old(attempt: AttemptRecord, every_s: float = 1.0) -> bool:
     return last is None or (now() - last).total_seconds() >= every_s
 
 
-class Lifecycle(ServiceBase):
+class Lifecycle(ServiceBase, WaitsForRuns):
     @contextlib.contextmanager
     def _lease(self, attempt_id: str, owner: str) -> Iterator[None]:
         """Keep the launch claim fresh while staging and starting take their time (a large
@@ -369,11 +369,3 @@ class Lifecycle(ServiceBase):
                 self.refresh_run_status(run.id)
             except NoBackend:
                 continue
-
-    def wait_for(self, ref: str, timeout_s: float | None = None, poll_s: float = 0.5) -> RunRecord:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            run = self.refresh_run_status(ref)
-            if run.state.terminal or (deadline is not None and time.monotonic() >= deadline):
-                return run
-            time.sleep(poll_s)
