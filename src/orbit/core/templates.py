@@ -50,33 +50,29 @@ class TemplateRegistry:
         self._folders = list(folders)
         self._live = live
         self._seen: tuple[tuple[str, int], ...] = ()
-        self._scan()
+        self._scan(self._files())
 
-    def _scan(self) -> None:
-        paths: dict[str, Path] = {}
-        for folder in self._folders:
-            if folder.is_dir():
-                for path in sorted(folder.glob("*.y*ml")):
-                    paths[path.stem] = path
-        self._paths = paths
+    def _files(self) -> list[Path]:
+        """The template files, folder by folder in search order, sorted within each."""
+        return [
+            path
+            for folder in self._folders
+            if folder.is_dir()
+            for path in sorted(folder.glob("*.y*ml"))
+        ]
+
+    def _scan(self, files: list[Path]) -> None:
+        self._paths = {path.stem: path for path in files}  # a later folder wins
         self._loaded: dict[str, TemplateSource] = {}
         if self._live:
-            self._seen = self._signature()
-
-    def _signature(self) -> tuple[tuple[str, int], ...]:
-        found = []
-        for folder in self._folders:
-            if folder.is_dir():
-                for path in folder.glob("*.y*ml"):
-                    try:
-                        found.append((str(path), path.stat().st_mtime_ns))
-                    except OSError:
-                        continue
-        return tuple(sorted(found))
+            self._seen = _signature(files)
 
     def _check(self) -> None:
-        if self._live and self._signature() != self._seen:
-            self._scan()
+        """Live: the folders as they are now, read again if any file came, went or changed."""
+        if self._live:
+            files = self._files()
+            if _signature(files) != self._seen:
+                self._scan(files)
 
     def ids(self) -> list[str]:
         self._check()
@@ -84,12 +80,15 @@ class TemplateRegistry:
 
     def source(self, template_id: str) -> TemplateSource:
         self._check()
+        return self._source(template_id)
+
+    def _source(self, template_id: str) -> TemplateSource:
         if template_id in self._loaded:
             return self._loaded[template_id]
         try:
             path = self._paths[template_id]
         except KeyError:
-            known = ", ".join(self.ids()) or "none"
+            known = ", ".join(sorted(self._paths)) or "none"
             raise NotFound(f"unknown template '{template_id}' (known: {known})") from None
         template = load_template_file(path)
         if template.id != path.stem:
@@ -103,4 +102,15 @@ class TemplateRegistry:
         return self.source(template_id).template
 
     def all(self) -> list[TemplateSource]:
-        return [self.source(i) for i in self.ids()]
+        return [self._source(i) for i in self.ids()]  # ids() looked at the folders once
+
+
+def _signature(files: list[Path]) -> tuple[tuple[str, int], ...]:
+    """Which files there are and when each last changed."""
+    found = []
+    for path in files:
+        try:
+            found.append((str(path), path.stat().st_mtime_ns))
+        except OSError:
+            continue
+    return tuple(sorted(found))
