@@ -77,25 +77,11 @@ class ShapedWire(Strict):
 
     @classmethod
     def of(cls, shaped: ShapedTask) -> ShapedWire:
-        return cls(
-            entrypoint=shaped.entrypoint,
-            request=shaped.request,
-            env=shaped.env,
-            workdir=shaped.workdir,
-            interpreter=shaped.interpreter,
-            shell_command=shaped.shell_command,
-        )
+        """Everything of a shaped task but what it stages (the inputs travel beside it)."""
+        return cls(**{name: getattr(shaped, name) for name in cls.model_fields})
 
     def shaped(self) -> ShapedTask:
-        return ShapedTask(
-            entrypoint=self.entrypoint,
-            request=self.request,
-            env=self.env,
-            workdir=self.workdir,
-            interpreter=self.interpreter,
-            shell_command=self.shell_command,
-        )
-
+        return ShapedTask(**self.model_dump())
 
 def add_sources(
     inputs: Path,
