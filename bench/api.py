@@ -82,6 +82,7 @@ import psutil
 
 from orbit.core.audit_chain import canonical_data, event_hash
 from orbit.core.models import RunState
+from orbit.core.records import RunRecord
 from orbit.store import Store
 from orbit.store.audit import AUDIT_LOCK_KEY
 
@@ -760,23 +761,28 @@ def database(kind: str, home: Path, admin_url: str) -> Iterator[str]:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def add_run(store: Store, experiment: str, seed: Seed, i: int) -> RunRecord:
+    """The seed's run `i`, made through the store's own call (launched by no one)."""
+    return store.create_run(
+        experiment_id=experiment,
+        task_type="command",
+        template_id="local",
+        bundle_digest=seed.runs[i][4],
+        submission=seed.runs[i][5],
+        request=seed.runs[i][6],
+        target="localhost",
+        backend_key="local_host_process",
+        actor="bench",
+    )
+
+
 def one_page(url: str, seed: Seed) -> None:
     """PAGE ended runs, through the store's own calls."""
     store = Store(url)
     try:
         experiment = store.create_experiment("sft", "bench").id
         for i in range(PAGE):
-            run = store.create_run(
-                experiment_id=experiment,
-                task_type="command",
-                template_id="local",
-                bundle_digest=seed.runs[i][4],
-                submission=seed.runs[i][5],
-                request=seed.runs[i][6],
-                target="localhost",
-                backend_key="local_host_process",
-                actor="bench",
-            )
+            run = add_run(store, experiment, seed, i)
             store.move_attempt(run.current.id, RunState.SUCCEEDED, actor="bench", exit_code=0)
     finally:
         store.close()
@@ -852,17 +858,7 @@ def measure_database(
             try:
                 experiment = store.get_experiment("sft").id
                 for i in range(ACTIVE_RUNS):  # as submitted with no launcher: due a launch
-                    store.create_run(
-                        experiment_id=experiment,
-                        task_type="command",
-                        template_id="local",
-                        bundle_digest=seed.runs[i][4],
-                        submission=seed.runs[i][5],
-                        request=seed.runs[i][6],
-                        target="localhost",
-                        backend_key="local_host_process",
-                        actor="bench",
-                    )
+                    add_run(store, experiment, seed, i)
             finally:
                 store.close()
             with serving(home, url, failpoints="launch=skip") as server:
