@@ -83,6 +83,7 @@ class ShapedWire(Strict):
     def shaped(self) -> ShapedTask:
         return ShapedTask(**self.model_dump())
 
+
 def add_sources(
     inputs: Path,
     shaped: ShapedTask,
