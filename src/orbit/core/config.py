@@ -10,6 +10,13 @@ from pathlib import Path
 
 from orbit.core.errors import InvalidInput
 
+# Agent nodes by default: an agent heartbeats every HEARTBEAT_S; a node silent for
+# OFFLINE_AFTER_S is offline (it gets no work), and its attempts are lost LOST_GRACE_S later, so
+# that a dead node's work is requeued within 60 s of its last word.
+HEARTBEAT_S = 5.0
+OFFLINE_AFTER_S = 30.0
+LOST_GRACE_S = 15.0
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -19,6 +26,12 @@ class Settings:
     ssh_timeout_s: float = 15.0  # ORBIT_SSH_TIMEOUT: to connect, and silence that means a drop
     server: str | None = None  # ORBIT_SERVER (or `orbit login`): talk to this orbit server
     token: str | None = None  # ORBIT_TOKEN (or `orbit login`): the token to show it
+    # agent nodes (ORBIT_NODE_HEARTBEAT_S, ORBIT_NODE_OFFLINE_S, ORBIT_NODE_LOST_GRACE_S): how
+    # often agents heartbeat, how long a silent node stays online, and how much longer until
+    # its attempts are lost and retried elsewhere
+    node_heartbeat_s: float = HEARTBEAT_S
+    node_offline_s: float = OFFLINE_AFTER_S
+    node_lost_grace_s: float = LOST_GRACE_S
 
     @property
     def credentials_file(self) -> Path:
@@ -34,6 +47,11 @@ class Settings:
     def work_dir(self) -> Path:
         """Where local attempts execute, one extracted bundle per attempt."""
         return self.home / "work"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """The control plane's copy of agent-pool attempts' files, one folder per attempt."""
+        return self.home / "artifacts"
 
     @property
     def templates_dir(self) -> Path:
@@ -57,6 +75,9 @@ class Settings:
         if token is None and server is not None and saved.get("server") == server:
             token = saved.get("token")
         return cls(
+            node_heartbeat_s=_seconds("ORBIT_NODE_HEARTBEAT_S", HEARTBEAT_S),
+            node_offline_s=_seconds("ORBIT_NODE_OFFLINE_S", OFFLINE_AFTER_S),
+            node_lost_grace_s=_seconds("ORBIT_NODE_LOST_GRACE_S", LOST_GRACE_S),
             home=home.absolute(),
             database_url=url,
             ssh_config=Path(ssh_config).expanduser() if ssh_config else None,
@@ -64,6 +85,19 @@ class Settings:
             server=server.rstrip("/") if server else None,
             token=token,
         )
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidInput(f"{name}: expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise InvalidInput(f"{name}: expected seconds above 0, got {text!r}")
+    return value
 
 
 def orbit_home() -> Path:

@@ -14,6 +14,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit import __version__
+from orbit.agent.protocol import PREFIX as AGENT_PREFIX
+from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
 from orbit.server import problems
 from orbit.server.auth import RequireToken
@@ -26,8 +28,11 @@ UPLOAD_PATHS = frozenset({"/api/v1/runs", "/api/v1/runs/plan"})
 PROBLEM_CONTENT = {problems.PROBLEM: {"schema": problems.PROBLEM_SCHEMA}}
 
 
-def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
+def create_app(service: CoreControlService, config: ServerConfig, settings: Settings) -> FastAPI:
+    from orbit.server.agents import Gateway, Heartbeats, Mailbox, make_agent_router
+
     metrics = Metrics(service.store)
+    mailbox, beats = Mailbox(service), Heartbeats(service)
     reconciler = (
         Reconciler(service, metrics, config.reconcile_every_s, config.reconcile_workers)
         if config.loops
@@ -36,6 +41,8 @@ def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        mailbox.start()
+        beats.start()
         if reconciler is not None:
             reconciler.start()
         try:
@@ -43,6 +50,8 @@ def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
         finally:
             if reconciler is not None:
                 reconciler.stop()
+            mailbox.stop()
+            beats.stop()
 
     app = FastAPI(
         title="ORBIT",
@@ -61,6 +70,7 @@ def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
     app.state.reconciler = reconciler
     problems.install(app)
     app.include_router(make_router(service, config, metrics))
+    app.include_router(make_agent_router(Gateway(service, settings), mailbox, beats))
 
     @app.get("/healthz", tags=["server"], response_model=dict[str, str])
     def healthz() -> dict[str, str]:
@@ -79,7 +89,10 @@ def create_app(service: CoreControlService, config: ServerConfig) -> FastAPI:
         return JSONResponse(app.openapi())
 
     app.add_middleware(
-        BodyLimit, body_bytes=config.limits.body_bytes, upload_bytes=config.limits.upload_bytes
+        BodyLimit,
+        body_bytes=config.limits.body_bytes,
+        upload_bytes=config.limits.upload_bytes,
+        agent_bytes=config.limits.agent_bytes,
     )
     app.add_middleware(RequireToken, service=service)  # runs before BodyLimit reads a byte
     app.add_middleware(Timed, metrics=metrics)
@@ -108,16 +121,20 @@ class BodyLimit:
     """Refuse a request body over the limit with 413 before anything reads it (by its
     Content-Length), or as soon as a body sent without one goes over."""
 
-    def __init__(self, app: ASGIApp, body_bytes: int, upload_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, body_bytes: int, upload_bytes: int, agent_bytes: int) -> None:
         self.app, self.body_bytes, self.upload_bytes = app, body_bytes, upload_bytes
+        self.agent_bytes = agent_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        upload = scope["path"] in UPLOAD_PATHS
-        limit = self.upload_bytes if upload else self.body_bytes
-        what = "limits.upload_bytes" if upload else "limits.body_bytes"
+        if scope["path"] in UPLOAD_PATHS:
+            limit, what = self.upload_bytes, "limits.upload_bytes"
+        elif scope["path"].startswith(AGENT_PREFIX):
+            limit, what = self.agent_bytes, "limits.agent_bytes"
+        else:
+            limit, what = self.body_bytes, "limits.body_bytes"
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             await _too_large(send, limit, what)

@@ -12,6 +12,8 @@ import anyio
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from orbit.agent.protocol import PREFIX as AGENT_PREFIX
+from orbit.agent.protocol import REGISTER_PATH, VERSION_HEADER
 from orbit.core.auth import Role, UserRecord, can, token_hash
 from orbit.core.control.service import CoreControlService
 from orbit.core.errors import Forbidden, StoreError, Unauthorized
@@ -85,6 +87,9 @@ class RequireToken:
             return
         from orbit.server.problems import problem, store_failed
 
+        if scope["path"].startswith(AGENT_PREFIX):
+            await self.agent(scope, receive, send)
+            return
         try:
             user = await anyio.to_thread.run_sync(authenticate, self.service, Request(scope))
         except Unauthorized as exc:
@@ -94,4 +99,28 @@ class RequireToken:
             await store_failed(exc)(scope, receive, send)
             return
         scope.setdefault("state", {})["user"] = user
+        await self.app(scope, receive, send)
+
+    async def agent(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An agent's request: its protocol version, then its node credential (registering
+        needs none: its join token is in the body)."""
+        from orbit.server.agents import authenticate_node, other_version
+        from orbit.server.problems import problem, store_failed
+
+        request = Request(scope)
+        why = other_version(request.headers.get(VERSION_HEADER))
+        if why is not None:
+            await problem(409, why, "Refused")(scope, receive, send)
+            return
+        if scope["path"] != REGISTER_PATH:
+            header = request.headers.get("authorization", "")
+            try:
+                node = await anyio.to_thread.run_sync(authenticate_node, self.service, header)
+            except Unauthorized as exc:
+                await problem(401, str(exc), "Unauthorized")(scope, receive, send)
+                return
+            except StoreError as exc:
+                await store_failed(exc)(scope, receive, send)
+                return
+            scope.setdefault("state", {})["node"] = node
         await self.app(scope, receive, send)

@@ -23,6 +23,19 @@ class Limits(Strict):
         default=2048 * MiB, gt=0, description="a submission's inputs, unpacked"
     )
     inputs_files: int = Field(default=100_000, gt=0, description="files in a submission")
+    agent_bytes: int = Field(
+        default=64 * MiB, gt=0, description="an agent's report or file transfer"
+    )
+
+
+class NodeTimings(Strict):
+    """Agent nodes: heartbeat interval, how long a silent node stays online, and how much
+    longer until its attempts are lost and retried elsewhere (defaults: ORBIT_NODE_* or 5,
+    30 and 15 seconds)."""
+
+    heartbeat_s: float | None = Field(default=None, gt=0, le=3600)
+    offline_after_s: float | None = Field(default=None, gt=0, le=86400)
+    lost_grace_s: float | None = Field(default=None, ge=0, le=86400)
 
 
 class ServerConfig(Strict):
@@ -37,6 +50,7 @@ class ServerConfig(Strict):
     reconcile_workers: int = Field(
         default=8, ge=1, le=256, description="attempts looked at side by side"
     )
+    nodes: NodeTimings = NodeTimings()
     loops: bool = True  # off: the API only (runs move when a client looks, as embedded)
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None

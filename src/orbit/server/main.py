@@ -15,9 +15,23 @@ from orbit.server.config import ServerConfig
 log = logging.getLogger("orbit.server")
 
 
-def open_service(settings: Settings, config: ServerConfig) -> CoreControlService:
+def server_settings(settings: Settings, config: ServerConfig) -> Settings:
+    """The settings with the config file's store and node timings on top."""
+    changes: dict[str, object] = {}
     if config.database_url:
-        settings = dataclasses.replace(settings, database_url=config.database_url)
+        changes["database_url"] = config.database_url
+    timings = config.nodes
+    for field, value in (
+        ("node_heartbeat_s", timings.heartbeat_s),
+        ("node_offline_s", timings.offline_after_s),
+        ("node_lost_grace_s", timings.lost_grace_s),
+    ):
+        if value is not None:
+            changes[field] = value
+    return dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
+
+
+def open_service(settings: Settings, config: ServerConfig) -> CoreControlService:
     service = CoreControlService.from_settings(settings, actor="orbit-server", live_templates=True)
     service.looks_on_read = not config.loops  # the loops look; reads answer from the store
     return service
@@ -61,6 +75,7 @@ def serve(settings: Settings, config: ServerConfig) -> None:
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    settings = server_settings(settings, config)
     service = open_service(settings, config)
     token_file = config.admin_token_file or settings.home / "admin-token"
     written = bootstrap_admin(service, token_file)
@@ -71,7 +86,7 @@ def serve(settings: Settings, config: ServerConfig) -> None:
             written,
             written,
         )
-    app = create_app(service, config)
+    app = create_app(service, config, settings)
     tls = config.ssl_certfile is not None
     log.info(
         "orbit server on %s://%s:%d, store %s",

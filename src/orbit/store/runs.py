@@ -297,13 +297,19 @@ class RunsMixin(RunQueriesMixin):
             )
         return changed == 1
 
-    def defer_launch(self, attempt_id: str, owner: str, not_before: datetime) -> None:
-        """Give up `owner`'s launch claim; the attempt is due again at `not_before`."""
+    def defer_launch(
+        self, attempt_id: str, owner: str, not_before: datetime, message: str | None = None
+    ) -> None:
+        """Give up `owner`'s launch claim; the attempt is due again at `not_before`. `message`
+        says what it waits for (a free node), shown with the run."""
+        sets = ", message = :message" if message is not None else ""
         with self._write() as tx:
             tx.execute(
                 "UPDATE attempts SET lease_owner = NULL, lease_expires_at = NULL, "
-                "not_before = :at WHERE id = :id AND state = :prepared AND lease_owner = :owner",
+                f"not_before = :at{sets} WHERE id = :id AND state = :prepared "
+                "AND lease_owner = :owner",
                 {
+                    "message": message,
                     "at": not_before,
                     "id": attempt_id,
                     "prepared": RunState.PREPARED.value,

@@ -62,6 +62,12 @@ class AttemptRow(Base):
     # which server replica's reconcile loop looks at it, and when it is next due a look
     reconcile_owner: Mapped[str | None] = mapped_column(String(128))
     reconcile_due_at: Mapped[datetime | None]
+    # an agent_pool attempt: its node, the fence its start carries, when the node was granted
+    # that start (once), and the GPU indices it was given there
+    node_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    fence: Mapped[int | None] = mapped_column(Integer)
+    node_claimed_at: Mapped[datetime | None]
+    node_gpus: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", unique=True),)
 
 
@@ -74,6 +80,49 @@ class HostRow(Base):
     )  # orbit.core.execution.ssh.hosts.HostFacts
     created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(128))
+
+
+class JoinTokenRow(Base):
+    __tablename__ = "join_tokens"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    labels: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    uses: Mapped[int] = mapped_column(Integer, server_default="0")
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    credential_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    labels: Mapped[dict[str, Any]]
+    info: Mapped[dict[str, Any]]  # orbit.agent.protocol.NodeInfo
+    state: Mapped[str] = mapped_column(String(16))  # orbit.core.nodes.NodeState
+    max_tasks: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+    last_seen_at: Mapped[datetime | None]
+    session: Mapped[str | None] = mapped_column(String(64))
+    report_seq: Mapped[int] = mapped_column(Integer, server_default="0")
+
+
+class NodeCommandRow(Base):
+    __tablename__ = "node_commands"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(48), unique=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    attempt_id: Mapped[str | None] = mapped_column(String(48))
+    body: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    acked_at: Mapped[datetime | None]
+    done_at: Mapped[datetime | None]
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    __table_args__ = (Index("ix_node_commands_node_acked", "node_id", "acked_at"),)
 
 
 class UserRow(Base):

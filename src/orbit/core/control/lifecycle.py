@@ -18,7 +18,12 @@ from orbit.core import failpoints
 from orbit.core.control.base import ServiceBase
 from orbit.core.control.waiting import WaitsForRuns
 from orbit.core.errors import NoBackend, OrbitError, Unreachable
-from orbit.core.execution.backends.base import AttemptContext, LaunchError, ProcessSweep
+from orbit.core.execution.backends.base import (
+    AttemptContext,
+    LaunchError,
+    NoNodeFree,
+    ProcessSweep,
+)
 from orbit.core.execution.leftovers import sweep_after_contact
 from orbit.core.models import ExecutionRequest, FailureReason, RetryPolicy, RunState, RunStatus
 from orbit.core.records import AttemptRecord, RunRecord
@@ -29,6 +34,7 @@ from orbit.store.runs import AutoRetry
 LEASE_S = 30.0  # a launch claim lapses this long after its last renewal
 RENEW_S = 10.0  # a launching process renews its claim this often
 HOST_WAIT_S = 15.0  # an attempt waiting for its host asks again after this long
+NODE_WAIT_S = 1.0  # an attempt waiting for a free node is placed again after this long
 
 
 def now() -> datetime:
@@ -125,6 +131,11 @@ class Lifecycle(ServiceBase, WaitsForRuns):
                 except (OrbitError, OSError) as exc:  # a backend's refusal or missing tool
                     raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
                 failpoints.hit("after-launch")
+        except NoNodeFree as exc:  # it waits, prepared, for a node to free up
+            self.store.defer_launch(
+                attempt.id, owner, now() + timedelta(seconds=NODE_WAIT_S), message=str(exc)
+            )
+            return
         except LaunchError as exc:
             if exc.reason is FailureReason.HOST_UNREACHABLE:
                 self._wait_for_host(run, self.store.get_attempt(attempt.id), str(exc), owner)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from orbit.core.control.accounts import Accounts
 from orbit.core.control.base import current_actor
 from orbit.core.control.host_registry import HostRegistry
+from orbit.core.control.nodes import Nodes
 from orbit.core.control.reading import Reading
 from orbit.core.control.views import HostCheck, TemplateView
 from orbit.core.hosts import HostRecord, HostSpec
@@ -36,7 +37,7 @@ def _default_ssh_options() -> SshOptions:
     return SshOptions()
 
 
-class CoreControlService(Reading, Accounts):
+class CoreControlService(Reading, Accounts, Nodes):
     def __init__(
         self,
         store: Store,
@@ -92,7 +93,7 @@ class CoreControlService(Reading, Accounts):
         store = Store(settings.database_url)
         return cls(
             store=store,
-            execution=ExecutionService.default(settings, store.hosts),
+            execution=ExecutionService.default(settings, store.hosts, store),
             templates=templates,
             tasks=None,
             bundles_dir=settings.bundles_dir,

@@ -10,6 +10,7 @@ from orbit.core.errors import NoBackend
 from orbit.core.execution.backends.base import ExecutionBackend
 
 if TYPE_CHECKING:
+    from orbit.core.execution.backends.agent_pool import NodeDirectory
     from orbit.core.execution.backends.ssh_host_process import HostDirectory
 
 
@@ -57,8 +58,14 @@ class ExecutionService:
         return found
 
     @classmethod
-    def default(cls, settings: Settings, hosts: HostDirectory | None = None) -> ExecutionService:
-        """Every backend this control plane can drive; SSH ones find hosts in `hosts`."""
+    def default(
+        cls,
+        settings: Settings,
+        hosts: HostDirectory | None = None,
+        nodes: NodeDirectory | None = None,
+    ) -> ExecutionService:
+        """Every backend this control plane can drive; SSH ones find hosts in `hosts`, agent
+        pool ones nodes in `nodes`."""
 
         def local_host_process() -> ExecutionBackend:
             from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend
@@ -88,6 +95,22 @@ class ExecutionService:
                 directory(), options_for(settings), plane=plane_id(settings.work_dir)
             )
 
+        def agent_pool(launch_mode: str) -> Callable[[], ExecutionBackend]:
+            def make() -> ExecutionBackend:
+                from orbit.core.execution.backends.agent_pool import AgentPoolBackend
+
+                if nodes is None:
+                    raise NoBackend("agent pools need the control plane's store")
+                return AgentPoolBackend(
+                    launch_mode,
+                    nodes,
+                    settings.artifacts_dir,
+                    offline_after_s=settings.node_offline_s,
+                    lost_grace_s=settings.node_lost_grace_s,
+                )
+
+            return make
+
         def directory() -> HostDirectory:
             from orbit.core.execution.backends.ssh_host_process import NoHosts
 
@@ -99,5 +122,7 @@ class ExecutionService:
                 "local_docker": local_docker,
                 "ssh_host_process": ssh_host_process,
                 "ssh_docker": ssh_docker,
+                "agent_pool_host_process": agent_pool("host_process"),
+                "agent_pool_docker": agent_pool("docker"),
             }
         )

@@ -35,6 +35,14 @@ class LaunchError(Exception):
         self.reason = reason
 
 
+class NoNodeFree(LaunchError):
+    """No node can take the attempt right now: it waits (prepared, with this message) and is
+    placed when one can. Not a failure: the reason is only what it would be filed under."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(FailureReason.LAUNCH_FAILED, message)
+
+
 class ExecutionBackend(Protocol):
     key: str
 

@@ -1,0 +1,333 @@
+"""The agent protocol: every message between `orbit server` and `orbit agent`, in one place.
+
+The agent only ever connects out. It registers once with a join token and keeps the node
+credential it gets; then, over plain HTTPS requests it makes itself:
+
+- `sync` on every (re)connect: what it runs; the answer is what it should run, and what to stop.
+- `poll`, a long-poll held open: commands for it (start, cancel, fetch/upload files, resync),
+  each with a unique id, redelivered until acknowledged by id in a later poll.
+- `claim` before it starts an attempt: the fencing check. The server grants an attempt's start
+  once, to the node it was placed on, under the fence the start command carries.
+- `heartbeat` every few seconds: liveness, and its node info when that changed.
+- `report`: numbered reports of its attempts' files (logs by byte offset, status and result
+  files whole), so a resend changes nothing and a gap is asked for again.
+- `bundle/{digest}`: a bundle's archive, fetched once per digest and cached on the node.
+
+A change that an older peer would misread bumps PROTOCOL_VERSION; both sides refuse a peer
+that speaks another.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+PREFIX = "/api/v1/agent"
+VERSION_HEADER = "X-Orbit-Agent-Protocol"
+REGISTER_PATH = PREFIX + "/register"
+CANCELLED_BEFORE_START = "cancelled before it started"
+
+# what one report may carry, and one chunk of one file in it
+MAX_REPORT_BYTES = 8 << 20
+MAX_CHUNK_BYTES = 1 << 20
+MAX_LABELS = 64
+NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
+LABEL_VALUE = re.compile(r"[A-Za-z0-9._/:-]{0,63}")
+# an attempt's files as the bundle lays them out: runtime/... and artifacts/..., nothing else
+FILE_PATH = r"^(runtime|artifacts)/[^\x00]{1,1000}$"
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+class Message(BaseModel):
+    """Unknown fields are refused: a peer that sends what this side does not know is a peer
+    of another version, and is told so rather than half understood."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- what a node has (the unified resource descriptor) ------------------------------------
+
+
+class Accelerator(Message):
+    index: int = Field(ge=0)
+    uuid: str = ""
+    model: str = ""
+    memory_mb: int = Field(default=0, ge=0)
+    vendor: str = "nvidia"
+    # indices of the accelerators this one is linked to by NVLink, where NVML tells
+    nvlink_peers: tuple[int, ...] = ()
+
+
+class NodeInfo(Message):
+    """What a node reports at start and whenever it changes."""
+
+    agent_version: str
+    protocol: int = PROTOCOL_VERSION
+    hostname: str = ""
+    accelerators: tuple[Accelerator, ...] = ()
+    accelerator_source: str = ""  # how they were found ("nvml", "nvml: not found", ...)
+    cpus: int = Field(default=0, ge=0)
+    memory_mb: int = Field(default=0, ge=0)
+    disk_free_mb: int = Field(default=0, ge=0)  # in the agent's work dir
+    docker: bool = False
+    nvidia_runtime: bool = False
+    cached_models: tuple[str, ...] = ()
+    cached_datasets: tuple[str, ...] = ()
+
+
+Labels = Annotated[dict[str, str], Field(max_length=MAX_LABELS)]
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+class RegisterRequest(Message):
+    join_token: str = Field(min_length=1, max_length=200)
+    name: str = Field(pattern=NODE_NAME)
+    labels: Labels = {}
+    max_tasks: int = Field(default=1, ge=0, le=1024)
+    info: NodeInfo
+
+
+class RegisterResponse(Message):
+    node_id: str
+    name: str
+    credential: str  # shown once; the server keeps its sha256 only
+    heartbeat_s: float
+    protocol: int = PROTOCOL_VERSION
+
+
+# --- what a node runs -------------------------------------------------------------------------
+
+
+class RunningAttempt(Message):
+    attempt_id: str = Field(max_length=64)
+    fence: int = Field(ge=0)
+    alive: bool  # its wrapper still runs
+    ended: bool = False  # its result is written (it may still be uploading)
+
+
+class SyncRequest(Message):
+    node_id: str
+    session: str = Field(min_length=1, max_length=64)  # new on every agent start
+    running: tuple[RunningAttempt, ...] = ()
+    info: NodeInfo | None = None
+
+
+class Assignment(Message):
+    """An attempt the node should run, or keep uploading."""
+
+    attempt_id: str
+    fence: int
+
+
+class SyncResponse(Message):
+    keep: tuple[Assignment, ...]  # go on with these
+    stop: tuple[str, ...]  # stop and clean up these: the server does not know them
+    lost: tuple[str, ...]  # the server expected these and the node lacks them: marked lost
+    heartbeat_s: float
+    max_tasks: int
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+class StartAttempt(Message):
+    kind: Literal["start"] = "start"
+    run_id: str
+    attempt_id: str
+    fence: int = Field(ge=1)
+    bundle_digest: str = Field(pattern=SHA256)
+    request: dict[str, Any]  # orbit.core.models.ExecutionRequest
+    gpu_indices: tuple[int, ...] = ()
+    upload_large: bool = True  # checkpoints too, or only when `orbit collect` asks
+
+
+class CancelAttempt(Message):
+    kind: Literal["cancel"] = "cancel"
+    attempt_id: str
+    reason: str = "cancelled"
+
+
+class UploadFiles(Message):
+    """Upload everything of an attempt now, large files too (`orbit collect`)."""
+
+    kind: Literal["upload"] = "upload"
+    attempt_id: str
+
+
+class PutFile(Message):
+    """Fetch a file the server holds (`orbit nodes push`) and write it under the work dir."""
+
+    kind: Literal["put_file"] = "put_file"
+    transfer_id: str
+    dest: str = Field(min_length=1, max_length=4096)
+    sha256: str = Field(pattern=SHA256)
+    size: int = Field(ge=0)
+
+
+class GetFile(Message):
+    """Upload a file from under the work dir (`orbit nodes pull`)."""
+
+    kind: Literal["get_file"] = "get_file"
+    transfer_id: str
+    path: str = Field(min_length=1, max_length=4096)
+
+
+class Resync(Message):
+    kind: Literal["resync"] = "resync"
+
+
+CommandBody = Annotated[
+    StartAttempt | CancelAttempt | UploadFiles | PutFile | GetFile | Resync,
+    Field(discriminator="kind"),
+]
+
+
+class Command(Message):
+    id: str
+    seq: int
+    body: CommandBody
+
+
+class PollRequest(Message):
+    node_id: str
+    session: str = Field(min_length=1, max_length=64)
+    acks: tuple[str, ...] = Field(default=(), max_length=1000)
+    wait_s: float = Field(default=25.0, ge=0, le=60)
+
+
+class PollResponse(Message):
+    commands: tuple[Command, ...] = ()
+    # an ack of a command id neither side expects: both drop their queues and sync again
+    resync: bool = False
+
+
+# --- the fencing check ------------------------------------------------------------------------
+
+
+class ClaimRequest(Message):
+    node_id: str
+    attempt_id: str
+    fence: int = Field(ge=1)
+    # the agent will not start it (at capacity, or the bundle would not stage): why
+    refuse: str | None = Field(default=None, max_length=2000)
+
+
+class ClaimResponse(Message):
+    granted: bool
+    why: str = ""
+
+
+# --- liveness ---------------------------------------------------------------------------------
+
+
+class HeartbeatRequest(Message):
+    node_id: str
+    session: str = Field(min_length=1, max_length=64)
+    info: NodeInfo | None = None  # when it changed since the last one sent
+
+
+class HeartbeatResponse(Message):
+    heartbeat_s: float
+    max_tasks: int
+    state: str
+
+
+# --- reports ----------------------------------------------------------------------------------
+
+
+class FileChunk(Message):
+    """Bytes of one of an attempt's files from `offset`. `replace`: the file was rewritten
+    (status.json): these bytes are all of it. `sha256` with `size`: the file is complete at
+    that size, and the server checks the whole of it."""
+
+    path: str = Field(pattern=FILE_PATH)
+    offset: int = Field(ge=0)
+    data: str = ""  # base64
+    replace: bool = False
+    size: int | None = Field(default=None, ge=0)
+    sha256: str | None = Field(default=None, pattern=SHA256)
+
+
+class AttemptReport(Message):
+    attempt_id: str = Field(max_length=64)
+    fence: int = Field(ge=1)
+    alive: bool
+    ended: bool = False
+    done: bool = False  # every file it will upload unasked is uploaded
+    chunks: tuple[FileChunk, ...] = ()
+
+
+class Report(Message):
+    node_id: str
+    session: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=1)
+    attempts: tuple[AttemptReport, ...] = ()
+
+
+class Want(Message):
+    """The server's copy of `path` ends at `offset`: send from there (a gap, or a bad sha)."""
+
+    attempt_id: str
+    path: str
+    offset: int
+
+
+class ReportResponse(Message):
+    seq: int  # the highest applied
+    wants: tuple[Want, ...] = ()
+    forget: tuple[str, ...] = ()  # attempts the server no longer wants reports of
+
+
+# --- file transfers ---------------------------------------------------------------------------
+
+
+class TransferDone(Message):
+    node_id: str
+    transfer_id: str
+    error: str | None = Field(default=None, max_length=2000)
+    data: str = ""  # base64, for get_file
+    sha256: str | None = Field(default=None, pattern=SHA256)
+
+
+class Problem(Message):
+    """What either side says when it refuses a message (the server's problem+json)."""
+
+    title: str
+    detail: str
+    status: int
+    type: str = "about:blank"
+
+
+def labels_problem(labels: dict[str, str]) -> str | None:
+    """Why labels are malformed, or None."""
+    for key, value in labels.items():
+        if not LABEL_KEY.fullmatch(key):
+            return f"label key '{key}': use letters, digits, '.', '_', '/' or '-' (at most 63)"
+        if not LABEL_VALUE.fullmatch(value):
+            return f"label '{key}' value '{value}': use letters, digits, '.', '_', '/', ':' or '-'"
+    return None
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """`k=v,k2=v2` -> dict; ValueError naming the bad part."""
+    labels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise ValueError(f"'{part}': write labels as key=value,key2=value2")
+        labels[key.strip()] = value.strip()
+    problem = labels_problem(labels)
+    if problem:
+        raise ValueError(problem)
+    return labels
+
+
+def utc_seconds(at: datetime | None, now: datetime) -> float | None:
+    return None if at is None else max(0.0, (now - at).total_seconds())

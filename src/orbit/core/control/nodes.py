@@ -1,0 +1,134 @@
+"""Nodes as people manage them: join tokens, drain, cordon, revoke, remove, and files to and from
+a node's work dir. Who may do it is the server's to check (admins); these only do it, audited.
+The agents' own traffic is the server's (orbit.server.agents)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from orbit.core.auth import new_token, parse_duration
+from orbit.core.auth import token_hash as hash_of
+from orbit.core.control.base import ServiceBase
+from orbit.core.errors import InvalidInput, Refused, Unreachable
+from orbit.core.nodes import JoinTokenRecord, NewJoinToken, NodeRecord, NodeState
+
+JOIN_PREFIX = "orbitjoin_"
+TRANSFER_WAIT_S = 120.0
+MAX_TRANSFER_BYTES = 48 * 1024 * 1024  # a push or pull moves one file up to this size
+
+
+class Nodes(ServiceBase):
+    def create_join_token(
+        self, labels: dict[str, str] | None = None, expires: str | None = None
+    ) -> NewJoinToken:
+        """A token agents join with, shown this once (the store keeps its hash). Nodes that
+        join with it get its labels (their own --labels on top)."""
+        from orbit.agent.protocol import labels_problem
+
+        labels = labels or {}
+        problem = labels_problem(labels)
+        if problem:
+            raise InvalidInput(f"--labels: {problem}")
+        expires_at = datetime.now(UTC) + parse_duration(expires, "--expires") if expires else None
+        token = JOIN_PREFIX + new_token().split("_", 1)[-1]
+        record = self.store.create_join_token(hash_of(token), labels, expires_at, self.actor)
+        return NewJoinToken(record=record, token=token)
+
+    def list_join_tokens(self) -> list[JoinTokenRecord]:
+        return self.store.list_join_tokens()
+
+    def revoke_join_token(self, token_id: str) -> None:
+        self.store.revoke_join_token(token_id, self.actor)
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return self.store.list_nodes()
+
+    def get_node(self, ref: str) -> NodeRecord:
+        return self.store.get_node(ref)
+
+    def set_node(
+        self, ref: str, *, cordon: bool | None = None, max_tasks: int | None = None
+    ) -> NodeRecord:
+        """Cordon (no new work) or uncordon; set max_tasks (0: drain: no new work, and once
+        its running work ends the node is free for people)."""
+        if max_tasks is not None and not 0 <= max_tasks <= 1024:
+            raise InvalidInput(f"--max-tasks: expected 0 to 1024, got {max_tasks}")
+        state = None if cordon is None else NodeState.CORDONED if cordon else NodeState.ACTIVE
+        return self.store.update_node(ref, self.actor, state=state, max_tasks=max_tasks)
+
+    def revoke_node(self, ref: str) -> NodeRecord:
+        """Lock a node out at once: its credential is refused from the next request on, and
+        its attempts are lost (and retried elsewhere, per their retry policy)."""
+        return self.store.update_node(ref, self.actor, state=NodeState.REVOKED)
+
+    def remove_node(self, ref: str, force: bool = False) -> NodeRecord:
+        """Forget a node. Refused while it runs attempts, unless `force` (they are lost)."""
+        return self.store.remove_node(ref, self.actor, force)
+
+    # --- files to and from a node's work dir ---------------------------------------------
+
+    def push_file(self, ref: str, data: bytes, dest: str) -> dict[str, object]:
+        """Write `data` to `dest` (relative to the node's work dir) on the node."""
+        node = self.store.get_node(ref)
+        if len(data) > MAX_TRANSFER_BYTES:
+            raise InvalidInput(f"push: at most {MAX_TRANSFER_BYTES:,} bytes per file")
+        transfer_id = f"cmd-{uuid.uuid4().hex}"
+        folder = self._transfers(node.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / transfer_id).write_bytes(data)
+        body = {
+            "kind": "put_file",
+            "transfer_id": transfer_id,
+            "dest": dest,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+        }
+        try:
+            result = self._run_transfer(node, transfer_id, body, f"push to {dest}")
+        finally:
+            (folder / transfer_id).unlink(missing_ok=True)
+        self.store.record_event(self.actor, "node.push", node=node.name, dest=dest, size=len(data))
+        return result
+
+    def pull_file(self, ref: str, path: str) -> bytes:
+        """A file under the node's work dir."""
+        node = self.store.get_node(ref)
+        transfer_id = f"cmd-{uuid.uuid4().hex}"
+        body: dict[str, object] = {"kind": "get_file", "transfer_id": transfer_id, "path": path}
+        self._run_transfer(node, transfer_id, body, f"pull of {path}")
+        pulled = self._transfers(node.id) / f"{transfer_id}.pulled"
+        try:
+            data = pulled.read_bytes()
+        finally:
+            pulled.unlink(missing_ok=True)
+        self.store.record_event(self.actor, "node.pull", node=node.name, path=path, size=len(data))
+        return data
+
+    def _transfers(self, node_id: str) -> Path:
+        """Where the server keeps files on their way to and from a node ($ORBIT_HOME)."""
+        return self.bundles_dir.parent / "transfers" / node_id
+
+    def _run_transfer(
+        self, node: NodeRecord, transfer_id: str, body: dict[str, object], what: str
+    ) -> dict[str, object]:
+        from orbit.core.execution.backends.agent_pool import wake
+
+        if node.state is NodeState.REVOKED:
+            raise InvalidInput(f"node '{node.name}' is revoked")
+        if not node.online(datetime.now(UTC)):
+            raise Unreachable(f"node '{node.name}' is offline")
+        self.store.enqueue_command(node.id, body, command_id=transfer_id)
+        wake(node.id)
+        deadline = time.monotonic() + TRANSFER_WAIT_S
+        while time.monotonic() < deadline:
+            result = self.store.command_result(transfer_id)
+            if result is not None:
+                if result.get("error"):
+                    raise Refused(f"node '{node.name}': {what}: {result['error']}")
+                return result
+            time.sleep(0.05)
+        raise Unreachable(f"node '{node.name}' did not finish the {what} in {TRANSFER_WAIT_S:.0f}s")

@@ -1,0 +1,289 @@
+"""`agent_pool_host_process` and `agent_pool_docker`: the attempt runs on an in-house node whose
+agent connects out to the control plane (orbit.agent). The control plane never reaches the
+node: launching places the attempt on a node and queues its start command in the store;
+cancel and collect queue commands too; status, logs and files are read from the control
+plane's copy of the attempt's files (orbit.core.execution.mirror), which the agent's reports
+keep current. The agent runs the attempt with the local backends, so a pool run behaves on
+its node as a local run does on this machine."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orbit.core.config import LOST_GRACE_S, OFFLINE_AFTER_S
+from orbit.core.errors import InvalidInput, OrbitError
+from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, NoNodeFree
+from orbit.core.execution.mirror import read_agent_state
+from orbit.core.execution.runtime_state import parse_json, status_from_files
+from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
+from orbit.core.nodes import NodeRecord, NodeState, place
+from orbit.runtime import hostside
+
+if TYPE_CHECKING:
+    from orbit.core.execution.bundle import FrozenBundle
+    from orbit.core.records import CollectResult
+    from orbit.store.sql import Row
+
+READ_CHUNK = 1 << 20
+COLLECT_WAIT_S = 600.0
+
+# Called with a node id whenever a command is queued for it: the server's long-polls wake at
+# once rather than on their next look at the store. Process-wide, as the server is.
+wake_hooks: list[Callable[[str], None]] = []
+
+
+def wake(node_id: str) -> None:
+    for hook in wake_hooks:
+        hook(node_id)
+
+
+class NodeDirectory(Protocol):
+    def list_nodes(self) -> list[NodeRecord]: ...
+    def get_node(self, ref: str) -> NodeRecord: ...
+    def assign_attempt(
+        self,
+        attempt_id: str,
+        node_id: str,
+        max_tasks: int,
+        gpus: dict[str, Any],
+        start: dict[str, Any],
+        actor: str,
+    ) -> tuple[int, str] | None: ...
+    def attempt_placement(self, attempt_id: str) -> Row | None: ...
+    def enqueue_command(
+        self, node_id: str, body: dict[str, Any], attempt_id: str | None = None
+    ) -> str: ...
+
+
+def selector_of(request: ExecutionRequest) -> dict[str, str]:
+    raw = getattr(request.placement, "selector", None) or {}
+    if not isinstance(raw, dict):
+        raise InvalidInput(
+            f"template '{request.template_id}': placement.selector: expected a mapping of "
+            "label -> value"
+        )
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+class AgentPoolBackend:
+    def __init__(
+        self,
+        launch_mode: str,
+        nodes: NodeDirectory,
+        artifacts_dir: Path,
+        offline_after_s: float = OFFLINE_AFTER_S,
+        lost_grace_s: float = LOST_GRACE_S,
+    ) -> None:
+        self.key = f"agent_pool_{launch_mode}"
+        self.nodes = nodes
+        self.artifacts_dir = artifacts_dir
+        self.offline_after_s = offline_after_s
+        self.lost_grace_s = lost_grace_s
+
+    # --- launching -------------------------------------------------------------------------
+
+    def validate(self, request: ExecutionRequest) -> None:
+        selector_of(request)
+        upload = getattr(request.placement, "upload_large", True)
+        if not isinstance(upload, bool):
+            raise InvalidInput(
+                f"template '{request.template_id}': placement.upload_large: expected true or false"
+            )
+
+    def launch(
+        self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
+    ) -> RunHandle:
+        selector = selector_of(request)
+        res = request.resources
+        gpu_memory = float(getattr(res, "gpu_memory_gb", None) or 0.0)
+        start = {
+            "kind": "start",
+            "run_id": attempt.run_id,
+            "attempt_id": attempt.attempt_id,
+            "bundle_digest": bundle.digest,
+            "request": request.model_dump(mode="json"),
+            "upload_large": bool(getattr(request.placement, "upload_large", True)),
+        }
+        for _ in range(3):  # another launch may take the last slot between look and commit
+            nodes = self.nodes.list_nodes()
+            if request.target not in (None, "", "pool"):
+                nodes = [n for n in nodes if request.target in (n.name, n.id)]
+                if not nodes:
+                    raise LaunchError(
+                        FailureReason.LAUNCH_FAILED, f"no node named '{request.target}'"
+                    )
+            now = datetime.now(UTC)
+            fit, why = place(
+                nodes, now, selector, res.gpu_count, gpu_memory, res.gpu_type, self.offline_after_s
+            )
+            if fit is None:
+                raise NoNodeFree(_waiting_message(selector, why))
+            gpus = {"indices": list(fit.gpu_indices), "memory_gb": fit.gpu_memory_gb}
+            placed = self.nodes.assign_attempt(
+                attempt.attempt_id,
+                fit.node.id,
+                fit.node.max_tasks,
+                gpus,
+                {**start, "gpu_indices": list(fit.gpu_indices)},
+                actor="orbit",
+            )
+            if placed is None:
+                continue
+            fence, _command = placed
+            wake(fit.node.id)
+            return RunHandle(
+                backend_key=self.key,
+                target=fit.node.name,
+                attempt_id=attempt.attempt_id,
+                location=str(self.artifacts_dir / attempt.attempt_id),
+                data={"node_id": fit.node.id, "fence": fence, "gpus": list(fit.gpu_indices)},
+            )
+        raise NoNodeFree("every fitting node filled up while this attempt was being placed")
+
+    def locate(self, request: ExecutionRequest, attempt: AttemptContext) -> RunHandle | None:
+        row = self.nodes.attempt_placement(attempt.attempt_id)
+        if row is None or row["node_id"] is None:
+            return None
+        try:
+            name = self.nodes.get_node(row["node_id"]).name
+        except OrbitError:
+            name = row["node_id"]
+        return RunHandle(
+            backend_key=self.key,
+            target=name,
+            attempt_id=attempt.attempt_id,
+            location=str(self.artifacts_dir / attempt.attempt_id),
+            data={"node_id": row["node_id"], "fence": row["fence"]},
+        )
+
+    # --- looking ---------------------------------------------------------------------------
+
+    def status(self, handle: RunHandle) -> RunStatus:
+        folder = Path(handle.location)
+        runtime = folder / "runtime"
+        result = parse_json(hostside.read_from(str(runtime / "result.json"), 0, -1))
+        status = parse_json(hostside.read_from(str(runtime / "status.json"), 0, -1))
+        agent = read_agent_state(folder)
+        if result is not None:
+            return status_from_files(status, result, wrapper_alive=False)
+        if agent.get("refused"):
+            return RunStatus(
+                state=RunState.FAILED,
+                reason=FailureReason.LAUNCH_FAILED,
+                message=f"node '{handle.target}' did not start it: {agent['refused']}",
+            )
+        if agent.get("lost"):
+            return _lost(handle, str(agent["lost"]))
+        node_id = str(handle.data.get("node_id", ""))
+        try:
+            node = self.nodes.get_node(node_id)
+        except OrbitError:
+            return _lost(handle, f"node '{handle.target}' was removed")
+        if node.state is NodeState.REVOKED:
+            return _lost(handle, f"node '{node.name}' was revoked")
+        ago = node.seen_ago(datetime.now(UTC))
+        if ago is None or ago >= self.offline_after_s + self.lost_grace_s:
+            return _lost(
+                handle,
+                f"node '{node.name}' silent for {ago or 0:.0f}s (offline after "
+                f"{self.offline_after_s:.0f}s, lost {self.lost_grace_s:.0f}s later)",
+            )
+        if not agent.get("started"):
+            return RunStatus(state=RunState.SUBMITTED)
+        return status_from_files(status, None, wrapper_alive=bool(agent.get("alive", True)))
+
+    def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
+        data = hostside.read_from(str(Path(handle.location) / layer.relpath), offset, READ_CHUNK)
+        return data or b"", offset + len(data or b"")
+
+    def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
+        return hostside.read_from(str(Path(handle.location) / relpath), 0, -1)
+
+    def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
+        return hostside.tail(handle.location, pattern, max_bytes)
+
+    # --- acting ------------------------------------------------------------------------------
+
+    def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
+        node_id = str(handle.data.get("node_id", ""))
+        body = {"kind": "cancel", "attempt_id": handle.attempt_id, "reason": reason.value}
+        self.nodes.enqueue_command(node_id, body, attempt_id=handle.attempt_id)
+        wake(node_id)
+
+    def stop_leftovers(self, handle: RunHandle) -> int:
+        self.cancel(handle, FailureReason.CANCELLED)
+        return 0
+
+    def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
+        from orbit.core.execution.artifacts import CollectResult, verify_manifest
+
+        folder = Path(handle.location)
+        if not read_agent_state(folder).get("complete"):
+            self._ask_for_everything(handle, folder)
+        source = folder / "artifacts"
+        dest.mkdir(parents=True, exist_ok=True)
+        files = size = 0
+        for path in sorted(source.rglob("*")):
+            if path.is_symlink() or not path.is_file() or path.name.endswith(".part"):
+                continue
+            target = dest / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+            files += 1
+            size += path.stat().st_size
+        found, problems = verify_manifest(dest)
+        return CollectResult(
+            dest=dest,
+            files=files,
+            bytes=size,
+            verified=found and not problems,
+            problems=tuple(problems),
+        )
+
+    def _ask_for_everything(self, handle: RunHandle, folder: Path) -> None:
+        """Large files wait on the node until collect asks: ask, and wait for them."""
+        node_id = str(handle.data.get("node_id", ""))
+        self.nodes.enqueue_command(
+            node_id, {"kind": "upload", "attempt_id": handle.attempt_id}, handle.attempt_id
+        )
+        wake(node_id)
+        deadline = time.monotonic() + COLLECT_WAIT_S
+        while time.monotonic() < deadline:
+            if read_agent_state(folder).get("complete"):
+                return
+            try:
+                node = self.nodes.get_node(node_id)
+            except OrbitError:
+                raise LaunchError(
+                    FailureReason.NODE_LOST, f"node '{handle.target}' was removed"
+                ) from None
+            if not node.online(datetime.now(UTC), self.offline_after_s):
+                from orbit.core.errors import Unreachable
+
+                raise Unreachable(
+                    f"node '{node.name}' is offline: its large files stay there until it is back"
+                )
+            time.sleep(0.2)
+        from orbit.core.errors import Unreachable
+
+        raise Unreachable(f"node '{handle.target}' did not upload within {COLLECT_WAIT_S:.0f}s")
+
+
+def _lost(handle: RunHandle, why: str) -> RunStatus:
+    return RunStatus(state=RunState.FAILED, reason=FailureReason.NODE_LOST, message=why)
+
+
+def _waiting_message(selector: dict[str, str], why: dict[str, str]) -> str:
+    wanted = ",".join(f"{k}={v}" for k, v in selector.items()) or "any node"
+    if not why:
+        return f"waiting for a node ({wanted}): none has joined (see `orbit nodes join-token`)"
+    counts: dict[str, int] = {}
+    for reason in why.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    summary = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
+    return f"waiting for a node ({wanted}): {summary}"

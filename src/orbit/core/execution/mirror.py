@@ -1,0 +1,120 @@
+"""The control plane's copy of an agent_pool attempt's files: `<artifacts>/<attempt id>/` holds
+runtime/ and artifacts/ as the attempt's own bundle on its node does, written from the agent's
+reports. Reading a pool run (status, logs, progress, collect) reads this folder, as reading a
+local run reads the attempt's own; `agent.json` beside them holds what only the control plane
+knows (the agent's word on the wrapper, a refusal, a loss).
+
+Writes are by byte offset: bytes the copy already has are skipped (a resend changes nothing),
+bytes past its end are refused with the offset to send from (a gap is asked for again), and a
+file that comes with its sha256 is checked whole when complete."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+AGENT_FILE = "agent.json"
+
+
+class BadChunk(ValueError):
+    """A chunk that cannot be applied: a path outside the attempt, a sha256 that does not match."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying a chunk came to: the copy's size after it, and the offset the server wants
+    next when that is not where the agent's next chunk would start (None: all is well)."""
+
+    size: int
+    want: int | None = None
+
+
+def attempt_dir(root: Path, attempt_id: str) -> Path:
+    return root / attempt_id
+
+
+def safe_path(folder: Path, relpath: str) -> Path:
+    """`relpath` under `folder`, refusing absolute paths, `..` and links that lead out."""
+    parts = PurePosixPath(relpath).parts
+    if (
+        not parts
+        or relpath.startswith("/")
+        or ".." in parts
+        or parts[0]
+        not in (
+            "runtime",
+            "artifacts",
+        )
+    ):
+        raise BadChunk(f"'{relpath}': expected a path under runtime/ or artifacts/")
+    target = folder.joinpath(*parts)
+    here = folder.resolve()
+    if not str(target.parent.resolve()).startswith(str(here)):
+        raise BadChunk(f"'{relpath}': leads outside the attempt's folder")
+    if target.is_symlink():
+        raise BadChunk(f"'{relpath}': is a link")
+    return target
+
+
+def apply_chunk(
+    folder: Path,
+    relpath: str,
+    offset: int,
+    data: bytes,
+    *,
+    replace: bool = False,
+    size: int | None = None,
+    sha256: str | None = None,
+) -> Applied:
+    """Write one chunk into the copy (see the module's docstring)."""
+    target = safe_path(folder, relpath)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if replace:
+        tmp = target.with_name(f".{target.name}.part")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+        return Applied(len(data))
+    have = target.stat().st_size if target.exists() else 0
+    if offset > have:
+        return Applied(have, want=have)
+    new = data[have - offset :] if offset < have else data
+    if new:
+        with open(target, "ab") as out:
+            out.write(new)
+        have += len(new)
+    complete = sha256 is not None and size is not None and have >= size
+    if complete and (have > (size or 0) or file_sha256(target) != sha256):
+        target.unlink()  # the copy is wrong: start it again
+        return Applied(0, want=0)
+    return Applied(have)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_agent_state(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / AGENT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_agent_state(folder: Path, **changes: Any) -> dict[str, Any]:
+    """Merge `changes` into agent.json (atomically: a reader sees the old or the new)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {**read_agent_state(folder), **changes}
+    tmp = folder / f".{AGENT_FILE}.{os.getpid()}.{threading.get_ident()}.part"
+    tmp.write_text(json.dumps(state, sort_keys=True))
+    os.replace(tmp, folder / AGENT_FILE)
+    return state
