@@ -12,7 +12,7 @@ import sys
 import typer
 
 from orbit import __version__
-from orbit.cli import accounts, audit, catalog, forensics, hosts, logs, runs, server
+from orbit.cli import accounts, agent, audit, catalog, forensics, hosts, logs, runs, server
 
 app = typer.Typer(
     help=__doc__,
@@ -36,6 +36,7 @@ app.add_typer(audit.audit_app, name="audit")
 app.command("inspect")(forensics.inspect)
 app.command("diff")(forensics.diff)
 app.command()(server.server)
+app.add_typer(agent.agent_app, name="agent")
 app.command()(accounts.login)
 app.command()(accounts.logout)
 app.command()(accounts.whoami)

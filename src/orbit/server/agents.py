@@ -40,6 +40,7 @@ from orbit.core.execution.mirror import (
 )
 from orbit.core.nodes import NodeRecord, NodeState
 from orbit.server.problems import PROBLEM, PROBLEM_SCHEMA
+from orbit.store.sql import read_json
 
 log = logging.getLogger("orbit.server.agents")
 
@@ -263,7 +264,7 @@ class Gateway:
         from orbit.core.models import ExecutionRequest
 
         request = ExecutionRequest.model_validate(run.request)
-        gpus = (placed["node_gpus"] or {}) if isinstance(placed["node_gpus"], dict) else {}
+        gpus = read_json(placed["node_gpus"]) or {}
         body = p.StartAttempt(
             run_id=run.id,
             attempt_id=attempt_id,
@@ -290,7 +291,7 @@ class Gateway:
 
     def pending(self, node: NodeRecord) -> tuple[p.Command, ...]:
         return tuple(
-            p.Command.model_validate({"id": r["id"], "seq": r["seq"], "body": r["body"]})
+            p.Command.model_validate({"id": r["id"], "seq": r["seq"], "body": read_json(r["body"])})
             for r in self.store.pending_commands(node.id)
         )
 

@@ -79,7 +79,9 @@ def apply_chunk(
         tmp.write_bytes(data)
         os.replace(tmp, target)
         return Applied(len(data))
-    have = target.stat().st_size if target.exists() else 0
+    if not target.exists():
+        target.touch()
+    have = target.stat().st_size
     if offset > have:
         return Applied(have, want=have)
     new = data[have - offset :] if offset < have else data
