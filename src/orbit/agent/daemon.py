@@ -185,7 +185,12 @@ class Agent:
 
     def _post(self, path: str, body: p.Message, answer: type[Any], auth: bool = True) -> Any:
         headers = {"authorization": f"Bearer {self.identity['credential']}"} if auth else {}
-        response = self.http.post(p.PREFIX + path, content=body.model_dump_json(), headers=headers)
+        content = body.model_dump_json()
+        try:
+            response = self.http.post(p.PREFIX + path, content=content, headers=headers)
+        except httpx.RemoteProtocolError:  # a kept-alive connection the server had closed:
+            # every message is safe to send twice, so once more on a fresh one
+            response = self.http.post(p.PREFIX + path, content=content, headers=headers)
         return self._answer(response, answer)
 
     def _answer(self, response: httpx.Response, answer: type[Any]) -> Any:

@@ -106,4 +106,6 @@ def serve(settings: Settings, config: ServerConfig) -> None:
         ssl_keyfile_password=config.ssl_keyfile_password,
         proxy_headers=True,
         timeout_graceful_shutdown=5,
+        # agents and clients keep their connections between heartbeats (every 5 s by default)
+        timeout_keep_alive=75,
     )
