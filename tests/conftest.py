@@ -27,6 +27,7 @@ pytest_plugins = [
     "tests.sshd",  # real sshd servers for the SSH backend: sshd_factory, sshd_server
     "tests.dockerd",  # a private dockerd for the docker launch mode: dockerd, docker_host
     "tests.orbit_server",  # a real `orbit server` process: orbit_server, start_server
+    "tests.agents",  # real `orbit agent` processes: start_agent
 ]
 
 PG_ADMIN_URL = os.environ.get(

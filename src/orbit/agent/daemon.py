@@ -339,8 +339,7 @@ class Agent:
         answer: p.SyncResponse = self._post("/sync", body, p.SyncResponse)
         self.last_info, self.info_at = info, time.monotonic()
         self.heartbeat_s, self.max_tasks = answer.heartbeat_s, answer.max_tasks
-        with self.lock:
-            self.seq = 0
+        with self.lock:  # report numbers go on: they count within this agent's session
             for t in self.tracked.values():
                 t.files.clear()  # the server says what it has by its answers to reports
         for attempt_id in answer.stop:
