@@ -63,6 +63,10 @@ class Tracked:
     files: dict[str, FileState] = field(default_factory=dict)
     done: bool = False
     everything: bool = False  # `orbit collect` asked: large files too
+    launching: bool = False  # granted, its wrapper not started yet: it counts as alive
+
+    def alive(self) -> bool:
+        return self.launching or hostside.wrapper_alive(str(self.folder / "runtime"))
 
     def marker(self) -> dict[str, Any]:
         return {
@@ -324,7 +328,7 @@ class Agent:
             p.RunningAttempt(
                 attempt_id=t.attempt_id,
                 fence=t.fence,
-                alive=hostside.wrapper_alive(str(t.folder / "runtime")),
+                alive=t.alive(),
                 ended=(t.folder / "runtime" / "result.json").exists(),
             )
             for t in tracked
@@ -439,6 +443,7 @@ class Agent:
                 folder=folder,
                 launch_mode=request.launch_mode.kind,
                 upload_large=start.upload_large,
+                launching=True,
             )
             _write_json(marker, tracked.marker())
             with self.lock:
@@ -455,6 +460,8 @@ class Agent:
                     else FailureReason.LAUNCH_FAILED
                 )
                 _write_failed(folder, reason.value, str(exc))
+            finally:
+                tracked.launching = False
             self.report_wake.set()
 
     def _launch(self, bundle: Path, request: ExecutionRequest, start: p.StartAttempt) -> None:
@@ -544,13 +551,23 @@ class Agent:
     # --- cancelling --------------------------------------------------------------------------
 
     def cancel(self, body: p.CancelAttempt) -> None:
-        with self.lock:
-            tracked = self.tracked.get(body.attempt_id)
-            if tracked is None:
-                self.cancelled.add(body.attempt_id)
-        if tracked is not None:
-            hostside.cancel(str(tracked.folder), body.reason)
-            self.report_wake.set()
+        with self._attempt_lock(body.attempt_id):
+            with self.lock:
+                tracked = self.tracked.get(body.attempt_id)
+                if tracked is None:
+                    self.cancelled.add(body.attempt_id)
+            if tracked is not None:
+                hostside.cancel(str(tracked.folder), body.reason)
+                self.report_wake.set()
+            elif body.fence and not (self.attempts_dir / body.attempt_id).exists():
+                # not started here (its start is on its way, or lost): it never will be
+                refuse = p.ClaimRequest(
+                    node_id=self.node_id,
+                    attempt_id=body.attempt_id,
+                    fence=body.fence,
+                    refuse=p.CANCELLED_BEFORE_START,
+                )
+                self._post("/claim", refuse, p.ClaimResponse)
 
     # --- files -------------------------------------------------------------------------------
 
@@ -626,6 +643,9 @@ class Agent:
                     self.last_info = None  # send it again next time
                 continue
             self.heartbeat_s, self.max_tasks = answer.heartbeat_s, answer.max_tasks
+            if answer.resync:
+                log.warning("the server had this node offline: syncing again")
+                self.connected.clear()
 
     # --- reports -----------------------------------------------------------------------------
 
@@ -660,10 +680,14 @@ class Agent:
         budget = p.MAX_REPORT_BYTES // 2
         attempts: list[p.AttemptReport] = []
         for t in tracked:
-            alive = hostside.wrapper_alive(str(t.folder / "runtime"))
-            ended = (t.folder / "runtime" / "result.json").exists() and not alive
+            alive = t.alive()
+            ended = (t.folder / "runtime" / "result.json").exists()
             chunks, complete, used = plan_chunks(
-                t.folder, t.files, budget, ended=ended, large=t.upload_large or t.everything
+                t.folder,
+                t.files,
+                budget,
+                ended=ended and not alive,  # its files no longer change
+                large=t.upload_large or t.everything,
             )
             budget -= used
             attempts.append(
@@ -702,6 +726,8 @@ class Agent:
                     _write_json(marker, {**t.marker(), "done": True})
             for attempt_id in answer.forget:
                 self.tracked.pop(attempt_id, None)
+        for attempt_id in answer.stop:
+            self.stop_and_clean(attempt_id)
 
 
 class ServerSaid(Exception):
@@ -730,9 +756,7 @@ def _short(exc: BaseException) -> str:
 
 
 def _ended(t: Tracked) -> bool:
-    return (t.folder / "runtime" / "result.json").exists() or (
-        (t.folder / "runtime").is_dir() and not hostside.wrapper_alive(str(t.folder / "runtime"))
-    )
+    return (t.folder / "runtime" / "result.json").exists() or not t.alive()
 
 
 def _pinned(t: Tracked) -> set[int]:

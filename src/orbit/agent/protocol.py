@@ -151,6 +151,7 @@ class StartAttempt(Message):
 class CancelAttempt(Message):
     kind: Literal["cancel"] = "cancel"
     attempt_id: str
+    fence: int = Field(default=0, ge=0)  # to refuse its start, when it has not started yet
     reason: str = "cancelled"
 
 
@@ -204,7 +205,8 @@ class PollRequest(Message):
 
 class PollResponse(Message):
     commands: tuple[Command, ...] = ()
-    # an ack of a command id neither side expects: both drop their queues and sync again
+    # an ack of a command id neither side expects: both drop their queues and sync again; or
+    # the node was offline: sync again
     resync: bool = False
 
 
@@ -237,6 +239,9 @@ class HeartbeatResponse(Message):
     heartbeat_s: float
     max_tasks: int
     state: str
+    # the node was offline (silent past the timeout): sync again, so that what the server gave
+    # up on meanwhile is stopped
+    resync: bool = False
 
 
 # --- reports ----------------------------------------------------------------------------------
@@ -258,9 +263,9 @@ class FileChunk(Message):
 class AttemptReport(Message):
     attempt_id: str = Field(max_length=64)
     fence: int = Field(ge=1)
-    alive: bool
-    ended: bool = False
-    done: bool = False  # every file it will upload unasked is uploaded
+    alive: bool  # its wrapper still runs
+    ended: bool = False  # its result is written (the wrapper may still be exiting)
+    done: bool = False  # every file of it is uploaded, and sealed
     chunks: tuple[FileChunk, ...] = ()
 
 
@@ -283,6 +288,7 @@ class ReportResponse(Message):
     seq: int  # the highest applied
     wants: tuple[Want, ...] = ()
     forget: tuple[str, ...] = ()  # attempts the server no longer wants reports of
+    stop: tuple[str, ...] = ()  # attempts the server has ended (lost, say) that still run
 
 
 # --- file transfers ---------------------------------------------------------------------------

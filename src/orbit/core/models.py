@@ -84,6 +84,8 @@ class ExecutionDefaults(Strict):
     resources: Resources = Resources()
     runtime_env: dict[str, Text] = {}
     stop_grace_s: float = Field(default=10.0, ge=0, le=3600)
+    # stopped gracefully (reason max_runtime) once it has run this long; none: no limit
+    max_runtime_s: float | None = Field(default=None, gt=0)
 
 
 class ExecutionTemplate(Record):
@@ -125,6 +127,7 @@ class ExecutionOverrides(Strict):
     resources: ResourcesOverride | None = None
     runtime_env: dict[str, Text] | None = None
     stop_grace_s: float | None = Field(default=None, ge=0, le=3600)
+    max_runtime_s: float | None = Field(default=None, gt=0)
     # the container image of a docker launch mode: lands in launch_mode.image, so in job.json
     image: str | None = Field(default=None, pattern=IMAGE_REF)
 
@@ -167,6 +170,7 @@ class ExecutionRequest(Record):
     resources: Resources
     runtime_env: dict[str, str]
     stop_grace_s: float
+    max_runtime_s: float | None = None
 
     @property
     def backend_key(self) -> str:

@@ -45,6 +45,7 @@ class FailureReason(StrEnum):
     PREEMPTED = "preempted"
     TASK_EXIT_NONZERO = "task_exit_nonzero"
     TASK_KILLED = "task_killed"
+    MAX_RUNTIME = "max_runtime"  # it ran past its max_runtime_s and was stopped
     CANCELLED = "cancelled"
     DEPENDENCY_MISSING = "dependency_missing"
     DEPENDENCY_MISMATCH = "dependency_mismatch"
@@ -64,6 +65,7 @@ _REASON_KINDS = {
     FailureReason.PREEMPTED: FailureKind.INFRASTRUCTURE,
     FailureReason.TASK_EXIT_NONZERO: FailureKind.TASK,
     FailureReason.TASK_KILLED: FailureKind.TASK,
+    FailureReason.MAX_RUNTIME: FailureKind.TASK,
     FailureReason.CANCELLED: FailureKind.USER,
     FailureReason.DEPENDENCY_MISSING: FailureKind.ENVIRONMENT,
     FailureReason.DEPENDENCY_MISMATCH: FailureKind.ENVIRONMENT,

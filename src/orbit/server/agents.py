@@ -38,6 +38,7 @@ from orbit.core.execution.mirror import (
     read_agent_state,
     write_agent_state,
 )
+from orbit.core.models import RunState
 from orbit.core.nodes import NodeRecord, NodeState
 from orbit.server.problems import PROBLEM, PROBLEM_SCHEMA
 from orbit.store.sql import read_json
@@ -212,9 +213,7 @@ class Gateway:
             if not mine or placed is None or placed["fence"] != have.fence:
                 stop.append(attempt_id)  # not ours to run: stopped and cleaned up
                 continue
-            from orbit.core.models import RunState
-
-            if RunState(placed["state"]).terminal and have.alive:
+            if RunState(placed["state"]).terminal and have.alive and not have.ended:
                 stop.append(attempt_id)  # given up on (lost) while the node was away
                 continue
             keep.append(p.Assignment(attempt_id=attempt_id, fence=have.fence))
@@ -250,9 +249,10 @@ class Gateway:
         return self.store.get_attempt(attempt_id).cancel_requested
 
     def _queue_cancel(self, node_id: str, attempt_id: str) -> None:
-        self.store.enqueue_command(
-            node_id, {"kind": "cancel", "attempt_id": attempt_id, "reason": "cancelled"}, attempt_id
-        )
+        placed = self.store.attempt_placement(attempt_id)
+        fence = int(placed["fence"] or 0) if placed is not None else 0
+        body = {"kind": "cancel", "attempt_id": attempt_id, "fence": fence, "reason": "cancelled"}
+        self.store.enqueue_command(node_id, body, attempt_id)
 
     def _requeue_start(self, node: NodeRecord, attempt_id: str) -> None:
         """A start the node never claimed, queued again as the launch made it."""
@@ -327,11 +327,16 @@ class Gateway:
                 return p.ReportResponse(seq=body.seq)  # applied before: a resend changes nothing
         wants: list[p.Want] = []
         forget: list[str] = []
+        stop: list[str] = []
         for attempt in body.attempts:
             placed = self.store.attempt_placement(attempt.attempt_id)
             if placed is None or placed["node_id"] != node.id or placed["fence"] != attempt.fence:
                 forget.append(attempt.attempt_id)
+                if attempt.alive:
+                    stop.append(attempt.attempt_id)
                 continue
+            if attempt.alive and not attempt.ended and RunState(placed["state"]).terminal:
+                stop.append(attempt.attempt_id)  # given up on (lost): it must not go on
             folder = self.artifacts / attempt.attempt_id
             for chunk in attempt.chunks:
                 try:
@@ -364,7 +369,9 @@ class Gateway:
                 changes["complete"] = True
             if changes:
                 write_agent_state(folder, **changes)
-        return p.ReportResponse(seq=body.seq, wants=tuple(wants), forget=tuple(forget))
+        return p.ReportResponse(
+            seq=body.seq, wants=tuple(wants), forget=tuple(forget), stop=tuple(stop)
+        )
 
     # --- bundles and transfers -------------------------------------------------------------
 
@@ -436,11 +443,20 @@ def make_agent_router(gateway: Gateway, mailbox: Mailbox, beats: Heartbeats) -> 
         result: p.SyncResponse = await threaded(gateway.sync, node, body)
         return result
 
+    def was_offline(node: NodeRecord) -> bool:
+        """Silent past the offline timeout until this request: what the server gave up on
+        meanwhile must be stopped there, so the node syncs again."""
+        return not node.online(datetime.now(UTC), gateway.settings.node_offline_s)
+
     @router.post("/poll", response_model=p.PollResponse)
     async def poll(node: this_node, body: p.PollRequest) -> p.PollResponse:
         """Commands for the node: at once if any are queued, else as soon as one is, else an
         empty answer after `wait_s`. Acks of earlier commands ride along."""
+        own(node, body.node_id)
+        offline = was_offline(node)
         beats.seen(node.id)
+        if offline:
+            return p.PollResponse(resync=True)
         event = mailbox.event(node.id)
         event.clear()
         if await threaded(gateway.ack, node, body):
@@ -464,6 +480,7 @@ def make_agent_router(gateway: Gateway, mailbox: Mailbox, beats: Heartbeats) -> 
     @router.post("/heartbeat", response_model=p.HeartbeatResponse)
     async def heartbeat(node: this_node, body: p.HeartbeatRequest) -> p.HeartbeatResponse:
         own(node, body.node_id)
+        offline = was_offline(node)
         beats.seen(node.id)
         if body.info is not None:
             await threaded(gateway.heartbeat_info, node, body)
@@ -471,6 +488,7 @@ def make_agent_router(gateway: Gateway, mailbox: Mailbox, beats: Heartbeats) -> 
             heartbeat_s=gateway.settings.node_heartbeat_s,
             max_tasks=node.max_tasks,
             state=node.state.value,
+            resync=offline,
         )
 
     @router.post("/report", response_model=p.ReportResponse)

@@ -316,7 +316,29 @@ class Lifecycle(ServiceBase, WaitsForRuns):
                 backend.cancel(attempt.handle, FailureReason.CANCELLED)
         if status.state in ALLOWED[attempt.state]:
             self._end(run.id, attempt, status, actor="orbit")
+        elif not status.state.terminal:
+            self._enforce_max_runtime(run, attempt, status)
         return self.store.get_run(run.id)
+
+    def _enforce_max_runtime(
+        self, run: RunRecord, attempt: AttemptRecord, status: RunStatus
+    ) -> None:
+        """A running attempt past its max_runtime_s is stopped gracefully, once; it ends
+        terminated (max_runtime), a reason of its own, and is not retried."""
+        limit = run.request.get("max_runtime_s")
+        started = status.started_at or attempt.started_at
+        if not limit or started is None or attempt.cancel_requested or attempt.handle is None:
+            return
+        if (now() - started).total_seconds() < float(limit):
+            return
+        self.store.request_cancel(attempt.id, "orbit")
+        self.store.record_event(
+            "orbit", "attempt.max_runtime", run_id=run.id, attempt_id=attempt.id, limit_s=limit
+        )
+        with contextlib.suppress(OrbitError):
+            self.execution.backend(attempt.backend_key).cancel(
+                attempt.handle, FailureReason.MAX_RUNTIME
+            )
 
     def _unreachable(self, run: RunRecord, attempt: AttemptRecord, exc: Unreachable) -> None:
         """The host did not answer: the attempt keeps its state, marked host_unreachable with

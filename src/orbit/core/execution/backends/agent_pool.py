@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orbit.agent.protocol import CANCELLED_BEFORE_START
 from orbit.core.config import LOST_GRACE_S, OFFLINE_AFTER_S
 from orbit.core.errors import InvalidInput, OrbitError
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, NoNodeFree
@@ -171,6 +172,12 @@ class AgentPoolBackend:
         agent = read_agent_state(folder)
         if result is not None:
             return status_from_files(status, result, wrapper_alive=False)
+        if agent.get("refused") == CANCELLED_BEFORE_START:
+            return RunStatus(
+                state=RunState.TERMINATED,
+                reason=FailureReason.CANCELLED,
+                message=f"cancelled before node '{handle.target}' started it",
+            )
         if agent.get("refused"):
             return RunStatus(
                 state=RunState.FAILED,
@@ -211,7 +218,12 @@ class AgentPoolBackend:
 
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
         node_id = str(handle.data.get("node_id", ""))
-        body = {"kind": "cancel", "attempt_id": handle.attempt_id, "reason": reason.value}
+        body = {
+            "kind": "cancel",
+            "attempt_id": handle.attempt_id,
+            "fence": int(handle.data.get("fence") or 0),
+            "reason": reason.value,
+        }
         self.nodes.enqueue_command(node_id, body, attempt_id=handle.attempt_id)
         wake(node_id)
 
