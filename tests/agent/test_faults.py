@@ -57,7 +57,13 @@ def test_a_node_that_goes_away_loses_its_attempts_to_another_node_and_its_orphan
         attempts = run_of(quick_server, run_id)["attempts"]
         return len(attempts) == 2 and attempts[-1]["state"] == "running"
 
-    eventually(moved, timeout=60, every=0.2)
+    try:
+        eventually(moved, timeout=60, every=0.2)
+    except AssertionError:
+        for a in run_of(quick_server, run_id)["attempts"]:
+            print("ATTEMPT", a["id"], a["state"], a["reason"], a["message"], a["handle"])
+        print(first.output()[-2000:], quick_server.output()[-4000:])
+        raise
     detected = time.monotonic() - cut
     attempts = run_of(quick_server, run_id)["attempts"]
     assert attempts[0]["state"] == "failed" and attempts[0]["reason"] == "node_lost"

@@ -411,11 +411,19 @@ class Agent:
             return self.attempt_locks.setdefault(attempt_id, threading.Lock())
 
     def _claim(self, start: p.StartAttempt, refuse: str | None = None) -> p.ClaimResponse:
+        """Asked up to three times: the same claim is granted again (an answer lost)."""
         body = p.ClaimRequest(
             node_id=self.node_id, attempt_id=start.attempt_id, fence=start.fence, refuse=refuse
         )
-        answer: p.ClaimResponse = self._post("/claim", body, p.ClaimResponse)
-        return answer
+        for attempt in range(3):
+            try:
+                answer: p.ClaimResponse = self._post("/claim", body, p.ClaimResponse)
+                return answer
+            except (httpx.HTTPError, ServerSaid):
+                if attempt == 2:
+                    raise
+                self.stop.wait(RETRY_MIN_S * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def start(self, start: p.StartAttempt) -> None:
         with self._attempt_lock(start.attempt_id):
@@ -431,10 +439,6 @@ class Agent:
             if busy >= self.max_tasks:
                 self._claim(start, refuse=f"at capacity ({busy} of max_tasks {self.max_tasks})")
                 return
-            answer = self._claim(start)
-            if not answer.granted:
-                log.warning("start of %s not granted: %s", start.attempt_id, answer.why)
-                return
             request = ExecutionRequest.model_validate(start.request)
             tracked = Tracked(
                 attempt_id=start.attempt_id,
@@ -445,9 +449,22 @@ class Agent:
                 upload_large=start.upload_large,
                 launching=True,
             )
-            _write_json(marker, tracked.marker())
+            # tracked before the claim: a resync while the claim is on its way reports it, so
+            # the server never takes a start it granted for one the node lacks
             with self.lock:
                 self.tracked[start.attempt_id] = tracked
+            try:
+                answer = self._claim(start)
+            except BaseException:
+                with self.lock:
+                    self.tracked.pop(start.attempt_id, None)
+                raise
+            if not answer.granted:
+                with self.lock:
+                    self.tracked.pop(start.attempt_id, None)
+                log.warning("start of %s not granted: %s", start.attempt_id, answer.why)
+                return
+            _write_json(marker, tracked.marker())
             try:
                 bundle = self.bundle(start.bundle_digest)
                 self._launch(bundle, request, start)

@@ -352,12 +352,15 @@ class NodesMixin(StoreBase):
         return fence, command_id
 
     def claim_start(self, node_id: str, attempt_id: str, fence: int) -> tuple[bool, str]:
-        """The fencing check an agent makes before it starts an attempt: granted once, to the
-        node the attempt is placed on, under its current fence, while it has not ended."""
+        """The fencing check an agent makes before it starts an attempt: granted to the node
+        the attempt is placed on, under its current fence, while it has not ended. Asking
+        again for the same placement is granted again (an answer lost on the way): the node
+        itself never starts an attempt whose folder it has."""
         with self._write() as tx:
             granted = tx.execute(
-                "UPDATE attempts SET node_claimed_at = :now WHERE id = :a AND node_id = :n "
-                f"AND fence = :f AND node_claimed_at IS NULL AND state IN {ACTIVE_IN}",
+                "UPDATE attempts SET node_claimed_at = COALESCE(node_claimed_at, :now) "
+                "WHERE id = :a AND node_id = :n "
+                f"AND fence = :f AND state IN {ACTIVE_IN}",
                 {"now": utcnow(), "a": attempt_id, "n": node_id, "f": fence},
             )
             if granted == 1:
@@ -374,7 +377,7 @@ class NodesMixin(StoreBase):
             return False, f"stale fence {fence} (the attempt's is {row['fence']})"
         if row["state"] not in ACTIVE_STATES:
             return False, f"the attempt has ended ({row['state']})"
-        return False, "the attempt was already started once"
+        return False, "not granted"
 
     def node_attempts(self, node_id: str) -> list[Row]:
         """Its attempts that have not ended: id, fence, claimed, state."""
