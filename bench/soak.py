@@ -167,7 +167,6 @@ def main() -> None:
     ledger = root / "ledger"
     ledger.touch()
     from orbit.client import Client
-    from orbit.core.models import ExecutionOverrides, RetryPolicy, TaskSubmission
 
     client = Client(url, token)
     faults: collections.Counter[str] = collections.Counter()
@@ -202,21 +201,21 @@ def main() -> None:
         "sleep 0.$((RANDOM % 5)); "
         f"echo end $ORBIT_RUN_ID $ORBIT_ATTEMPT_ID >> {ledger}"
     )
-    submission = TaskSubmission(
-        experiment_id="soak",
-        task_type="command",
-        task_request={"command": task},
-        template_id="pool",
-        overrides=ExecutionOverrides(stop_grace_s=1),
-        retry=RetryPolicy(max_retries=5, backoff_s=0.2, backoff_max_s=2),
-    )
+    spec = {
+        "experiment": "soak",
+        "task_type": "command",
+        "template": "pool",
+        "task": {"command": task},
+        "overrides": {"stop_grace_s": 1},
+        "retry": {"max_retries": 5, "backoff_s": 0.2, "backoff_max_s": 2},
+    }
     run_ids: list[str] = []
     started = time.monotonic()
     while len(run_ids) < args.runs:
         try:
             with server_lock:
                 pass
-            run_ids.append(client.submit(submission).id)
+            run_ids.append(client.submit(spec).id)
         except Exception as exc:  # the server was being restarted: submit again
             print(f"submit: {type(exc).__name__}: {str(exc)[:100]}", file=sys.stderr)
             time.sleep(0.5)
