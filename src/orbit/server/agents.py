@@ -237,6 +237,7 @@ class Gateway:
                 self._requeue_start(node, attempt_id)
         agent_pool.wake(node.id)
         fresh = self.store.get_node(node.id)
+        self.store.wake_waiting(fresh.max_tasks - len(fresh.running))
         return p.SyncResponse(
             keep=tuple(keep),
             stop=tuple(stop),

@@ -16,6 +16,7 @@ from orbit.core.models import RunState
 from orbit.core.nodes import JoinTokenRecord, NodeRecord, NodeState
 from orbit.store.audit import append_event
 from orbit.store.base import StoreBase, new_id, utcnow
+from orbit.store.runs import wake_waiting_for_nodes
 from orbit.store.sql import Conflict, Row, Tx, read_json, read_time, read_time_required
 
 NODE_COLUMNS = (
@@ -131,6 +132,7 @@ class NodesMixin(StoreBase):
                 tx.execute(
                     "UPDATE join_tokens SET uses = uses + 1 WHERE id = :id", {"id": joined.id}
                 )
+                wake_waiting_for_nodes(tx, now, max_tasks)
                 append_event(
                     tx,
                     f"node:{name}",
@@ -147,6 +149,12 @@ class NodesMixin(StoreBase):
                 f"or `orbit nodes remove {name}` first"
             ) from None
         return self.get_node(node_id)
+
+    def wake_waiting(self, count: int) -> None:
+        """A node joined, came back or got room: the oldest attempts waiting are due now."""
+        if count > 0:
+            with self._write() as tx:
+                wake_waiting_for_nodes(tx, utcnow(), count)
 
     def node_by_credential(self, credential_hash: str) -> NodeRecord | None:
         with self._read() as tx:
@@ -229,6 +237,7 @@ class NodesMixin(StoreBase):
             with self._write() as tx:
                 tx.execute(f"UPDATE nodes SET {sets} WHERE id = :id", {**values, "id": node.id})
                 append_event(tx, actor, "node.update", node=node.name, **values)
+                wake_waiting_for_nodes(tx, utcnow(), max_tasks or node.max_tasks)
         return self.get_node(node.id)
 
     def remove_node(self, ref: str, actor: str, force: bool) -> NodeRecord:

@@ -33,6 +33,19 @@ class AutoRetry:
     actor: str = "orbit"
 
 
+def wake_waiting_for_nodes(tx: Tx, at: datetime, count: int = 1) -> None:
+    """Make the oldest attempts waiting for a free node due now (they wait NODE_WAIT_S
+    between tries otherwise): a freed slot is taken within a reconcile pass, first come first
+    served, without every waiting attempt asking again and again."""
+    tx.execute(
+        "UPDATE attempts SET not_before = :at WHERE id IN (SELECT id FROM attempts "
+        "WHERE state = :prepared AND handle IS NULL AND lease_owner IS NULL "
+        "AND backend_key LIKE 'agent_pool%' AND not_before > :at "
+        "ORDER BY created_at LIMIT :n)",
+        {"at": at, "prepared": RunState.PREPARED.value, "n": count},
+    )
+
+
 class RunsMixin(RunQueriesMixin):
     def create_run(
         self,
@@ -188,7 +201,7 @@ class RunsMixin(RunQueriesMixin):
         lose the retry its policy owed."""
         with self._write() as tx:
             row = tx.one(
-                "SELECT run_id, state, number, target, backend_key, cancel_requested "
+                "SELECT run_id, state, number, target, backend_key, cancel_requested, node_id "
                 "FROM attempts WHERE id = :id",
                 {"id": attempt_id},
             )
@@ -231,6 +244,8 @@ class RunsMixin(RunQueriesMixin):
             )
             if retry is not None and to.terminal and not row["cancel_requested"]:
                 self._open_retry(tx, row, attempt_id, retry)
+            if to.terminal and row["node_id"] is not None:
+                wake_waiting_for_nodes(tx, now)  # its node has room again
         return True
 
     def _open_retry(self, tx: Tx, ended: Row, attempt_id: str, retry: AutoRetry) -> None:

@@ -34,7 +34,8 @@ from orbit.store.runs import AutoRetry
 LEASE_S = 30.0  # a launch claim lapses this long after its last renewal
 RENEW_S = 10.0  # a launching process renews its claim this often
 HOST_WAIT_S = 15.0  # an attempt waiting for its host asks again after this long
-NODE_WAIT_S = 1.0  # an attempt waiting for a free node is placed again after this long
+NODE_WAIT_S = 5.0  # an attempt waiting for a free node tries again after this long (or as
+# soon as an attempt on a node ends: see store.runs.wake_waiting_for_nodes)
 
 
 def now() -> datetime:
