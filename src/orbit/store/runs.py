@@ -38,7 +38,8 @@ def wake_waiting_for_nodes(tx: Tx, at: datetime, count: int = 1) -> None:
     between tries otherwise): a freed slot is taken within a reconcile pass, first come first
     served, without every waiting attempt asking again and again."""
     tx.execute(
-        "UPDATE attempts SET not_before = :at WHERE id IN (SELECT id FROM attempts "
+        "UPDATE attempts SET not_before = :at, reconcile_due_at = :at "
+        "WHERE id IN (SELECT id FROM attempts "
         "WHERE state = :prepared AND handle IS NULL AND lease_owner IS NULL "
         "AND backend_key LIKE 'agent_pool%' AND not_before > :at "
         "ORDER BY created_at LIMIT :n)",
@@ -457,13 +458,20 @@ class RunsMixin(RunQueriesMixin):
         return [(r["run_id"], r["id"]) for r in rows]
 
     def reconcile_done(self, attempt_id: str, owner: str, next_due: datetime) -> None:
-        """`owner` has looked at the attempt: it is due again at `next_due`. A lease another
+        """`owner` has looked at the attempt: it is due again at `next_due`, or, a prepared
+        attempt waiting (a backoff, a free node), when its wait is over. A lease another
         replica has taken over meanwhile (this one's ran out) is left to it."""
         with self._write() as tx:
             tx.execute(
-                "UPDATE attempts SET reconcile_due_at = :due "
+                "UPDATE attempts SET reconcile_due_at = CASE WHEN state = :prepared AND "
+                "lease_owner IS NULL AND not_before > :due THEN not_before ELSE :due END "
                 "WHERE id = :id AND reconcile_owner = :owner",
-                {"due": next_due, "id": attempt_id, "owner": owner},
+                {
+                    "due": next_due,
+                    "id": attempt_id,
+                    "owner": owner,
+                    "prepared": RunState.PREPARED.value,
+                },
             )
 
     def reconcile_holders(self, at: datetime) -> list[str]:
