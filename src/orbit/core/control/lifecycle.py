@@ -34,8 +34,9 @@ from orbit.store.runs import AutoRetry
 LEASE_S = 30.0  # a launch claim lapses this long after its last renewal
 RENEW_S = 10.0  # a launching process renews its claim this often
 HOST_WAIT_S = 15.0  # an attempt waiting for its host asks again after this long
-NODE_WAIT_S = 5.0  # an attempt waiting for a free node tries again after this long (or as
-# soon as an attempt on a node ends: see store.runs.wake_waiting_for_nodes)
+NODE_WAIT_S = 30.0  # an attempt waiting for a free node tries again after this long, or as
+# soon as a slot frees (an attempt on a node ends, a node joins, syncs or gets room: see
+# store.runs.wake_waiting_for_nodes), oldest first; a long queue does not ask and ask again
 
 
 def now() -> datetime:
