@@ -329,8 +329,8 @@ def nodes_push(
 ) -> None:
     """Copy a file (at most 48 MiB) to a node, under its agent's work dir. The node must be
     online: its agent fetches the file from the server."""
-    from orbit.core.control.nodes import MAX_TRANSFER_BYTES
     from orbit.core.errors import InvalidInput
+    from orbit.core.nodes import MAX_TRANSFER_BYTES
 
     try:
         if src == "-":

@@ -17,8 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from orbit import __version__
 from orbit.agent.protocol import PREFIX as AGENT_PREFIX
 from orbit.core.config import Settings
-from orbit.core.control.nodes import MAX_TRANSFER_BYTES
 from orbit.core.control.service import CoreControlService
+from orbit.core.nodes import MAX_TRANSFER_BYTES
 from orbit.server import problems
 from orbit.server.auth import RequireToken
 from orbit.server.config import ServerConfig

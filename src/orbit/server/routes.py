@@ -24,7 +24,6 @@ from starlette.background import BackgroundTask
 
 from orbit.agent.protocol import MAX_LABELS
 from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
-from orbit.core.control.nodes import MAX_TRANSFER_BYTES
 from orbit.core.control.service import CoreControlService
 from orbit.core.control.submit import ShapedWire
 from orbit.core.control.views import (
@@ -45,7 +44,7 @@ from orbit.core.errors import (
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.layers import LogLayer
 from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
-from orbit.core.nodes import JoinTokenRecord, NewJoinToken, NodeRecord
+from orbit.core.nodes import MAX_TRANSFER_BYTES, JoinTokenRecord, NewJoinToken, NodeRecord
 from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.forensics.diagnose import Inspection
 from orbit.server.auth import Caller
