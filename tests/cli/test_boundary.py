@@ -21,6 +21,7 @@ FORBIDDEN = (
     "orbit.core.control.actions",
     "orbit.core.control.reading",
     "orbit.core.control.host_registry",
+    "orbit.core.control.nodes",
     "orbit.core.tasks",
     "orbit.core.templates",
 )

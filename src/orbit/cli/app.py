@@ -12,7 +12,18 @@ import sys
 import typer
 
 from orbit import __version__
-from orbit.cli import accounts, agent, audit, catalog, forensics, hosts, logs, runs, server
+from orbit.cli import (
+    accounts,
+    agent,
+    audit,
+    catalog,
+    forensics,
+    hosts,
+    logs,
+    nodes,
+    runs,
+    server,
+)
 
 app = typer.Typer(
     help=__doc__,
@@ -26,6 +37,7 @@ app.add_typer(catalog.templates_app, name="templates")
 app.add_typer(catalog.experiments_app, name="experiments")
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(hosts.hosts_app, name="hosts")
+app.add_typer(nodes.nodes_app, name="nodes")
 app.command()(runs.status)
 app.command()(logs.logs)
 app.command()(runs.cancel)

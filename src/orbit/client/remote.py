@@ -46,6 +46,7 @@ from orbit.core.errors import (
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.layers import LogLayer
 from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
+from orbit.core.nodes import JoinTokenRecord, NewJoinToken, NodeRecord
 from orbit.core.records import AuditEvent, CollectResult, ExperimentRecord, RunRecord
 from orbit.forensics.diagnose import Inspection
 
@@ -325,6 +326,61 @@ class RemoteControl(WaitsForRuns):
     def revoke_token(self, token_id: str) -> TokenRecord:
         response = self._send("DELETE", f"/tokens/{_part(token_id)}")
         return TokenRecord.model_validate_json(response.content)
+
+    # -- agent nodes -----------------------------------------------------------------------
+    def create_join_token(
+        self, labels: dict[str, str] | None = None, expires: str | None = None
+    ) -> NewJoinToken:
+        body = {"labels": labels or {}, "expires": expires}
+        return self._post(NewJoinToken, "/nodes/join-tokens", body)
+
+    def list_join_tokens(self) -> list[JoinTokenRecord]:
+        return self._list(JoinTokenRecord, "/nodes/join-tokens")
+
+    def revoke_join_token(self, token_id: str) -> None:
+        self._send("DELETE", f"/nodes/join-tokens/{_part(token_id)}")
+
+    def _node(self, ref: str) -> str:
+        """A node's name or id as a path segment. /nodes/join-tokens is the join tokens' own
+        path: a node of that name is reached by its id."""
+        if ref == "join-tokens":
+            found = [n.id for n in self.list_nodes() if n.name == ref]
+            if not found:
+                raise NotFound(f"no node '{ref}' (see `orbit nodes list`)")
+            ref = found[0]
+        return _part(ref)
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return self._list(NodeRecord, "/nodes")
+
+    def get_node(self, ref: str) -> NodeRecord:
+        return self._get(NodeRecord, f"/nodes/{self._node(ref)}")
+
+    def set_node(
+        self, ref: str, *, cordon: bool | None = None, max_tasks: int | None = None
+    ) -> NodeRecord:
+        body = {"cordon": cordon, "max_tasks": max_tasks}
+        return self._post(NodeRecord, f"/nodes/{self._node(ref)}", body)
+
+    def revoke_node(self, ref: str) -> NodeRecord:
+        return self._post(NodeRecord, f"/nodes/{self._node(ref)}/revoke")
+
+    def remove_node(self, ref: str, force: bool = False) -> NodeRecord:
+        response = self._send(
+            "DELETE", f"/nodes/{self._node(ref)}", params=_query({"force": force})
+        )
+        return NodeRecord.model_validate_json(response.content)
+
+    def push_file(self, ref: str, data: bytes, dest: str) -> dict[str, object]:
+        files = {"file": ("file", data, "application/octet-stream")}
+        response = self._send(
+            "POST", f"/nodes/{self._node(ref)}/push", data={"dest": dest}, files=files
+        )
+        result: dict[str, object] = response.json()["result"]
+        return result
+
+    def pull_file(self, ref: str, path: str) -> bytes:
+        return self._send("GET", f"/nodes/{self._node(ref)}/pull", params={"path": path}).content
 
 
 def _raise_for(response: httpx.Response) -> None:

@@ -15,6 +15,8 @@ from orbit.core.config import HEARTBEAT_S as HEARTBEAT_S
 from orbit.core.config import LOST_GRACE_S as LOST_GRACE_S
 from orbit.core.config import OFFLINE_AFTER_S
 
+MAX_TRANSFER_BYTES = 48 * 1024 * 1024  # `orbit nodes push` or `pull` moves one file up to this
+
 
 class NodeState(StrEnum):
     ACTIVE = "active"

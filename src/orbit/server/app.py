@@ -4,6 +4,7 @@ problem-details errors, request size limits, and the reconcile loop running besi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,7 @@ from orbit import __version__
 from orbit.agent.protocol import PREFIX as AGENT_PREFIX
 from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
+from orbit.core.nodes import MAX_TRANSFER_BYTES
 from orbit.server import problems
 from orbit.server.auth import RequireToken
 from orbit.server.config import ServerConfig
@@ -25,6 +27,9 @@ from orbit.server.metrics import Metrics
 from orbit.server.routes import make_router, me
 
 UPLOAD_PATHS = frozenset({"/api/v1/runs", "/api/v1/runs/plan"})
+# `orbit nodes push`: one file (at most MAX_TRANSFER_BYTES) and its form around it
+PUSH_PATH = re.compile(r"/api/v1/nodes/[^/]+/push")
+PUSH_BYTES = MAX_TRANSFER_BYTES + 64 * 1024
 PROBLEM_CONTENT = {problems.PROBLEM: {"schema": problems.PROBLEM_SCHEMA}}
 
 
@@ -131,6 +136,8 @@ class BodyLimit:
             return
         if scope["path"] in UPLOAD_PATHS:
             limit, what = self.upload_bytes, "limits.upload_bytes"
+        elif PUSH_PATH.fullmatch(scope["path"]):
+            limit, what = PUSH_BYTES, "a pushed file: 48 MiB, and its form"
         elif scope["path"].startswith(AGENT_PREFIX):
             limit, what = self.agent_bytes, "limits.agent_bytes"
         else:

@@ -18,10 +18,11 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.background import BackgroundTask
 
+from orbit.agent.protocol import MAX_LABELS
 from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
 from orbit.core.control.service import CoreControlService
 from orbit.core.control.submit import ShapedWire
@@ -43,6 +44,7 @@ from orbit.core.errors import (
 from orbit.core.hosts import HostRecord, HostSpec
 from orbit.core.layers import LogLayer
 from orbit.core.models import ExecutionOverrides, RunState, TaskSubmission
+from orbit.core.nodes import MAX_TRANSFER_BYTES, JoinTokenRecord, NewJoinToken, NodeRecord
 from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord, RunRecord
 from orbit.forensics.diagnose import Inspection
 from orbit.server.auth import Caller
@@ -67,6 +69,15 @@ LOG_EVENT: dict[str, Any] = {
     },
 }
 RUN_REF = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+# a node's name or id (names as orbit.agent.protocol.NODE_NAME allows them)
+NODE_REF = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+JOIN_ID = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+NODE_PATH = Annotated[str, Query(min_length=1, max_length=4096, description="under its work dir")]
+OCTETS: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}
+}
 
 
 class Body(BaseModel):
@@ -99,6 +110,26 @@ class NewTokenBody(Body):
     user: str | None = Field(default=None, min_length=1, max_length=64)
     name: str | None = Field(default=None, min_length=1, max_length=128)
     expires: str | None = Field(default=None, min_length=1, max_length=16, examples=["30d"])
+
+
+class NewJoinTokenBody(Body):
+    labels: dict[str, str] = Field(
+        default={}, max_length=MAX_LABELS, description="given to every node that joins with it"
+    )
+    expires: str | None = Field(default=None, min_length=1, max_length=16, examples=["30d"])
+
+
+class NodeSettings(Body):
+    cordon: bool | None = Field(default=None, description="true: no new work; false: again")
+    # 0 to 1024, checked by the service (its error names --max-tasks, as the CLI's does)
+    max_tasks: int | None = Field(default=None, description="attempts at once, 0 to 1024; 0: drain")
+
+
+class Pushed(BaseModel):
+    node: str
+    dest: str
+    size: int
+    result: dict[str, Any] = {}  # what the node's agent answered
 
 
 class Stopped(BaseModel):
@@ -486,6 +517,89 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
             who.require("admin")
         with who.acting() as svc:
             return svc.revoke_token(token_id)
+
+    # -- agent nodes -----------------------------------------------------------------------
+    # /nodes/join-tokens first: /nodes/{ref} would take it for a node's name
+    @router.post("/nodes/join-tokens", response_model=NewJoinToken, status_code=201, tags=["nodes"])
+    def create_join_token(who: me, body: NewJoinTokenBody) -> NewJoinToken:
+        """A token agents join with (`orbit agent --join-token`), shown in this answer only
+        (the server keeps its hash). Nodes that join with it get its labels."""
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.create_join_token(body.labels, body.expires)
+
+    @router.get("/nodes/join-tokens", response_model=list[JoinTokenRecord], tags=["nodes"])
+    def list_join_tokens(who: me) -> list[JoinTokenRecord]:
+        """Join tokens, never the tokens themselves."""
+        who.require("admin")
+        return service.list_join_tokens()
+
+    @router.delete("/nodes/join-tokens/{token_id}", response_model=JoinTokenRecord, tags=["nodes"])
+    def revoke_join_token(who: me, token_id: JOIN_ID) -> JoinTokenRecord:
+        """No node joins with it from now on; nodes that joined with it are not touched."""
+        who.require("admin")
+        with who.acting() as svc:
+            svc.revoke_join_token(token_id)
+        return next(t for t in service.list_join_tokens() if t.id == token_id)
+
+    @router.get("/nodes", response_model=list[NodeRecord], tags=["nodes"])
+    def list_nodes(who: me) -> list[NodeRecord]:
+        return service.list_nodes()
+
+    @router.get("/nodes/{ref}", response_model=NodeRecord, tags=["nodes"])
+    def get_node(who: me, ref: NODE_REF) -> NodeRecord:
+        return service.get_node(ref)
+
+    @router.post("/nodes/{ref}", response_model=NodeRecord, tags=["nodes"])
+    def set_node(who: me, ref: NODE_REF, body: NodeSettings) -> NodeRecord:
+        """Cordon or uncordon a node, or set how many attempts it runs at once (0: drain:
+        no new work, and once what runs there ends the node is free for people)."""
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.set_node(ref, cordon=body.cordon, max_tasks=body.max_tasks)
+
+    @router.post("/nodes/{ref}/revoke", response_model=NodeRecord, tags=["nodes"])
+    def revoke_node(who: me, ref: NODE_REF) -> NodeRecord:
+        """Refuse the node's credential from now on; its attempts are lost (and retried
+        elsewhere, as their retry policy says)."""
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.revoke_node(ref)
+
+    @router.delete("/nodes/{ref}", response_model=NodeRecord, tags=["nodes"])
+    def remove_node(who: me, ref: NODE_REF, force: bool = False) -> NodeRecord:
+        """Forget a node (the answer is it as it was). Refused while it runs attempts,
+        unless `force` (they are lost)."""
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.remove_node(ref, force)
+
+    @router.post("/nodes/{ref}/push", response_model=Pushed, tags=["nodes"])
+    def push_file(
+        who: me,
+        ref: NODE_REF,
+        file: Annotated[UploadFile, File(description="the file, at most 48 MiB")],
+        dest: Annotated[str, Form(min_length=1, max_length=4096, description="under its work dir")],
+    ) -> Pushed:
+        """Write a file to `dest` under the node's work dir (its agent fetches it)."""
+        who.require("admin")
+        if "\x00" in dest:
+            raise InvalidInput(f"dest: {NUL}")
+        data = file.file.read(MAX_TRANSFER_BYTES + 1)
+        if len(data) > MAX_TRANSFER_BYTES:
+            raise InvalidInput(f"file: at most {MAX_TRANSFER_BYTES:,} bytes per push")
+        node = service.get_node(ref)
+        with who.acting() as svc:
+            result = svc.push_file(node.id, data, dest)
+        return Pushed(node=node.name, dest=dest, size=len(data), result=result)
+
+    @router.get("/nodes/{ref}/pull", tags=["nodes"], response_class=Response, responses=OCTETS)
+    def pull_file(who: me, ref: NODE_REF, path: NODE_PATH) -> Response:
+        """A file from under the node's work dir, as it is there."""
+        who.require("admin")
+        with who.acting() as svc:
+            data = svc.pull_file(ref, path)
+        return Response(data, media_type="application/octet-stream")
 
     return router
 

@@ -14,11 +14,11 @@ from orbit.core.auth import new_token, parse_duration
 from orbit.core.auth import token_hash as hash_of
 from orbit.core.control.base import ServiceBase
 from orbit.core.errors import InvalidInput, Refused, Unreachable
+from orbit.core.nodes import MAX_TRANSFER_BYTES as MAX_TRANSFER_BYTES
 from orbit.core.nodes import JoinTokenRecord, NewJoinToken, NodeRecord, NodeState
 
 JOIN_PREFIX = "orbitjoin_"
 TRANSFER_WAIT_S = 120.0
-MAX_TRANSFER_BYTES = 48 * 1024 * 1024  # a push or pull moves one file up to this size
 
 
 class Nodes(ServiceBase):
