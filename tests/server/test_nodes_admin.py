@@ -5,15 +5,13 @@ errors; and that no token or credential is ever kept or audited as it was shown.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 import subprocess
-import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import pytest
 from orbit.agent.protocol import PREFIX, PROTOCOL_VERSION, VERSION_HEADER
 from orbit.store import Store
 from orbit.store.tables import Base
+from tests.agents import AgentProc, wait_online
 from tests.helpers import ORBIT, eventually, orbit, orbit_json
 from tests.orbit_server import Server
 
@@ -347,85 +346,21 @@ def test_join_tokens_expire_and_are_revoked(orbit_server: Server, admin: dict[st
     )
 
 
-class FakeAgent:
-    """The file transfers of `orbit agent`, over its protocol: polls for commands, fetches
-    what is pushed into `files`, and uploads what is pulled from there. A request the server
-    fails is kept in `failed`, and `cli` gives up on the command waiting for it at once."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.files: dict[str, bytes] = {}
-        self.failed: str | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self) -> None:
-        http, acks = self.node.http, list[str]()
-        while not self.stop.is_set():
-            body = {"node_id": self.node.id, "session": self.node.session, "acks": acks}
-            answer = http.post(f"{PREFIX}/poll", json={**body, "wait_s": 0.5})
-            if answer.status_code != 200:
-                self.failed = f"poll: {answer.status_code} {answer.text}"
-                return
-            acks = []
-            for command in answer.json()["commands"]:
-                acks.append(command["id"])
-                self.handle(command["body"])
-
-    def handle(self, command: dict[str, Any]) -> None:
-        http, transfer = self.node.http, command.get("transfer_id")
-        done: dict[str, Any] = {"node_id": self.node.id, "transfer_id": transfer}
-        if command["kind"] == "put_file":
-            data = http.get(f"{PREFIX}/transfers/{transfer}").content
-            assert hashlib.sha256(data).hexdigest() == command["sha256"]
-            self.files[command["dest"]] = data
-        elif command["kind"] == "get_file":
-            if command["path"] not in self.files:
-                done["error"] = f"{command['path']}: no such file"
-            else:
-                data = self.files[command["path"]]
-                done["data"] = base64.b64encode(data).decode()
-                done["sha256"] = hashlib.sha256(data).hexdigest()
-        else:
-            return
-        answer = http.post(f"{PREFIX}/transfers", json=done)
-        if answer.status_code != 200:
-            self.failed = f"transfers: {answer.status_code} {answer.text}"
-
-    def cli(
-        self, env: dict[str, str], *args: str, stdin: bytes | None = None
-    ) -> subprocess.CompletedProcess[bytes]:
-        """`orbit ARGS` as a process; failed at once if this agent's requests failed (the
-        command would wait for it in vain)."""
-        proc = subprocess.Popen(
-            [*ORBIT, *args],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                out, errors = proc.communicate(stdin, timeout=0.2)
-                return subprocess.CompletedProcess(proc.args, proc.returncode, out, errors)
-            except subprocess.TimeoutExpired:
-                stdin = None  # sent by the first call
-                if self.failed or time.monotonic() > deadline:
-                    proc.kill()
-                    proc.communicate()
-                    pytest.fail(f"orbit {' '.join(args)}: the agent failed: {self.failed}")
-
-
 @pytest.fixture
-def agent(orbit_server: Server, admin: dict[str, str]) -> Iterator[FakeAgent]:
+def agent(
+    orbit_server: Server, admin: dict[str, str], start_agent: Callable[..., AgentProc]
+) -> AgentProc:
+    """A real `orbit agent` named gpu-a; its work dir is where pushes land and pulls read."""
     token = orbit_json(admin, "nodes", "join-token", "create")["token"]
-    fake = FakeAgent(join(orbit_server, token, "gpu-a"))
-    yield fake
-    fake.stop.set()
-    fake.thread.join(timeout=5)
-    fake.node.close()
+    proc = start_agent(orbit_server, "gpu-a", token=token)
+    wait_online(orbit_server, "gpu-a")
+    return proc
+
+
+def cli(
+    env: dict[str, str], *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*ORBIT, *args], env=env, input=stdin, capture_output=True, timeout=120)
 
 
 def lines(proc: subprocess.CompletedProcess[bytes]) -> str:
@@ -435,34 +370,26 @@ def lines(proc: subprocess.CompletedProcess[bytes]) -> str:
 
 # orbit.store.nodes.pending_commands hands a command's body on as the store returns it: text on
 # SQLite (a JSON column is TEXT there), which the gateway's poll cannot read (a 500)
-SQLITE_POLL = "the agent gateway's poll fails on SQLite: a queued command's body is JSON text"
 
 
-@pytest.mark.parametrize(
-    "store_url",
-    [
-        pytest.param("sqlite", marks=pytest.mark.xfail(reason=SQLITE_POLL, strict=True)),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ],
-    indirect=True,
-)
 def test_push_and_pull_move_files_through_the_agent(
-    orbit_server: Server, admin: dict[str, str], agent: FakeAgent, tmp_path: Path
+    orbit_server: Server, admin: dict[str, str], agent: AgentProc, tmp_path: Path
 ) -> None:
     payload = os.urandom(3 * 1024 * 1024) + b"\x00end"
     (tmp_path / "weights.bin").write_bytes(payload)
-    said = agent.cli(admin, "nodes", "push", "gpu-a", str(tmp_path / "weights.bin"), "in/w.bin")
+    said = cli(admin, "nodes", "push", "gpu-a", str(tmp_path / "weights.bin"), "in/w.bin")
     assert lines(said) == f"pushed {len(payload):,} bytes to gpu-a:in/w.bin\n"
-    assert agent.files["in/w.bin"] == payload
+    assert (agent.work_dir / "in" / "w.bin").read_bytes() == payload
     # from stdin, and as JSON
-    piped = agent.cli(admin, "nodes", "push", "gpu-a", "-", "notes.txt", "--json", stdin=b"hi\n")
-    assert json.loads(lines(piped))["size"] == 3 and agent.files["notes.txt"] == b"hi\n"
+    piped = cli(admin, "nodes", "push", "gpu-a", "-", "notes.txt", "--json", stdin=b"hi\n")
+    assert json.loads(lines(piped))["size"] == 3
+    assert (agent.work_dir / "notes.txt").read_bytes() == b"hi\n"
 
     out = tmp_path / "back.bin"
-    pulled = agent.cli(admin, "nodes", "pull", "gpu-a", "in/w.bin", "-o", str(out))
+    pulled = cli(admin, "nodes", "pull", "gpu-a", "in/w.bin", "-o", str(out))
     assert lines(pulled) == f"pulled {len(payload):,} bytes from gpu-a:in/w.bin to {out}\n"
     assert out.read_bytes() == payload
-    to_stdout = agent.cli(admin, "nodes", "pull", "gpu-a", "notes.txt")
+    to_stdout = cli(admin, "nodes", "pull", "gpu-a", "notes.txt")
     assert to_stdout.returncode == 0 and to_stdout.stdout == b"hi\n"
 
     # what the node refuses, and what never reaches it: one line each
@@ -503,7 +430,13 @@ def test_push_and_pull_move_files_through_the_agent(
                 "/api/v1/nodes/gpu-a/push", data={"dest": "big.bin"}, files={"file": file}
             )
         assert answer.status_code == 413, answer.text
-    assert "big.bin" not in agent.files
+    assert not (agent.work_dir / "big.bin").exists()
+    # nothing leaves the node's work dir
+    one_line_error(
+        orbit(admin, "nodes", "pull", "gpu-a", "../../etc/passwd", check=False),
+        2,
+        "is outside the node's work dir",
+    )
     events = [e for e in orbit_json(admin, "audit") if e["action"] in ("node.push", "node.pull")]
     assert [(e["action"], e["actor"]) for e in events] == [
         ("node.push", "admin"), ("node.push", "admin"), ("node.pull", "admin"),

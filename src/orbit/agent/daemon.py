@@ -618,7 +618,9 @@ class Agent:
             tmp = target.with_name(f".{target.name}.part")
             tmp.write_bytes(data)
             os.replace(tmp, target)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            error = f"{body.dest}: {_why(exc)}"
+        except ValueError as exc:
             error = str(exc)
         self._post(
             "/transfers",
@@ -636,7 +638,9 @@ class Agent:
                     "sha256": hashlib.sha256(data).hexdigest(),
                 }
             )
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            done = done.model_copy(update={"error": f"{body.path}: {_why(exc)}"})
+        except ValueError as exc:
             done = done.model_copy(update={"error": str(exc)})
         self._post("/transfers", done, _Ok)
 
@@ -766,6 +770,10 @@ def _detail(response: httpx.Response) -> str:
         return str(response.json().get("detail") or response.text)
     except ValueError:
         return response.text[:200] or f"HTTP {response.status_code}"
+
+
+def _why(exc: OSError) -> str:
+    return (exc.strerror or str(exc)).lower()
 
 
 def _short(exc: BaseException) -> str:

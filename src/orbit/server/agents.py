@@ -425,7 +425,9 @@ def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def make_agent_router(gateway: Gateway, mailbox: Mailbox, beats: Heartbeats) -> APIRouter:
-    router = APIRouter(prefix=p.PREFIX, tags=["agents"], responses=_problems(401, 422))
+    router = APIRouter(
+        prefix=p.PREFIX, tags=["agents"], responses=_problems(401, 404, 409, 413, 422)
+    )
 
     def threaded(fn: Callable[..., Any], *args: Any) -> Any:
         return anyio.to_thread.run_sync(fn, *args)

@@ -102,16 +102,12 @@ class RequireToken:
         await self.app(scope, receive, send)
 
     async def agent(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """An agent's request: its protocol version, then its node credential (registering
-        needs none: its join token is in the body)."""
+        """An agent's request: its node credential (registering needs none: its join token
+        is in the body), then its protocol version."""
         from orbit.server.agents import authenticate_node, other_version
         from orbit.server.problems import problem, store_failed
 
         request = Request(scope)
-        why = other_version(request.headers.get(VERSION_HEADER))
-        if why is not None:
-            await problem(409, why, "Refused")(scope, receive, send)
-            return
         if scope["path"] != REGISTER_PATH:
             header = request.headers.get("authorization", "")
             try:
@@ -123,4 +119,8 @@ class RequireToken:
                 await store_failed(exc)(scope, receive, send)
                 return
             scope.setdefault("state", {})["node"] = node
+        why = other_version(request.headers.get(VERSION_HEADER))
+        if why is not None:
+            await problem(409, why, "Refused")(scope, receive, send)
+            return
         await self.app(scope, receive, send)

@@ -24,7 +24,9 @@ class Limits(Strict):
     )
     inputs_files: int = Field(default=100_000, gt=0, description="files in a submission")
     agent_bytes: int = Field(
-        default=64 * MiB, gt=0, description="an agent's report or file transfer"
+        default=72 * MiB,
+        gt=0,
+        description="an agent's report or file transfer (a pulled file in base64)",
     )
 
 
