@@ -15,7 +15,8 @@ client in waves while a fault thread, every 2-6 s, does one of (at random):
                    past the offline timeout its attempts are lost and retried elsewhere)
     server-kill    kill -9 the server, restart it on the same port 0.5-2 s later
 
-The node timings are shortened (heartbeat 0.5 s, offline after 4 s, lost 2 s later) so that
+Faults go on until nine runs in ten have ended, then stop while the rest settles. The node
+timings are shortened (heartbeat 0.5 s, offline after 4 s, lost 2 s later) so that
 losses happen within the soak. Each task appends `start RUN ATTEMPT` to a ledger, sleeps
 0.05-0.5 s and appends `end RUN ATTEMPT`. At the end (after the last submission, faults stop
 and every run is awaited):
@@ -219,23 +220,34 @@ def main() -> None:
         except Exception as exc:  # the server was being restarted: submit again
             print(f"submit: {type(exc).__name__}: {str(exc)[:100]}", file=sys.stderr)
             time.sleep(0.5)
-    stop_faults.set()
-    injector.join()
-    for agent in agents:
-        agent.signal(signal.SIGCONT)
-    print(f"submitted {len(run_ids)} runs in {time.monotonic() - started:.0f}s; settling")
-    deadline = time.monotonic() + args.settle_s
+    print(f"submitted {len(run_ids)} runs in {time.monotonic() - started:.0f}s")
     http = httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"}, timeout=30)
     pending = set(run_ids)
     final: dict[str, Any] = {}
-    while pending and time.monotonic() < deadline:
+    settle_from: float | None = None
+    while pending:
+        # faults go on while most runs are still to end; then they stop, and the rest settles
+        if settle_from is None and len(pending) <= len(run_ids) // 10:
+            stop_faults.set()
+            injector.join()
+            for agent in agents:
+                agent.signal(signal.SIGCONT)
+            settle_from = time.monotonic()
+            print(f"faults stopped after {settle_from - started:.0f}s; settling")
+        if settle_from is not None and time.monotonic() - settle_from > args.settle_s:
+            break
         for run_id in list(pending):
-            run = http.get(f"/api/v1/runs/{run_id}").json()
+            try:
+                run = http.get(f"/api/v1/runs/{run_id}").json()
+            except httpx.HTTPError:  # the server is being restarted
+                time.sleep(1)
+                break
             if run["attempts"][-1]["state"] in ("succeeded", "failed", "terminated"):
                 final[run_id] = run
                 pending.discard(run_id)
         if pending:
             time.sleep(1)
+    print(f"done after {time.monotonic() - started:.0f}s")
     lines = ledger.read_text().split("\n")
     starts = collections.Counter(line.split()[2] for line in lines if line.startswith("start "))
     ends_per_run = collections.Counter(line.split()[1] for line in lines if line.startswith("end "))
