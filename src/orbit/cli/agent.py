@@ -8,11 +8,7 @@ from pathlib import Path
 
 import typer
 
-agent_app = typer.Typer(
-    no_args_is_help=False,
-    invoke_without_command=True,
-    help="Run this machine as a node of an orbit server (outbound connections only).",
-)
+agent_app = typer.Typer(no_args_is_help=False, invoke_without_command=True)
 
 DEFAULT_WORK_DIR = Path("/var/lib/orbit-agent")
 

@@ -176,6 +176,8 @@ class Gateway:
         problem = p.labels_problem(body.labels)
         if problem:
             raise InvalidInput(f"labels: {problem}")
+        if body.name == "join-tokens":  # /api/v1/nodes/join-tokens is the join tokens' own
+            raise InvalidInput("name: 'join-tokens' is reserved; give the node another --name")
         from orbit.core.auth import new_token
 
         credential = CREDENTIAL_PREFIX + new_token().split("_", 1)[-1]
