@@ -150,11 +150,12 @@ class NodesMixin(StoreBase):
             ) from None
         return self.get_node(node_id)
 
-    def wake_waiting(self, count: int) -> None:
-        """A node joined, came back or got room: the oldest attempts waiting are due now."""
+    def wake_waiting(self, count: int, after: datetime | None = None) -> None:
+        """A node joined, came back or got room: the oldest attempts waiting (created after
+        `after`, if given) are due now."""
         if count > 0:
             with self._write() as tx:
-                wake_waiting_for_nodes(tx, utcnow(), count)
+                wake_waiting_for_nodes(tx, utcnow(), count, after)
 
     def node_by_credential(self, credential_hash: str) -> NodeRecord | None:
         with self._read() as tx:

@@ -33,7 +33,9 @@ class AutoRetry:
     actor: str = "orbit"
 
 
-def wake_waiting_for_nodes(tx: Tx, at: datetime, count: int = 1) -> None:
+def wake_waiting_for_nodes(
+    tx: Tx, at: datetime, count: int = 1, after: datetime | None = None
+) -> None:
     """Make the oldest attempts waiting for a free node due now (they wait NODE_WAIT_S
     between tries otherwise): a freed slot is taken within a reconcile pass, first come first
     served, without every waiting attempt asking again and again."""
@@ -42,8 +44,9 @@ def wake_waiting_for_nodes(tx: Tx, at: datetime, count: int = 1) -> None:
         "WHERE id IN (SELECT id FROM attempts "
         "WHERE state = :prepared AND handle IS NULL AND lease_owner IS NULL "
         "AND backend_key LIKE 'agent_pool%' AND not_before > :at "
-        "ORDER BY created_at LIMIT :n)",
-        {"at": at, "prepared": RunState.PREPARED.value, "n": count},
+        + ("AND created_at > :after " if after is not None else "")
+        + "ORDER BY created_at LIMIT :n)",
+        {"at": at, "prepared": RunState.PREPARED.value, "n": count, "after": after},
     )
 
 
@@ -322,8 +325,8 @@ class RunsMixin(RunQueriesMixin):
         with self._write() as tx:
             tx.execute(
                 "UPDATE attempts SET lease_owner = NULL, lease_expires_at = NULL, "
-                f"not_before = :at{sets} WHERE id = :id AND state = :prepared "
-                "AND lease_owner = :owner",
+                f"not_before = :at, reconcile_due_at = :at{sets} WHERE id = :id "
+                "AND state = :prepared AND lease_owner = :owner",
                 {
                     "message": message,
                     "at": not_before,

@@ -34,9 +34,9 @@ from orbit.store.runs import AutoRetry
 LEASE_S = 30.0  # a launch claim lapses this long after its last renewal
 RENEW_S = 10.0  # a launching process renews its claim this often
 HOST_WAIT_S = 15.0  # an attempt waiting for its host asks again after this long
-NODE_WAIT_S = 30.0  # an attempt waiting for a free node tries again after this long, or as
-# soon as a slot frees (an attempt on a node ends, a node joins, syncs or gets room: see
-# store.runs.wake_waiting_for_nodes), oldest first; a long queue does not ask and ask again
+NODE_WAIT_S = 300.0  # an attempt waiting for a free node is woken when a slot frees (an
+# attempt on a node ends, a node joins, syncs or gets room: store.runs.wake_waiting_for_nodes),
+# oldest first, each passing a slot it cannot use on to the next; this long is a safety net
 
 
 def now() -> datetime:
@@ -137,6 +137,8 @@ class Lifecycle(ServiceBase, WaitsForRuns):
             self.store.defer_launch(
                 attempt.id, owner, now() + timedelta(seconds=NODE_WAIT_S), message=str(exc)
             )
+            if exc.room_elsewhere:  # a slot it cannot use: the next in line may
+                self.store.wake_waiting(1, after=attempt.created_at)
             return
         except LaunchError as exc:
             if exc.reason is FailureReason.HOST_UNREACHABLE:

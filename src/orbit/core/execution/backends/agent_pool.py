@@ -123,7 +123,13 @@ class AgentPoolBackend:
                 nodes, now, selector, res.gpu_count, gpu_memory, res.gpu_type, self.offline_after_s
             )
             if fit is None:
-                raise NoNodeFree(_waiting_message(selector, why))
+                room = any(
+                    n.state is NodeState.ACTIVE
+                    and n.online(now, self.offline_after_s)
+                    and len(n.running) < n.max_tasks
+                    for n in nodes
+                )
+                raise NoNodeFree(_waiting_message(selector, why), room_elsewhere=room)
             gpus = {"indices": list(fit.gpu_indices), "memory_gb": fit.gpu_memory_gb}
             placed = self.nodes.assign_attempt(
                 attempt.attempt_id,

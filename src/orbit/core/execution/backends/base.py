@@ -39,8 +39,10 @@ class NoNodeFree(LaunchError):
     """No node can take the attempt right now: it waits (prepared, with this message) and is
     placed when one can. Not a failure: the reason is only what it would be filed under."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, room_elsewhere: bool = False) -> None:
         super().__init__(FailureReason.LAUNCH_FAILED, message)
+        # a node has a free slot this attempt cannot use: one waiting behind it may
+        self.room_elsewhere = room_elsewhere
 
 
 class ExecutionBackend(Protocol):
