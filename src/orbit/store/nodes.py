@@ -270,6 +270,16 @@ class NodesMixin(StoreBase):
                     "UPDATE nodes SET info = :info WHERE id = :id", {"info": info, "id": node_id}
                 )
 
+    def server_back(self) -> int:
+        """A server (re)starts: while none ran, no node could be heard, so none is judged
+        silent for it. Every node's last word counts from now (a dead one is found one
+        timeout later)."""
+        with self._write() as tx:
+            return tx.execute(
+                "UPDATE nodes SET last_seen_at = :now WHERE last_seen_at < :now",
+                {"now": utcnow()},
+            )
+
     def nodes_seen(self, seen: dict[str, datetime]) -> None:
         """Many heartbeats in one transaction (the server gathers them for a second)."""
         if not seen:
