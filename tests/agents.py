@@ -19,6 +19,18 @@ from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
 from tests.orbit_server import Server
 
+ROOT = Path(__file__).resolve().parents[1]
+NVML_SHIM = ROOT / "tests" / "fakes" / "nvml_shim"
+NVML_DATA = ROOT / "tests" / "data" / "nvml"
+
+
+def nvml_env(recording: Path) -> dict[str, str]:
+    """The environment of an agent whose NVML is the replay of `recording` (there is no GPU
+    here): its `import pynvml` finds tests/fakes/nvml_shim/pynvml.py first. Pass it as
+    `start_agent(..., env=nvml_env(...))`."""
+    path = [str(NVML_SHIM), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(path), "ORBIT_NVML_RECORDING": str(recording)}
+
 
 def control(server: Server) -> CoreControlService:
     """The server's control service, opened on its store in this process (a second replica,

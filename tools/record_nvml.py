@@ -6,8 +6,9 @@ Run it on a GPU machine, with nvidia-ml-py installed (`pip install nvidia-ml-py`
     python3 tools/record_nvml.py --out tests/data/nvml/h200-recording.json [-n 10] [--interval 1]
 
 It makes the calls the NVML audit sidecar (src/orbit/runtime/nvml_audit.py) makes, in the
-same order, and writes every answer down. Without NVML (no library, no driver) the recording
-holds nvmlInit's error and no samples: that is a recording too.
+same order, and those the agent's node info (src/orbit/agent/nodeinfo.py) adds: each GPU's PCI
+bus id and its NVLinks. It writes every answer down. Without NVML (no library, no driver) the
+recording holds nvmlInit's error and no samples: that is a recording too.
 
 Format (JSON, "format": "orbit-nvml-recording/1"):
 
@@ -33,10 +34,16 @@ VALUE is the plain answer (int, str), or for structures:
     nvmlDeviceGetUtilizationRates  {"gpu": %, "memory": %}
     nvmlDeviceGetMemoryInfo        {"total": bytes, "free": bytes, "used": bytes}
     nvmlEventSetWait               {"device": index, "eventType": int, "eventData": int (XID)}
+    nvmlDeviceGetPciInfo           {"busId": "00000000:3B:00.0"}
+    nvmlDeviceGetNvLinkRemotePciInfo  {"busId": ...}   (the device at the link's far end: a
+                                   GPU, or an NVSwitch)
 
 and null for calls that answer nothing (nvmlInit, nvmlDeviceGetHandleByIndex, ...). Setup
 calls: nvmlInit, nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex, nvmlDeviceGetUUID,
-nvmlDeviceGetName, nvmlEventSetCreate, nvmlDeviceRegisterEvents. Sample calls, per tick:
+nvmlDeviceGetName, nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlDeviceGetPciInfo, then
+nvmlDeviceGetNvLinkState(device, link) for link 0, 1, ... until NOT_SUPPORTED (no NVLink) or
+INVALID_ARGUMENT (past the last link), with nvmlDeviceGetNvLinkRemotePciInfo(device, link) for
+each link whose state is NVML_FEATURE_ENABLED. Sample calls, per tick:
 nvmlEventSetWait(0 ms) until NVML_ERROR_TIMEOUT, then per device
 nvmlDeviceGetUtilizationRates, nvmlDeviceGetMemoryInfo, nvmlDeviceGetTemperature(GPU),
 nvmlDeviceGetPowerUsage (mW), nvmlDeviceGetClockInfo(SM), nvmlDeviceGetClockInfo(MEM),
@@ -103,6 +110,23 @@ def nothing(_value: Any) -> None:
     return None
 
 
+def pci(info: Any) -> dict[str, Any]:
+    return {"busId": plain(info.busId)}
+
+
+def record_nvlinks(nvml: Any, rec: Recorder, setup: list[dict[str, Any]], i: int, h: Any) -> None:
+    """The NVLink calls orbit.agent.nodeinfo makes for device `i`, in its order."""
+    last = {nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT}
+    for link in range(int(nvml.NVML_NVLINK_MAX_LINKS)):
+        ok, state = rec.call(setup, "nvmlDeviceGetNvLinkState", [i, link], h, link)
+        if not ok:
+            if setup[-1]["error"] in last:
+                break
+            continue
+        if state == nvml.NVML_FEATURE_ENABLED:
+            rec.call(setup, "nvmlDeviceGetNvLinkRemotePciInfo", [i, link], h, link, encode=pci)
+
+
 def record(nvml: Any, samples: int, interval: float) -> dict[str, Any]:
     rec = Recorder(nvml)
     out: dict[str, Any] = {
@@ -141,6 +165,8 @@ def record(nvml: Any, samples: int, interval: float) -> dict[str, Any]:
                 rec.call(
                     setup, "nvmlDeviceRegisterEvents", [i, xid], handle, xid, events, encode=nothing
                 )
+            rec.call(setup, "nvmlDeviceGetPciInfo", [i], handle, encode=pci)
+            record_nvlinks(nvml, rec, setup, i, handle)
 
         def event(e: Any) -> dict[str, int]:
             index = int(nvml.nvmlDeviceGetIndex(e.device))

@@ -34,6 +34,7 @@ LEAVES = [
     "resources.gpu_count",
     "resources.cpu_count",
     "resources.memory_gb",
+    "resources.gpu_memory_gb",
     *(f"runtime_env.{k}" for k in ENV_KEYS),
 ]
 ALLOWABLE = sorted({*LEAVES, "resources", "runtime_env"})
@@ -86,6 +87,8 @@ def overrides_raw(draw: st.DrawFn) -> dict[str, Any]:
                 value = draw(st.sampled_from(["A100", "H200", None]))
             case "resources.gpu_count" | "resources.cpu_count" | "resources.memory_gb":
                 value = draw(st.integers(1, 16))
+            case "resources.gpu_memory_gb":
+                value = draw(st.sampled_from([None, 0, 20, 40.5]))
             case _:
                 value = draw(st.text("abc/01", min_size=0, max_size=5))
         if tail:
@@ -149,7 +152,8 @@ def test_nothing_set_means_nothing_to_refuse() -> None:
 def test_resolve_lays_overrides_over_defaults_without_dropping_any(raw: dict[str, Any]) -> None:
     request = resolve(template(ALLOWABLE), parse_overrides(raw, "s"))
     res = raw.get("resources", {})
-    for name, default in DEFAULT_RESOURCES.model_dump().items():
+    for name in type(DEFAULT_RESOURCES).model_fields:
+        default = getattr(DEFAULT_RESOURCES, name)
         assert getattr(request.resources, name) == res.get(name, default), name
     assert request.runtime_env == {**DEFAULTS.runtime_env, **raw.get("runtime_env", {})}
     for name in ("target", "detach", "stop_grace_s"):
@@ -253,3 +257,14 @@ def test_sets_reach_the_submission_through_the_spec(tmp_path: Path) -> None:
     bad = load_spec(spec_file, ["resources.gpu_cont=1"])
     with pytest.raises(InvalidInput, match=r"overrides: resources\.gpu_cont: unknown key"):
         to_submission(bad, str(spec_file))
+
+
+def test_a_gpu_memory_reservation_is_an_override_like_the_others() -> None:
+    overrides = parse_overrides({"resources": {"gpu_memory_gb": 20}}, "s")
+    assert set_paths(overrides) == ["resources.gpu_memory_gb"]
+    request = resolve(template(["resources.gpu_memory_gb"]), overrides)
+    assert request.resources.gpu_memory_gb == 20.0
+    assert request.resources.gpu_count == 1  # the rest stays the template's
+    assert resolve(template([]), ExecutionOverrides()).resources.gpu_memory_gb is None
+    with pytest.raises(InvalidInput, match="gpu_memory_gb"):
+        parse_overrides({"resources": {"gpu_memory_gb": -1}}, "s")

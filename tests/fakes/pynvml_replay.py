@@ -1,7 +1,8 @@
 """A `pynvml` stand-in that replays an NVML recording (see tools/record_nvml.py for the format).
 
 Tests copy this file as `pynvml.py` next to a copy of the sidecar script, so that the script's
-`import pynvml` finds it first on sys.path. The recording is the JSON file named by the
+`import pynvml` finds it first on sys.path; an `orbit agent` started by the tests finds it
+through tests/fakes/nvml_shim/ on its PYTHONPATH. The recording is the JSON file named by the
 environment variable ORBIT_NVML_RECORDING.
 
 Answers: a call found in the recording's "setup" always gets that answer. Calls found in its
@@ -45,6 +46,9 @@ NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
 nvmlEventTypeXidCriticalError = 0x0000000000000008
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_NVLINK_MAX_LINKS = 36  # as nvidia-ml-py 13 defines it; a GPU has fewer (an H100: 18)
 
 _ERROR_NAMES = {
     value: name
@@ -178,6 +182,26 @@ def nvmlDeviceGetClockInfo(handle: Any, clock_type: int) -> int:
 
 def nvmlDeviceGetTotalEccErrors(handle: Any, error_type: int, counter_type: int) -> int:
     return int(_answer("nvmlDeviceGetTotalEccErrors", _index(handle), error_type, counter_type))
+
+
+# --- what the agent's node info calls (orbit.agent.nodeinfo) ---------------------------------
+
+
+def nvmlDeviceGetPciInfo(handle: Any) -> SimpleNamespace:
+    ret = _answer("nvmlDeviceGetPciInfo", _index(handle))
+    return SimpleNamespace(busId=ret["busId"])
+
+
+def nvmlDeviceGetNvLinkState(handle: Any, link: int) -> int:
+    return int(_answer("nvmlDeviceGetNvLinkState", _index(handle), link))
+
+
+def nvmlDeviceGetNvLinkRemotePciInfo(handle: Any, link: int) -> SimpleNamespace:
+    ret = _answer("nvmlDeviceGetNvLinkRemotePciInfo", _index(handle), link)
+    return SimpleNamespace(busId=ret["busId"])
+
+
+# --- events ----------------------------------------------------------------------------------
 
 
 def nvmlEventSetCreate() -> _EventSet:

@@ -139,14 +139,30 @@ def two_gpu_setup(events: bool) -> list[dict[str, Any]]:
         if events
         else {"fn": "nvmlEventSetCreate", "args": [], "error": 3},
     ]
+    # node info's calls: GPU 0's link 0 reaches GPU 1, its link 1 is down, and it has no
+    # link 2 (INVALID_ARGUMENT); GPU 1 has no NVLink at all (NOT_SUPPORTED)
+    nvlinks: list[list[dict[str, Any]]] = [
+        [
+            {"fn": "nvmlDeviceGetNvLinkState", "args": [0, 0], "ret": 1},
+            {"fn": "nvmlDeviceGetNvLinkRemotePciInfo", "args": [0, 0], "ret": {"busId": BUS[1]}},
+            {"fn": "nvmlDeviceGetNvLinkState", "args": [0, 1], "ret": 0},
+            {"fn": "nvmlDeviceGetNvLinkState", "args": [0, 2], "error": 2},
+        ],
+        [{"fn": "nvmlDeviceGetNvLinkState", "args": [1, 0], "error": 3}],
+    ]
     for i in (0, 1):
         setup += [
             {"fn": "nvmlDeviceGetHandleByIndex", "args": [i], "ret": None},
             {"fn": "nvmlDeviceGetUUID", "args": [i], "ret": f"GPU-test-{i}"},
             {"fn": "nvmlDeviceGetName", "args": [i], "ret": "Test GPU"},
             {"fn": "nvmlDeviceRegisterEvents", "args": [i, 8], "ret": None},
+            {"fn": "nvmlDeviceGetPciInfo", "args": [i], "ret": {"busId": BUS[i]}},
+            *nvlinks[i],
         ]
     return setup
+
+
+BUS = ("00000000:19:00.0", "00000000:3B:00.0")
 
 
 def gpu_calls(i: int, power_mw: int | None = 100_000, lost: bool = False) -> list[Any]:

@@ -11,7 +11,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
 )
 
 # the words every record uses, re-exported
@@ -56,12 +58,24 @@ def _gpu_type(value: str | None) -> str | None:
 
 class Resources(Strict):
     """What a run needs. No gpu_type (or `unknown`) means any model; 0 CPUs or 0 GB of memory
-    means no requirement."""
+    means no requirement. gpu_memory_gb reserves that much memory on each of its GPUs, so that
+    runs whose reservations fit share a GPU (pool nodes); None or 0 takes whole GPUs."""
 
     gpu_type: Annotated[str | None, AfterValidator(_gpu_type)] = None
     gpu_count: int = Field(default=0, ge=0)
     cpu_count: int = Field(default=1, ge=0)
     memory_gb: float = Field(default=1.0, ge=0)
+    gpu_memory_gb: float | None = Field(default=None, ge=0)
+
+    @model_serializer(mode="wrap")
+    def _unset_gpu_memory_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Unset, gpu_memory_gb is not written at all: job.json (so a bundle's digest) stays
+        what it was before the field existed, and an agent that predates it still reads the
+        requests it is sent."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("gpu_memory_gb") is None:
+            data.pop("gpu_memory_gb", None)
+        return data
 
 
 class Placement(BaseModel):
@@ -113,6 +127,7 @@ class ResourcesOverride(Strict):
     gpu_count: int | None = Field(default=None, ge=0)
     cpu_count: int | None = Field(default=None, ge=0)
     memory_gb: float | None = Field(default=None, ge=0)
+    gpu_memory_gb: float | None = Field(default=None, ge=0)
 
 
 # A container image reference as docker takes it (`repo:tag`, `repo@sha256:...`, an id).

@@ -123,6 +123,28 @@ def fit_gpus(
     return None
 
 
+def no_gpus_why(node: NodeRecord, count: int, gpu_memory_gb: float, gpu_type: str | None) -> str:
+    """Why `fit_gpus` found no room on `node`: it never will (too few GPUs of the type, too
+    little memory on each for the reservation), or not until what runs there ends."""
+    kind = f"{gpu_type} " if gpu_type else ""
+    gpus = [
+        gpu
+        for gpu in node.info.get("accelerators", ())
+        if not gpu_type or gpu_type.lower() in str(gpu.get("model", "")).lower()
+    ]
+    if len(gpus) < count:
+        return f"has {_gpus(len(gpus), kind)}, {count} asked"
+    if gpu_memory_gb > 0:
+        roomy = [g for g in gpus if float(g.get("memory_mb", 0)) / 1024 >= gpu_memory_gb]
+        if len(roomy) < count:
+            return f"has {_gpus(len(roomy), kind)} of {gpu_memory_gb:g} GB or more, {count} asked"
+    return "not enough free GPUs"
+
+
+def _gpus(n: int, kind: str) -> str:
+    return f"{n} {kind}GPU{'' if n == 1 else 's'}"
+
+
 def place(
     nodes: list[NodeRecord],
     now: datetime,
@@ -148,7 +170,7 @@ def place(
         else:
             gpus = fit_gpus(node, gpu_count, gpu_memory_gb, gpu_type)
             if gpus is None:
-                why[node.name] = "not enough free GPUs"
+                why[node.name] = no_gpus_why(node, gpu_count, gpu_memory_gb, gpu_type)
             else:
                 fits.append(Fit(node, gpus, gpu_memory_gb))
     if not fits:

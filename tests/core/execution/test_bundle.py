@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import random
 import stat
@@ -19,6 +21,7 @@ from orbit.core.errors import InvalidInput
 from orbit.core.execution.bundle import (
     FrozenBundle,
     UnsafeArchive,
+    canonical_json,
     compute_digest,
     copy_frozen,
     create_bundle_archive,
@@ -26,7 +29,7 @@ from orbit.core.execution.bundle import (
     freeze_bundle,
     load_job,
 )
-from orbit.core.models import JobSpec, LaunchMode
+from orbit.core.models import JobSpec, LaunchMode, Resources
 from orbit.core.tasks.base import StagedPath
 
 # A tree is {relative path: (content, executable)}. Folder names carry no dot and file names
@@ -158,6 +161,36 @@ def test_a_frozen_bundle_holds_the_job_the_inputs_and_the_wrapper(
         assert (bundle.path / "scripts" / script).stat().st_mode & 0o100
     assert compute_digest(bundle.path) == bundle.digest
     assert leftovers(tmp_path / "cache") == []
+
+
+def test_job_json_without_a_gpu_memory_reservation_is_what_it_was_before_the_field(
+    tmp_path: Path,
+) -> None:
+    """Bundles frozen before resources.gpu_memory_gb existed keep their digests: unset, it is
+    not written. The sha256 values are job.json as frozen before the field was added."""
+    pinned = {
+        "d7256c2e22cc7818849a551b6e42f02998d75121fc6b22d7a13a6f9b22b9b537": job(
+            template_id="pool",
+            entrypoint=("bash", "task.sh"),
+            env={},
+            resources=Resources(gpu_type="H100", gpu_count=2, cpu_count=4, memory_gb=16),
+        ),
+        "a02fbf85a62a022fc2b1a2ef0140301de228ac44fad3c0d943d7119b9aec5c91": job(
+            entrypoint=("bash", "task.sh"), env={}
+        ),
+    }
+    for sha, spec in pinned.items():
+        text = canonical_json(spec)
+        assert "gpu_memory_gb" not in text
+        assert hashlib.sha256(text.encode()).hexdigest() == sha
+    # set, it is written, and the bundle reads it back
+    shared = job(resources=Resources(gpu_count=1, gpu_memory_gb=20))
+    assert json.loads(canonical_json(shared))["resources"]["gpu_memory_gb"] == 20.0
+    bundle = freeze_bundle(shared, [], tmp_path / "cache")
+    assert load_job(bundle.path).resources.gpu_memory_gb == 20.0
+    unset = freeze_bundle(job(), [], tmp_path / "cache")
+    assert load_job(unset.path).resources.gpu_memory_gb is None
+    assert unset.digest != bundle.digest
 
 
 def test_the_workdir_exists_even_when_nothing_is_staged(tmp_path: Path) -> None:

@@ -211,6 +211,35 @@ def test_cancel_stops_the_container_gracefully_then_removes_it(
     assert docker_host.containers(f"label=orbit.attempt={attempt_id}") == []
 
 
+def test_the_container_is_limited_to_the_jobs_cpus_and_memory(
+    env: dict[str, str], docker_host: Dockerd, tmp_path: Path
+) -> None:
+    """Read from the running container's HostConfig: what docker enforces, not what was asked."""
+    spec = docker_spec(tmp_path, ["sh", "-c", "echo started; sleep 60"])
+
+    def limits_while_it_runs(*sets: str) -> tuple[int, int]:
+        run = orbit_json(env, "submit", str(spec), "--set", f"image={docker_host.image}", *sets)
+        attempt_id = run["attempts"][0]["id"]
+        location = Path(run["attempts"][0]["handle"]["location"])
+        eventually(lambda: "started" in text(location / "artifacts" / "training.log"), 30)
+        name = f"orbit-{attempt_id}-n0"
+        shown = docker_host.docker(
+            "inspect", "--format", "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}}", name
+        ).stdout.split()
+        orbit(env, "cancel", run["id"])
+        return int(shown[0]), int(shown[1])
+
+    one = ("--set", "resources.cpu_count=1", "--set", "resources.memory_gb=0.5")
+    assert limits_while_it_runs(*one) == (1_000_000_000, 512 * 1024 * 1024)
+    # more CPUs than the Docker host has: all it has (docker would refuse more)
+    ncpu = int(docker_host.docker("info", "--format", "{{.NCPU}}").stdout)
+    many = ("--set", f"resources.cpu_count={ncpu + 8}", "--set", "resources.memory_gb=2")
+    assert limits_while_it_runs(*many) == (ncpu * 1_000_000_000, 2 * 1024**3)
+    # 0 asks for nothing: no limit
+    none = ("--set", "resources.cpu_count=0", "--set", "resources.memory_gb=0")
+    assert limits_while_it_runs(*none) == (0, 0)
+
+
 def test_refusals_come_before_anything_is_written(
     env: dict[str, str], docker_host: Dockerd, tmp_path: Path, sqlite_settings: Settings
 ) -> None:

@@ -185,6 +185,23 @@ def test_the_scripts_are_readable_deterministic_and_part_of_the_digest(tmp_path:
     assert moved.digest != first.digest  # the image is part of what ran
 
 
+def test_the_jobs_cpus_and_memory_are_the_containers_limits(tmp_path: Path) -> None:
+    request = resolve(template(tmp_path), ExecutionOverrides())
+    script = run_script(job_for(request))  # the defaults: 1 CPU, 1 GB
+    assert "cpus=1\n" in script and 'set -- --cpus "$cpus" "$@"' in script
+    assert 'set -- --memory 1024m "$@"' in script
+    sized = Resources(cpu_count=8, memory_gb=0.5)
+    script = run_script(job_for(request.model_copy(update={"resources": sized})))
+    assert "cpus=8\n" in script and "--memory 512m" in script
+    # docker takes no more CPUs than its host has: the script asks it how many that is
+    assert 'ncpu=$("${DOCKER:-docker}" info --format "{{.NCPU}}" 2>/dev/null)' in script
+    unlimited = Resources(cpu_count=0, memory_gb=0)
+    script = run_script(job_for(request.model_copy(update={"resources": unlimited})))
+    assert "--cpus" not in script and "--memory" not in script
+    tiny = Resources(cpu_count=0, memory_gb=0.001)
+    assert "--memory 6m" in run_script(job_for(request.model_copy(update={"resources": tiny})))
+
+
 def test_a_string_command_runs_with_sh_in_a_container_and_bash_on_a_host(tmp_path: Path) -> None:
     """Docker's own shell form: images without bash (alpine, busybox) still run a string
     command. The shell follows from the launch mode alone, so the digest stays the same."""

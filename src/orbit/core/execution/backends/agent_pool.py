@@ -101,7 +101,7 @@ class AgentPoolBackend:
     ) -> RunHandle:
         selector = selector_of(request)
         res = request.resources
-        gpu_memory = float(getattr(res, "gpu_memory_gb", None) or 0.0)
+        gpu_memory = float(res.gpu_memory_gb or 0.0)  # per GPU; 0: whole GPUs
         start = {
             "kind": "start",
             "run_id": attempt.run_id,

@@ -30,6 +30,7 @@ LABEL_RUN = "orbit.run"
 LABEL_ATTEMPT = "orbit.attempt"
 LABEL_NODE = "orbit.node"
 LABEL_PLANE = "orbit.plane"  # which control plane started it (several may share a Docker host)
+MIN_MEMORY_MIB = 6  # the least `docker run --memory` takes
 
 HEADER = """\
 #!/bin/sh
@@ -114,11 +115,39 @@ def run_script(job: JobSpec) -> str:
             f'  set -- --gpus {count} "$@"',
             "fi",
         ]
+    lines += _limits(job)
     if docker.user == "host":
         lines.append('set -- --user "$(id -u):$(id -g)" "$@"  # files in artifacts/ stay yours')
     lines += ["", 'exec "${DOCKER:-docker}" run \\', *(f"  {o} \\" for o in _options(job, docker))]
     lines.append('  "$@"')
     return "\n".join(lines) + "\n"
+
+
+def _limits(job: JobSpec) -> list[str]:
+    """The job's CPUs and memory as the container's limits (`--cpus`, `--memory`); 0 asks
+    for nothing, so sets no limit. Docker refuses more CPUs than its host has: a job asking
+    for more gets all the host has, as a host process would."""
+    res = job.resources
+    lines: list[str] = []
+    if res.cpu_count > 0:
+        lines += [
+            f"# the job asks for {res.cpu_count} CPU(s): the container gets no more, and no more",
+            "# than the Docker host has (docker refuses that)",
+            f"cpus={res.cpu_count}",
+            'ncpu=$("${DOCKER:-docker}" info --format "{{.NCPU}}" 2>/dev/null) || ncpu=',
+            'case "$ncpu" in',
+            '  ""|*[!0-9]*) ;;',
+            '  *) if [ "$ncpu" -gt 0 ] && [ "$ncpu" -lt "$cpus" ]; then cpus=$ncpu; fi ;;',
+            "esac",
+            'set -- --cpus "$cpus" "$@"',
+        ]
+    if res.memory_gb > 0:
+        mib = max(MIN_MEMORY_MIB, math.ceil(res.memory_gb * 1024))
+        lines += [
+            f"# the job asks for {res.memory_gb:g} GB of memory: the container gets no more",
+            f'set -- --memory {mib}m "$@"',
+        ]
+    return lines
 
 
 def _options(job: JobSpec, docker: DockerLaunch) -> list[str]:
