@@ -73,15 +73,19 @@ def launch(
     env: dict[str, str] | None = None,
     scheme: str = "http",
     verify: str | bool | Any = True,
+    host: str | None = None,
 ) -> Server:
+    """`host`: listen there (`--host`) rather than on 127.0.0.1, and be reached there."""
     port = port or free_port()
-    url = f"{scheme}://127.0.0.1:{port}"
+    url = f"{scheme}://{host or '127.0.0.1'}:{port}"
     log = home / f"server-{port}-{time.monotonic_ns()}.log"
     home.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if k not in ("ORBIT_SERVER", "ORBIT_TOKEN")}
     run_env = {**base, "ORBIT_HOME": str(home), "ORBIT_ACTOR": "orbit-server", **(env or {})}
     cmd = [sys.executable, "-m", "orbit", "server", "--port", str(port)]
     cmd += ["--database-url", database_url, *args]
+    if host is not None:
+        cmd += ["--host", host]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd, cwd=cwd, env=run_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -36,6 +36,7 @@ from orbit.core.execution.mirror import (
     BadChunk,
     apply_chunk,
     read_agent_state,
+    safe_path,
     write_agent_state,
 )
 from orbit.core.models import RunState
@@ -324,6 +325,7 @@ class Gateway:
 
     def report(self, node: NodeRecord, body: p.Report) -> p.ReportResponse:
         own(node, body.node_id)
+        data = self._decoded(body)  # a report refused is refused whole, before it counts
         if not self.store.advance_report_seq(node.id, body.session, body.seq):
             fresh = self.store.node_session(node.id, body.session)
             if not (fresh and self.store.advance_report_seq(node.id, body.session, body.seq)):
@@ -331,7 +333,7 @@ class Gateway:
         wants: list[p.Want] = []
         forget: list[str] = []
         stop: list[str] = []
-        for attempt in body.attempts:
+        for attempt, contents in zip(body.attempts, data, strict=True):
             placed = self.store.attempt_placement(attempt.attempt_id)
             if placed is None or placed["node_id"] != node.id or placed["fence"] != attempt.fence:
                 forget.append(attempt.attempt_id)
@@ -341,17 +343,13 @@ class Gateway:
             if attempt.alive and not attempt.ended and RunState(placed["state"]).terminal:
                 stop.append(attempt.attempt_id)  # given up on (lost): it must not go on
             folder = self.artifacts / attempt.attempt_id
-            for chunk in attempt.chunks:
-                try:
-                    data = base64.b64decode(chunk.data, validate=True)
-                except (binascii.Error, ValueError):
-                    raise InvalidInput(f"{chunk.path}: data is not base64") from None
+            for chunk, content in zip(attempt.chunks, contents, strict=True):
                 try:
                     applied = apply_chunk(
                         folder,
                         chunk.path,
                         chunk.offset,
-                        data,
+                        content,
                         replace=chunk.replace,
                         size=chunk.size,
                         sha256=chunk.sha256,
@@ -375,6 +373,27 @@ class Gateway:
         return p.ReportResponse(
             seq=body.seq, wants=tuple(wants), forget=tuple(forget), stop=tuple(stop)
         )
+
+    def _decoded(self, body: p.Report) -> list[list[bytes]]:
+        """The bytes of each attempt's chunks, in order. InvalidInput if any chunk's data is
+        not base64 or its path leads out of the attempt's folder: before anything is written
+        or the report's number taken (a resend of a report refused half way would be taken
+        for one applied, and the rest of it lost)."""
+        decoded: list[list[bytes]] = []
+        for attempt in body.attempts:
+            folder = self.artifacts / attempt.attempt_id
+            chunks: list[bytes] = []
+            decoded.append(chunks)
+            for chunk in attempt.chunks:
+                try:
+                    safe_path(folder, chunk.path)
+                except BadChunk as exc:
+                    raise InvalidInput(str(exc)) from None
+                try:
+                    chunks.append(base64.b64decode(chunk.data, validate=True))
+                except (binascii.Error, ValueError):
+                    raise InvalidInput(f"{chunk.path}: data is not base64") from None
+        return decoded
 
     # --- bundles and transfers -------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orbit import __version__
 from orbit.agent.protocol import PREFIX as AGENT_PREFIX
+from orbit.agent.protocol import REGISTER_PATH
 from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
 from orbit.core.nodes import MAX_TRANSFER_BYTES
@@ -139,7 +140,9 @@ class BodyLimit:
             limit, what = self.upload_bytes, "limits.upload_bytes"
         elif PUSH_PATH.fullmatch(scope["path"]):
             limit, what = PUSH_BYTES, "a pushed file: 48 MiB, and its form"
-        elif scope["path"].startswith(AGENT_PREFIX):
+        elif scope["path"].startswith(AGENT_PREFIX) and scope["path"] != REGISTER_PATH:
+            # an agent's reports and transfers; registering needs no credential, so it gets
+            # no more room than any other request a stranger may send
             limit, what = self.agent_bytes, "limits.agent_bytes"
         else:
             limit, what = self.body_bytes, "limits.body_bytes"
