@@ -4,7 +4,7 @@ Run from the repository root, as root (Slurm's daemons run as root; without root
 slurm-wlm and munge installed, the Slurm figures are left out with a line saying so):
 
     PYTHONPATH=src .venv/bin/python bench/dispatch.py                 # 500 / 1,000 runs, SQLite
-    PYTHONPATH=src .venv/bin/python bench/dispatch.py --quick         # 50 / 100 runs (< 2 min)
+    PYTHONPATH=src .venv/bin/python bench/dispatch.py --quick         # 20 / 40 runs (< 2 min)
     PYTHONPATH=src .venv/bin/python bench/dispatch.py --databases sqlite,postgres --json out.json
 
 For each database (a scratch SQLite file; with --databases ...,postgres also a scratch
@@ -53,8 +53,10 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,8 +98,8 @@ class Sizes:
 
 def sizes(args: argparse.Namespace) -> Sizes:
     return Sizes(
-        latency=args.latency or (50 if args.quick else 500),
-        throughput=args.throughput or (100 if args.quick else 1000),
+        latency=args.latency or (20 if args.quick else 500),
+        throughput=args.throughput or (40 if args.quick else 1000),
         max_tasks=args.max_tasks,
         clients=args.clients,
     )
@@ -233,7 +235,7 @@ def has_stamp(path: Path) -> bool:
     return stamp_of(path) is not None
 
 
-def orbit_latency(s: Stack, scratch: Path, n: int) -> dict[str, Any]:
+def orbit_latency(s: Stack, scratch: Path, n: int, path: str | None) -> dict[str, Any]:
     from orbit.client import Client
 
     out = scratch / "latency-out"
@@ -280,6 +282,8 @@ def orbit_latency(s: Stack, scratch: Path, n: int) -> dict[str, Any]:
     def ms(col: int) -> list[float]:
         return [r[col] * 1000 for r in rows]
 
+    alone = precheck_cost(s, scratch, attempt, path)
+
     return {
         "n": len(rows),
         "task": summary(ms(3)),
@@ -288,8 +292,32 @@ def orbit_latency(s: Stack, scratch: Path, n: int) -> dict[str, Any]:
         "precheck": summary(ms(2)),  # the wrapper's start to its "starting task" line
         "claimed": summary(ms(4)),  # the server granted the agent's claim
         "staging": summary(ms(5)),  # the claim to the wrapper's start
+        "precheck_alone": alone,
         "server_cpu_ms_each": round(1000 * server_cpu / len(rows), 1),
         "agent_cpu_ms_each": round(1000 * agent_cpu / len(rows), 1),
+    }
+
+
+def precheck_cost(s: Stack, scratch: Path, attempt: str, path: str | None) -> dict[str, float]:
+    """The wrapper's precheck alone, as it ran for `attempt` (on a copy of its folder), three
+    times: wall and CPU ms (its `pip freeze` child included), medians."""
+    copy = scratch / "precheck-copy"
+    shutil.copytree(s.work / "attempts" / attempt, copy, symlinks=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
+    if path:
+        env["PATH"] = f"{path}{os.pathsep}{env.get('PATH', '')}"
+    argv = ["python3", str(copy / "scripts" / "orbit_precheck.py"), "--bundle", str(copy)]
+    walls, cpus = [], []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        subprocess.run(argv, cwd=copy / "inputs" / "workdir", env=env, capture_output=True)
+        walls.append(1000 * (time.perf_counter() - start))
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(1000 * (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
+    return {
+        "wall_ms": round(statistics.median(walls), 1),
+        "cpu_ms": round(statistics.median(cpus), 1),
     }
 
 
@@ -482,6 +510,10 @@ def table(dbs: dict[str, dict[str, Any]], slurm: dict[str, Any] | None, sz: Size
             lambda d: d["latency"]["wrapper"]["p99_ms"]),
         row("  wrapper -> task (precheck, sidecars), p50 ms",
             lambda d: d["latency"]["precheck"]["p50_ms"]),
+        row("  the precheck alone (pip freeze of the task's python3): wall ms",
+            lambda d: d["latency"]["precheck_alone"]["wall_ms"]),
+        row("  the precheck alone: CPU ms (with its pip child)",
+            lambda d: d["latency"]["precheck_alone"]["cpu_ms"]),
         row("  server CPU ms per run", lambda d: d["latency"]["server_cpu_ms_each"]),
         row("  agent CPU ms per run", lambda d: d["latency"]["agent_cpu_ms_each"]),
         row(f"end to end runs/s ({first['throughput']['n']} trivial runs, "
@@ -505,7 +537,7 @@ def main() -> int:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="50 latency runs, 100 end to end")
+    parser.add_argument("--quick", action="store_true", help="20 latency runs, 40 end to end")
     parser.add_argument("--latency", type=int, default=None, help="latency runs (500)")
     parser.add_argument("--throughput", type=int, default=None, help="end-to-end runs (1,000)")
     parser.add_argument("--max-tasks", type=int, default=16, help="the agent's --max-tasks (16)")
@@ -555,7 +587,7 @@ def main() -> int:
             report: dict[str, Any] = {"loadavg_before": round(os.getloadavg()[0], 2)}
             with stack(kind, scratch, sz, path, args.postgres_url) as s:
                 say(f"{kind}: server and agent up")
-                report["latency"] = orbit_latency(s, scratch, sz.latency)
+                report["latency"] = orbit_latency(s, scratch, sz.latency, path)
                 say(f"{kind}: latency {report['latency']}")
                 report["throughput"] = orbit_throughput(s, scratch, sz.throughput, sz.clients)
                 say(f"{kind}: throughput {report['throughput']}")
