@@ -15,7 +15,7 @@ registers through POST /api/v1/agent/register (one join token for all), syncs on
 /sync, as `orbit agent` does on connecting), then keeps a long-poll open (POST /poll, wait_s
 25, at once again when it returns) and sends POST /heartbeat every --heartbeat-s seconds (5,
 the server's default; the server is told the same), each agent at its own phase. The number of
-agents goes up in --steps; at each, once every new agent has heartbeated, for --window-s
+agents goes up in --steps; at each, once every new agent has heartbeated twice, for --window-s
 seconds: the heartbeats' round trip p50/p99/max as the agents see it, the server's CPU (% of
 one core, all its threads) and RSS, how many nodes the store has seen within two heartbeat
 intervals, and, so that a slow client is not taken for a slow server, the client processes'
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -180,6 +181,8 @@ async def client_main(url: str, join_token: str, every_s: float, conn: Any, seed
                 tasks.append(asyncio.create_task(sim.polls()))
                 tasks.append(asyncio.create_task(sim.heartbeats(every_s, rng.random() * every_s)))
             sims += new
+            gc.collect()
+            gc.freeze()  # the agents live to the end: no collection walks them again
             conn.send({"joined": len(new), "seconds": time.monotonic() - started})
         elif command == "start":
             stats.update(measuring=True, rtt=[], hb_errors=0, polls=0, poll_errors=0, lag=0.0)
@@ -274,8 +277,8 @@ def simulate(args: argparse.Namespace, steps: list[int], say: Any) -> dict[str, 
                         pipe.recv()
                     joined_s = time.monotonic() - started
                     have = n
-                    # every new agent heartbeats once and the long-polls settle in
-                    time.sleep(args.heartbeat_s + 1.0)
+                    # every new agent heartbeats twice and what joining left behind settles
+                    time.sleep(2 * args.heartbeat_s + 2.0)
                     for pipe in pipes:
                         pipe.send(("start", None))
                     for pipe in pipes:
