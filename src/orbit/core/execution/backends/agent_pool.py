@@ -173,9 +173,11 @@ class AgentPoolBackend:
     def status(self, handle: RunHandle) -> RunStatus:
         folder = Path(handle.location)
         runtime = folder / "runtime"
+        # agent.json first: a report writes the files, then agent.json (alive: false), so a
+        # wrapper said gone here has its result.json there by the time it is read below
+        agent = read_agent_state(folder)
         result = parse_json(hostside.read_from(str(runtime / "result.json"), 0, -1))
         status = parse_json(hostside.read_from(str(runtime / "status.json"), 0, -1))
-        agent = read_agent_state(folder)
         if result is not None:
             return status_from_files(status, result, wrapper_alive=False)
         if agent.get("refused") == CANCELLED_BEFORE_START:
