@@ -16,7 +16,10 @@ registers through POST /api/v1/agent/register (one join token for all), syncs on
 25, at once again when it returns) and sends POST /heartbeat every --heartbeat-s seconds (5,
 the server's default; the server is told the same), each agent at its own phase. The number of
 agents goes up in --steps; at each, once every new agent has heartbeated twice, for --window-s
-seconds: the heartbeats' round trip p50/p99/max as the agents see it, the server's CPU (% of
+seconds: the heartbeats' round trip p50/p99/max as the agents see it (and, from the server's
+own request histogram on /metrics, the bucket under which 50 and 99% were answered once the
+request reached the app: the rest is HTTP parsing, the event loop's queue and the client's own
+delay), the server's CPU (% of
 one core, all its threads) and RSS, how many nodes the store has seen within two heartbeat
 intervals, and, so that a slow client is not taken for a slow server, the client processes'
 CPU and their event loops' worst lag. Reported: the largest N whose heartbeat p99 < 1 s.
@@ -284,6 +287,7 @@ def simulate(args: argparse.Namespace, steps: list[int], say: Any) -> dict[str, 
                     for pipe in pipes:
                         pipe.recv()
                     spy = profile(args, server.process.pid, n)
+                    buckets = server_buckets(server)
                     cpu0, t0 = cpu_s(server.process), time.monotonic()
                     time.sleep(args.window_s)
                     if spy is not None:
@@ -293,6 +297,7 @@ def simulate(args: argparse.Namespace, steps: list[int], say: Any) -> dict[str, 
                     parts = [pipe.recv() for pipe in pipes]
                     wall = time.monotonic() - t0
                     server_cpu_s = cpu_s(server.process) - cpu0
+                    answered = server_buckets(server)
                     server_cpu = 100 * server_cpu_s / wall
                     rtt = [r * 1000 for part in parts for r in part["rtt"]]
                     requests = len(rtt) + sum(part["polls"] for part in parts)
@@ -303,6 +308,8 @@ def simulate(args: argparse.Namespace, steps: list[int], say: Any) -> dict[str, 
                         "p50_ms": round(pct(rtt, 50), 1) if rtt else None,
                         "p99_ms": round(pct(rtt, 99), 1) if rtt else None,
                         "max_ms": round(max(rtt), 1) if rtt else None,
+                        "server_p50_ms": bucket_pct(buckets, answered, 50),
+                        "server_p99_ms": bucket_pct(buckets, answered, 99),
                         "hb_errors": sum(part["hb_errors"] for part in parts),
                         "polls_per_s": round(sum(part["polls"] for part in parts) / wall, 1),
                         "poll_errors": sum(part["poll_errors"] for part in parts),
@@ -341,6 +348,40 @@ def simulate(args: argparse.Namespace, steps: list[int], say: Any) -> dict[str, 
     return result
 
 
+HEARTBEAT_ROUTE = p.PREFIX + "/heartbeat"
+
+
+def server_buckets(server: Server) -> dict[float, float]:
+    """The server's own histogram of heartbeat answers (to the answer's start): le -> count."""
+    headers = {"authorization": f"Bearer {server.token}"}  # /metrics is for the admin
+    response = httpx.get(f"{server.url}/metrics", headers=headers, timeout=30)
+    response.raise_for_status()
+    text = response.text
+    found: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("orbit_http_request_duration_seconds_bucket{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        if f'route="{HEARTBEAT_ROUTE}"' not in labels:
+            continue
+        le = labels.split('le="', 1)[1].split('"', 1)[0]
+        bound = float("inf") if le == "+Inf" else float(le)
+        found[bound] = found.get(bound, 0.0) + float(value)
+    return found
+
+
+def bucket_pct(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The bucket bound under which `q` % of the window's heartbeats were answered (ms)."""
+    delta = {b: after.get(b, 0.0) - before.get(b, 0.0) for b in after}
+    total = delta.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    for bound in sorted(delta):
+        if delta[bound] >= total * q / 100:
+            return 1000 * bound
+    return None
+
+
 def profile(args: argparse.Namespace, pid: int, n: int) -> subprocess.Popen[bytes] | None:
     """py-spy on the server over this step's window (--py-spy), its stacks to a file."""
     if not args.py_spy:
@@ -353,7 +394,8 @@ def profile(args: argparse.Namespace, pid: int, n: int) -> subprocess.Popen[byte
 
 
 def print_steps(result: dict[str, Any], args: argparse.Namespace) -> None:
-    head = ["agents", "heartbeats/s", "heartbeat p50 ms", "p99 ms", "max ms", "errors",
+    head = ["agents", "heartbeats/s", "heartbeat p50 ms", "p99 ms", "max ms",
+            "in the server p50 / p99 ms (bucket)", "errors",
             "polls/s", "online", "server CPU %", "server CPU ms/request", "server RSS MB",
             "clients CPU %", "client loop lag ms", "load avg"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
@@ -361,7 +403,9 @@ def print_steps(result: dict[str, Any], args: argparse.Namespace) -> None:
     for s in result["steps"]:
         errors = s["hb_errors"] + s["poll_errors"]
         cells = [f"{s['agents']:,}", f"{s['heartbeats_per_s']}", f"{s['p50_ms']}",
-                 f"{s['p99_ms']}", f"{s['max_ms']}", f"{errors}", f"{s['polls_per_s']}",
+                 f"{s['p99_ms']}", f"{s['max_ms']}",
+                 f"<= {s['server_p50_ms']} / <= {s['server_p99_ms']}", f"{errors}",
+                 f"{s['polls_per_s']}",
                  f"{s['online']:,}", f"{s['server_cpu_pct']}",
                  f"{s['server_cpu_ms_per_request']}", f"{s['server_rss_mb']}",
                  f"{s['client_cpu_pct']}", f"{s['client_lag_ms']}", f"{s['loadavg']}"]  # fmt: skip

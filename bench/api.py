@@ -638,7 +638,10 @@ class Server:
         stop(self.proc)
 
     def metric(self, name: str) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=30).text
+        headers = {"Authorization": f"Bearer {self.token}"}  # /metrics is for the admin
+        response = httpx.get(f"{self.url}/metrics", headers=headers, timeout=30)
+        response.raise_for_status()
+        text = response.text
         return sum(
             float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")
         )

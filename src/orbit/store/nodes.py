@@ -188,9 +188,13 @@ class NodesMixin(StoreBase):
         running: dict[str, list[str]] = defaultdict(list)
         gpus: dict[str, dict[int, float]] = defaultdict(dict)
         if rows:
+            # one node (each agent request's lookup): its own attempts only, by the node_id
+            # index, not every active attempt of every node
+            one = " AND node_id = :n" if len(rows) == 1 else ""
             for a in tx.all(
                 "SELECT id, node_id, node_gpus FROM attempts "
-                f"WHERE node_id IS NOT NULL AND state IN {ACTIVE_IN} ORDER BY created_at"
+                f"WHERE node_id IS NOT NULL AND state IN {ACTIVE_IN}{one} ORDER BY created_at",
+                {"n": rows[0]["id"]} if one else {},
             ):
                 running[a["node_id"]].append(a["id"])
                 placed = read_json(a["node_gpus"]) or {}

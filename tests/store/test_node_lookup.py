@@ -1,0 +1,40 @@
+"""A node's record as each agent request looks it up (by its credential): its own running
+attempts and GPUs in use, read by the node's own rows only; a list of all nodes says the same."""
+
+from __future__ import annotations
+
+from orbit.core.auth import token_hash
+from orbit.core.models import FailureReason, RunState
+from orbit.store import Store
+
+
+def test_a_nodes_lookup_holds_its_own_attempts_and_gpus_only(store: Store) -> None:
+    store.create_join_token(token_hash("join"), {}, None, "tests")
+    nodes = [
+        store.register_node(
+            token_hash("join"), name, {}, 8, {"agent_version": "t"}, token_hash(f"cred-{name}")
+        )
+        for name in ("a", "b")
+    ]
+    experiment = store.create_experiment("e", "tests").id
+    placed: dict[str, list[str]] = {"a": [], "b": []}
+    for i, node in enumerate([nodes[0], nodes[1], nodes[1], nodes[0], nodes[1]]):
+        run = store.create_run(
+            experiment_id=experiment, task_type="command", template_id="pool",
+            bundle_digest="0" * 64, submission={}, request={}, target=None,
+            backend_key="agent_pool_host_process", actor="tests",
+        )  # fmt: skip
+        gpus = {"indices": [i], "memory_gb": 0.0}
+        assert store.assign_attempt(run.current.id, node.id, 8, gpus, {"kind": "start"}, "t")
+        placed[node.name].append(run.current.id)
+    ended = placed["b"].pop()  # an ended attempt is no longer running there
+    store.move_attempt(ended, RunState.FAILED, actor="tests", reason=FailureReason.NODE_LOST)
+
+    a = store.node_by_credential(token_hash("cred-a"))
+    b = store.node_by_credential(token_hash("cred-b"))
+    assert a is not None and b is not None
+    assert list(a.running) == placed["a"] and set(a.gpus_in_use) == {0, 3}
+    assert list(b.running) == placed["b"] and set(b.gpus_in_use) == {1, 2}
+    listed = {n.name: n for n in store.list_nodes()}
+    assert listed["a"].running == a.running and listed["b"].running == b.running
+    assert store.get_node("b").gpus_in_use == b.gpus_in_use
