@@ -41,7 +41,7 @@ INFRASTRUCTURE = {
     FailureReason.RUNTIME_LOST,
     FailureReason.PREEMPTED,
 }
-TASK = {FailureReason.TASK_EXIT_NONZERO, FailureReason.TASK_KILLED}
+TASK = {FailureReason.TASK_EXIT_NONZERO, FailureReason.TASK_KILLED, FailureReason.MAX_RUNTIME}
 
 states = st.sampled_from(list(RunState))
 reasons = st.sampled_from(list(FailureReason))

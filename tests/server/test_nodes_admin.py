@@ -185,7 +185,12 @@ def test_a_node_joins_and_an_admin_drains_cordons_and_sets_it(
         assert orbit_json(admin, "nodes", "uncordon", "gpu-a")["condition"] == "ready"
 
         # an agent's heartbeat hears the new settings
-        assert node.heartbeat().json() == {"heartbeat_s": 5.0, "max_tasks": 3, "state": "active"}
+        assert node.heartbeat().json() == {
+            "heartbeat_s": 5.0,
+            "max_tasks": 3,
+            "state": "active",
+            "resync": False,
+        }
 
         # mistakes: one line, exit 2, nothing changed
         one_line_error(orbit(admin, "nodes", "set", "gpu-a", check=False), 2, "--max-tasks")
@@ -299,18 +304,17 @@ def test_revoke_locks_the_node_out_and_remove_forgets_it(
         node.close()
 
 
-def test_a_node_named_like_the_join_tokens_path_is_still_reached(
+def test_a_node_cannot_be_named_like_the_join_tokens_path(
     orbit_server: Server, admin: dict[str, str]
 ) -> None:
-    """/nodes/join-tokens is the join tokens' route: the client asks for such a node by id."""
+    """/nodes/join-tokens is the join tokens' route: no node may take that name."""
     token = orbit_json(admin, "nodes", "join-token", "create")["token"]
-    join(orbit_server, token, "join-tokens").close()
-    assert orbit_json(admin, "nodes", "show", "join-tokens")["name"] == "join-tokens"
-    assert orbit_json(admin, "nodes", "drain", "join-tokens")["max_tasks"] == 0
-    assert orbit_json(admin, "nodes", "remove", "join-tokens")["name"] == "join-tokens"
-    one_line_error(
-        orbit(admin, "nodes", "show", "join-tokens", check=False), 2, "no node 'join-tokens'"
+    refused = register(orbit_server, token, "join-tokens")
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"] == (
+        "name: 'join-tokens' is reserved; give the node another --name"
     )
+    assert orbit_json(admin, "nodes", "list") == []
 
 
 def test_join_tokens_expire_and_are_revoked(orbit_server: Server, admin: dict[str, str]) -> None:

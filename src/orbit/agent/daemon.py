@@ -647,9 +647,13 @@ class Agent:
     # --- liveness ----------------------------------------------------------------------------
 
     def heartbeat_loop(self) -> None:
-        while not self.stop.wait(self.heartbeat_s):
-            if not self.connected.is_set():
+        last = time.monotonic()
+        # in short steps: the interval is the server's (it says at sync), not the one known
+        # before the first sync
+        while not self.stop.wait(min(self.heartbeat_s, 0.1)):
+            if not self.connected.is_set() or time.monotonic() - last < self.heartbeat_s:
                 continue
+            last = time.monotonic()
             info = None
             if time.monotonic() - self.info_at >= INFO_EVERY_S:
                 fresh = self.node_info()
