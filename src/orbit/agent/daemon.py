@@ -63,6 +63,9 @@ class Tracked:
     files: dict[str, FileState] = field(default_factory=dict)
     done: bool = False
     everything: bool = False  # `orbit collect` asked: large files too
+    # granted and being started (bundle fetched, staged, wrapper started): alive, though its
+    # wrapper holds no lock yet. Reported as not alive then, the server would judge it gone.
+    launching: bool = False
 
     def marker(self) -> dict[str, Any]:
         return {
@@ -324,7 +327,7 @@ class Agent:
             p.RunningAttempt(
                 attempt_id=t.attempt_id,
                 fence=t.fence,
-                alive=hostside.wrapper_alive(str(t.folder / "runtime")),
+                alive=t.launching or hostside.wrapper_alive(str(t.folder / "runtime")),
                 ended=(t.folder / "runtime" / "result.json").exists(),
             )
             for t in tracked
@@ -439,6 +442,7 @@ class Agent:
                 folder=folder,
                 launch_mode=request.launch_mode.kind,
                 upload_large=start.upload_large,
+                launching=True,
             )
             _write_json(marker, tracked.marker())
             with self.lock:
@@ -455,6 +459,8 @@ class Agent:
                     else FailureReason.LAUNCH_FAILED
                 )
                 _write_failed(folder, reason.value, str(exc))
+            finally:  # started (its wrapper holds its lock), or failed with its result written
+                tracked.launching = False
             self.report_wake.set()
 
     def _launch(self, bundle: Path, request: ExecutionRequest, start: p.StartAttempt) -> None:
@@ -660,7 +666,7 @@ class Agent:
         budget = p.MAX_REPORT_BYTES // 2
         attempts: list[p.AttemptReport] = []
         for t in tracked:
-            alive = hostside.wrapper_alive(str(t.folder / "runtime"))
+            alive = t.launching or hostside.wrapper_alive(str(t.folder / "runtime"))
             ended = (t.folder / "runtime" / "result.json").exists() and not alive
             chunks, complete, used = plan_chunks(
                 t.folder, t.files, budget, ended=ended, large=t.upload_large or t.everything
@@ -730,6 +736,8 @@ def _short(exc: BaseException) -> str:
 
 
 def _ended(t: Tracked) -> bool:
+    if t.launching:
+        return False
     return (t.folder / "runtime" / "result.json").exists() or (
         (t.folder / "runtime").is_dir() and not hostside.wrapper_alive(str(t.folder / "runtime"))
     )
