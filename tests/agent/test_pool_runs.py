@@ -5,7 +5,6 @@ start command is redelivered or its server restarted."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable
@@ -199,7 +198,3 @@ def _marked_processes(attempt_id: str) -> list[int]:
 def _quick_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing here waits on liveness timeouts."""
     monkeypatch.setenv("ORBIT_NODE_HEARTBEAT_S", "1")
-
-
-def _json(path: Path) -> Any:
-    return json.loads(path.read_text())

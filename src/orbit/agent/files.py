@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orbit.agent.protocol import MAX_CHUNK_BYTES, FileChunk
+from orbit.core.execution.artifacts import sha256_file
+from orbit.core.execution.mirror import is_scratch
 
 LARGE_BYTES = 64 << 20  # a file this large waits behind the others (or for collect)
 FIRST = ("runtime/",)
@@ -58,9 +60,9 @@ def listing(folder: Path) -> list[tuple[str, os.stat_result]]:
         root = folder / part
         for dirpath, _dirs, names in os.walk(root):
             for name in names:
-                if name.startswith(".") and name.endswith(".part"):
-                    continue
                 path = Path(dirpath) / name
+                if is_scratch(path):
+                    continue
                 try:
                     st = path.lstat()
                 except OSError:
@@ -69,14 +71,6 @@ def listing(folder: Path) -> list[tuple[str, os.stat_result]]:
                     continue
                 found.append((path.relative_to(folder).as_posix(), st))
     return found
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def plan_chunks(
@@ -133,7 +127,7 @@ def plan_chunks(
             if ended and not state.sealed:
                 chunks.append(
                     FileChunk(
-                        path=relpath, offset=size, size=size, sha256=sha256_of(folder / relpath)
+                        path=relpath, offset=size, size=size, sha256=sha256_file(folder / relpath)
                     )
                 )
             continue
@@ -144,7 +138,7 @@ def plan_chunks(
         want = min(size - state.offset, MAX_CHUNK_BYTES, room)
         data = _read(folder / relpath, state.offset, want)
         last = state.offset + len(data) >= size
-        seal = {"size": size, "sha256": sha256_of(folder / relpath)} if ended and last else {}
+        seal = {"size": size, "sha256": sha256_file(folder / relpath)} if ended and last else {}
         chunks.append(
             FileChunk(
                 path=relpath, offset=state.offset, data=base64.b64encode(data).decode(), **seal

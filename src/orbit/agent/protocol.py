@@ -20,7 +20,6 @@ that speaks another.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -302,15 +301,6 @@ class TransferDone(Message):
     sha256: str | None = Field(default=None, pattern=SHA256)
 
 
-class Problem(Message):
-    """What either side says when it refuses a message (the server's problem+json)."""
-
-    title: str
-    detail: str
-    status: int
-    type: str = "about:blank"
-
-
 def labels_problem(labels: dict[str, str]) -> str | None:
     """Why labels are malformed, or None."""
     for key, value in labels.items():
@@ -333,7 +323,3 @@ def parse_labels(text: str) -> dict[str, str]:
     if problem:
         raise ValueError(problem)
     return labels
-
-
-def utc_seconds(at: datetime | None, now: datetime) -> float | None:
-    return None if at is None else max(0.0, (now - at).total_seconds())

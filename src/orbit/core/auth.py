@@ -35,9 +35,10 @@ MAX_DURATION = timedelta(days=100 * 365)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def new_token() -> str:
-    """A new API token: the prefix and 32 random bytes, URL-safe."""
-    return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+def new_token(prefix: str = TOKEN_PREFIX) -> str:
+    """A new API token (or, with another prefix, a join token or node credential): the
+    prefix and 32 random bytes, URL-safe."""
+    return prefix + secrets.token_urlsafe(TOKEN_BYTES)
 
 
 def token_hash(token: str) -> str:

@@ -47,7 +47,6 @@ from orbit.store.sql import read_json
 log = logging.getLogger("orbit.server.agents")
 
 CREDENTIAL_PREFIX = "orbitnode_"
-JOIN_PREFIX = "orbitjoin_"
 WATCH_EVERY_S = 0.5  # how often queues other processes filled are looked for
 FLUSH_EVERY_S = 1.0  # how often gathered heartbeats are written
 
@@ -181,7 +180,7 @@ class Gateway:
             raise InvalidInput("name: 'join-tokens' is reserved; give the node another --name")
         from orbit.core.auth import new_token
 
-        credential = CREDENTIAL_PREFIX + new_token().split("_", 1)[-1]
+        credential = new_token(CREDENTIAL_PREFIX)
         node = self.store.register_node(
             token_hash(body.join_token),
             body.name,
@@ -265,20 +264,17 @@ class Gateway:
         placed = self.store.attempt_placement(attempt_id)
         if placed is None:
             return
+        from orbit.core.execution.backends.base import AttemptContext
         from orbit.core.models import ExecutionRequest
 
         request = ExecutionRequest.model_validate(run.request)
         gpus = read_json(placed["node_gpus"]) or {}
-        body = p.StartAttempt(
-            run_id=run.id,
-            attempt_id=attempt_id,
-            fence=int(placed["fence"]),
-            bundle_digest=run.bundle_digest,
-            request=request.model_dump(mode="json"),
-            gpu_indices=tuple(gpus.get("indices", ())),
-            upload_large=bool(getattr(request.placement, "upload_large", True)),
+        context = AttemptContext(run_id=run.id, attempt_id=attempt_id)
+        body = agent_pool.start_body(
+            context, run.bundle_digest, request, tuple(gpus.get("indices", ()))
         )
-        self.store.enqueue_command(node.id, body.model_dump(mode="json"), attempt_id)
+        body["fence"] = int(placed["fence"])
+        self.store.enqueue_command(node.id, body, attempt_id)
 
     # --- commands ----------------------------------------------------------------------------
 

@@ -3,10 +3,11 @@ or expired token is refused at once; and what that user's role allows."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 
 import anyio
 from fastapi import Request
@@ -85,40 +86,45 @@ class RequireToken:
         if scope["type"] != "http" or scope["path"] in self.OPEN:
             await self.app(scope, receive, send)
             return
-        from orbit.server.problems import problem, store_failed
-
         if scope["path"].startswith(AGENT_PREFIX):
             await self.agent(scope, receive, send)
             return
+        who = partial(authenticate, self.service, Request(scope))
+        if await self.identify(scope, receive, send, "user", who):
+            await self.app(scope, receive, send)
+
+    @staticmethod
+    async def identify(
+        scope: Scope, receive: Receive, send: Send, key: str, who: Callable[[], object]
+    ) -> bool:
+        """Who is calling, found by `who` (in a worker thread: it reads the store) and kept in
+        the request's state under `key`; or the answer that refuses it (401, or 503 when the
+        store fails), and False."""
+        from orbit.server.problems import problem, store_failed
+
         try:
-            user = await anyio.to_thread.run_sync(authenticate, self.service, Request(scope))
+            found = await anyio.to_thread.run_sync(who)
         except Unauthorized as exc:
             await problem(401, str(exc), "Unauthorized")(scope, receive, send)
-            return
+            return False
         except StoreError as exc:
             await store_failed(exc)(scope, receive, send)
-            return
-        scope.setdefault("state", {})["user"] = user
-        await self.app(scope, receive, send)
+            return False
+        scope.setdefault("state", {})[key] = found
+        return True
 
     async def agent(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An agent's request: its node credential (registering needs none: its join token
         is in the body), then its protocol version."""
         from orbit.server.agents import authenticate_node, other_version
-        from orbit.server.problems import problem, store_failed
+        from orbit.server.problems import problem
 
         request = Request(scope)
         if scope["path"] != REGISTER_PATH:
             header = request.headers.get("authorization", "")
-            try:
-                node = await anyio.to_thread.run_sync(authenticate_node, self.service, header)
-            except Unauthorized as exc:
-                await problem(401, str(exc), "Unauthorized")(scope, receive, send)
+            who = partial(authenticate_node, self.service, header)
+            if not await self.identify(scope, receive, send, "node", who):
                 return
-            except StoreError as exc:
-                await store_failed(exc)(scope, receive, send)
-                return
-            scope.setdefault("state", {})["node"] = node
         why = other_version(request.headers.get(VERSION_HEADER))
         if why is not None:
             await problem(409, why, "Refused")(scope, receive, send)

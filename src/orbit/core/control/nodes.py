@@ -34,7 +34,7 @@ class Nodes(ServiceBase):
         if problem:
             raise InvalidInput(f"--labels: {problem}")
         expires_at = datetime.now(UTC) + parse_duration(expires, "--expires") if expires else None
-        token = JOIN_PREFIX + new_token().split("_", 1)[-1]
+        token = new_token(JOIN_PREFIX)
         record = self.store.create_join_token(hash_of(token), labels, expires_at, self.actor)
         return NewJoinToken(record=record, token=token)
 

@@ -4,17 +4,43 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from orbit.core.records import CollectResult
 
-__all__ = ["CollectResult", "sha256_file", "verify_manifest"]
+__all__ = ["CollectResult", "copy_artifacts", "sha256_file", "verify_manifest"]
 
 
 def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def copy_artifacts(
+    source: Path, dest: Path, skip: Callable[[Path], bool] | None = None
+) -> CollectResult:
+    """Copy an attempt's artifacts/ folder on this machine into `dest` (links and what `skip`
+    names left out) and check the copy against its manifest."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = size = 0
+    for path in sorted(source.rglob("*")):
+        if path.is_symlink() or not path.is_file() or (skip is not None and skip(path)):
+            continue
+        target = dest / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+        files += 1
+        size += path.stat().st_size
+    found, problems = verify_manifest(dest)
+    return CollectResult(
+        dest=dest,
+        files=files,
+        bytes=size,
+        verified=found and not problems,
+        problems=tuple(problems),
+    )
 
 
 def verify_manifest(

@@ -10,13 +10,14 @@ file that comes with its sha256 is checked whole when complete."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from orbit.core.execution.artifacts import sha256_file
 
 AGENT_FILE = "agent.json"
 
@@ -36,6 +37,16 @@ class Applied:
 
 def attempt_dir(root: Path, attempt_id: str) -> Path:
     return root / attempt_id
+
+
+def scratch_name(name: str) -> str:
+    """The name a whole-file write goes to before it replaces `name`."""
+    return f".{name}.part"
+
+
+def is_scratch(path: Path) -> bool:
+    """A write under way in the copy (see scratch_name): never an artifact of its own."""
+    return path.name.startswith(".") and path.name.endswith(".part")
 
 
 def safe_path(folder: Path, relpath: str) -> Path:
@@ -75,7 +86,7 @@ def apply_chunk(
     target = safe_path(folder, relpath)
     target.parent.mkdir(parents=True, exist_ok=True)
     if replace:
-        tmp = target.with_name(f".{target.name}.part")
+        tmp = target.with_name(scratch_name(target.name))
         tmp.write_bytes(data)
         os.replace(tmp, target)
         return Applied(len(data))
@@ -90,18 +101,10 @@ def apply_chunk(
             out.write(new)
         have += len(new)
     complete = sha256 is not None and size is not None and have >= size
-    if complete and (have > (size or 0) or file_sha256(target) != sha256):
+    if complete and (have > (size or 0) or sha256_file(target) != sha256):
         target.unlink()  # the copy is wrong: start it again
         return Applied(0, want=0)
     return Applied(have)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_agent_state(folder: Path) -> dict[str, Any]:

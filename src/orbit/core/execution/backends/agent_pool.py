@@ -8,7 +8,6 @@ its node as a local run does on this machine."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ from orbit.agent.protocol import CANCELLED_BEFORE_START
 from orbit.core.config import LOST_GRACE_S, OFFLINE_AFTER_S
 from orbit.core.errors import InvalidInput, OrbitError
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, NoNodeFree
-from orbit.core.execution.mirror import read_agent_state
+from orbit.core.execution.mirror import is_scratch, read_agent_state
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
 from orbit.core.nodes import NodeRecord, NodeState, place
@@ -59,6 +58,25 @@ class NodeDirectory(Protocol):
     def enqueue_command(
         self, node_id: str, body: dict[str, Any], attempt_id: str | None = None
     ) -> str: ...
+
+
+def start_body(
+    attempt: AttemptContext,
+    digest: str,
+    request: ExecutionRequest,
+    gpu_indices: tuple[int, ...] | list[int],
+) -> dict[str, Any]:
+    """An attempt's start command (orbit.agent.protocol.StartAttempt) but for its fence, which
+    the store adds as it places the attempt."""
+    return {
+        "kind": "start",
+        "run_id": attempt.run_id,
+        "attempt_id": attempt.attempt_id,
+        "bundle_digest": digest,
+        "request": request.model_dump(mode="json"),
+        "gpu_indices": list(gpu_indices),
+        "upload_large": bool(getattr(request.placement, "upload_large", True)),
+    }
 
 
 def selector_of(request: ExecutionRequest) -> dict[str, str]:
@@ -102,14 +120,6 @@ class AgentPoolBackend:
         selector = selector_of(request)
         res = request.resources
         gpu_memory = float(res.gpu_memory_gb or 0.0)  # per GPU; 0: whole GPUs
-        start = {
-            "kind": "start",
-            "run_id": attempt.run_id,
-            "attempt_id": attempt.attempt_id,
-            "bundle_digest": bundle.digest,
-            "request": request.model_dump(mode="json"),
-            "upload_large": bool(getattr(request.placement, "upload_large", True)),
-        }
         for _ in range(3):  # another launch may take the last slot between look and commit
             nodes = self.nodes.list_nodes()
             if request.target not in (None, "", "pool"):
@@ -136,7 +146,7 @@ class AgentPoolBackend:
                 fit.node.id,
                 fit.node.max_tasks,
                 gpus,
-                {**start, "gpu_indices": list(fit.gpu_indices)},
+                start_body(attempt, bundle.digest, request, fit.gpu_indices),
                 actor="orbit",
             )
             if placed is None:
@@ -240,30 +250,12 @@ class AgentPoolBackend:
         return 0
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
-        from orbit.core.execution.artifacts import CollectResult, verify_manifest
+        from orbit.core.execution.artifacts import copy_artifacts
 
         folder = Path(handle.location)
         if not read_agent_state(folder).get("complete"):
             self._ask_for_everything(handle, folder)
-        source = folder / "artifacts"
-        dest.mkdir(parents=True, exist_ok=True)
-        files = size = 0
-        for path in sorted(source.rglob("*")):
-            if path.is_symlink() or not path.is_file() or path.name.endswith(".part"):
-                continue
-            target = dest / path.relative_to(source)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-            files += 1
-            size += path.stat().st_size
-        found, problems = verify_manifest(dest)
-        return CollectResult(
-            dest=dest,
-            files=files,
-            bytes=size,
-            verified=found and not problems,
-            problems=tuple(problems),
-        )
+        return copy_artifacts(folder / "artifacts", dest, skip=is_scratch)
 
     def _ask_for_everything(self, handle: RunHandle, folder: Path) -> None:
         """Large files wait on the node until collect asks: ask, and wait for them."""

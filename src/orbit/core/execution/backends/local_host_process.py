@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -118,24 +117,6 @@ class LocalHostProcessBackend:
         return len(hostside.stop_attempt(handle.location, handle.attempt_id)["stopped"])
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
-        from orbit.core.execution.artifacts import CollectResult, verify_manifest
+        from orbit.core.execution.artifacts import copy_artifacts
 
-        source = Path(handle.location) / "artifacts"
-        dest.mkdir(parents=True, exist_ok=True)
-        files = size = 0
-        for path in sorted(source.rglob("*")):
-            if path.is_symlink() or not path.is_file():
-                continue
-            target = dest / path.relative_to(source)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-            files += 1
-            size += path.stat().st_size
-        found, problems = verify_manifest(dest)
-        return CollectResult(
-            dest=dest,
-            files=files,
-            bytes=size,
-            verified=found and not problems,
-            problems=tuple(problems),
-        )
+        return copy_artifacts(Path(handle.location) / "artifacts", dest)
