@@ -3,6 +3,7 @@ here with `python -m venv`, so what the precheck records is what that interprete
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -22,7 +23,7 @@ from orbit.core.models import FailureKind, FailureReason, RunState, TaskSubmissi
 from orbit.core.records import RunRecord
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-NO_PIP = "importlib.metadata (pip unavailable)"
+PACKAGES = "importlib.metadata"
 
 # A task that proves it ran by writing the file named by its first argument.
 TASK_PY = """\
@@ -56,8 +57,7 @@ def install(site: Path, name: str, version: str, *, version_attr: bool = True) -
 
 
 def make_venv(where: Path, packages: dict[str, str] | None = None) -> Path:
-    """A real venv without pip (the precheck then lists packages through importlib.metadata),
-    with `packages` (name -> version) installed; its python."""
+    """A real venv without pip, with `packages` (name -> version) installed; its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     for name, version in (packages or {}).items():
         install(site_packages(where), name, version)
@@ -135,7 +135,8 @@ def test_the_precheck_records_what_the_tasks_own_interpreter_loads(
             "critical_imports": ["orbitdep", "metaonly"],
         },
     )
-    # The same, in an interpreter that has pip: its package list is `pip freeze`.
+    # The same in ORBIT's own interpreter: its package list reads as `pip freeze` writes it,
+    # an editable install (PEP 610's direct_url.json) included.
     with_pip = submit(
         service,
         tmp_path,
@@ -163,7 +164,7 @@ def test_the_precheck_records_what_the_tasks_own_interpreter_loads(
         "executable": str(python),
         "prefix": str(tmp_path / "venv"),
     }
-    assert report["distributions"]["source"] == NO_PIP
+    assert report["distributions"]["source"] == PACKAGES
     assert {"orbitdep==1.2.3", "metaonly==0.4.0"} <= set(report["distributions"]["lines"])
     assert report["host"]["hostname"] == socket.gethostname()
     assert report["host"]["kernel"] == platform.release()
@@ -179,7 +180,7 @@ def test_the_precheck_records_what_the_tasks_own_interpreter_loads(
     assert f"ok       orbitdep 1.2.3 from {orbitdep}" in log
     assert f"ok       metaonly 0.4.0 from {metaonly}" in log
     assert f"kernel {platform.release()}" in log and socket.gethostname() in log
-    assert f"packages ({NO_PIP}):\n" in log and "  orbitdep==1.2.3\n" in log
+    assert f"packages ({PACKAGES}):\n" in log and "  orbitdep==1.2.3\n" in log
     if not gpus["present"]:
         assert f"gpus     none ({gpus['reason']})" in log
     assert log.endswith("precheck passed\n")
@@ -192,9 +193,17 @@ def test_the_precheck_records_what_the_tasks_own_interpreter_loads(
 
     assert with_pip.state is RunState.SUCCEEDED, with_pip.current.message
     packages = precheck_report(with_pip)["distributions"]
-    assert packages["source"] == "pip freeze"
-    assert any(line.startswith("pydantic==") for line in packages["lines"])
-    assert "packages (pip freeze):" in precheck_log(with_pip)
+    assert packages["source"] == PACKAGES
+    assert f"pydantic=={importlib.metadata.version('pydantic')}" in packages["lines"]
+    orbit_line = f"  # orbit-ml=={importlib.metadata.version('orbit-ml')}"
+    editable = [line for line in packages["lines"] if line.endswith(orbit_line)]
+    assert editable and editable[0].startswith("-e /"), packages["lines"]
+    # Nothing to gate there (no critical imports, no staged fork): the precheck ran beside the
+    # task, which did not wait for it, and its record is sealed in the manifest all the same.
+    steps = (attempt_dir(with_pip) / "runtime" / "runtime.log").read_text()
+    assert steps.index("starting task") < steps.index("precheck passed")
+    manifest = json.loads((attempt_dir(with_pip) / "artifacts" / "manifest.json").read_text())
+    assert "runtime-precheck.log" in {f["path"] for f in manifest["files"]}
 
 
 # --- a missing dependency ----------------------------------------------------------------------

@@ -561,6 +561,7 @@ class Agent:
                     extract_bundle_archive(archive, cached, expected_digest=digest)
                 except Exception as exc:
                     raise StagingError(f"bundle {digest[:12]}: {exc}") from None
+                hostside.compile_scripts(str(cached))
             finally:
                 archive.unlink(missing_ok=True)
             return cached

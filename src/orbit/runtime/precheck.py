@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ORBIT precheck: before the task starts, record what the task's own interpreter will load.
+"""ORBIT precheck: record what the task's own interpreter loads, and gate the task on it.
 
 Travels inside the bundle as scripts/orbit_precheck.py and runs with the task's interpreter,
 environment and working directory, so what it sees is what the task will see. Standard
@@ -7,9 +7,12 @@ library only (it reads NVML through the vendored pynvml next to it when there is
 
 Writes runtime/precheck.json (for machines) and artifacts/runtime-precheck.log (for people):
 python version and path, each critical import's version and resolved file, the interpreter's
-installed distributions (pip freeze), GPUs with driver and CUDA versions, hostname, kernel,
-and every staged fork (inputs/**/FORK_MANIFEST.json) with the proof that its package is loaded
-from the staged copy.
+installed distributions (as `pip freeze` lists them), GPUs with driver and CUDA versions,
+hostname, kernel, and every staged fork (inputs/**/FORK_MANIFEST.json) with the proof that
+its package is loaded from the staged copy.
+
+The wrapper runs it before the task when it has something to gate (critical imports, a
+staged fork); without either it only records, and runs beside the task as the task starts.
 
 Exit status: 0 all good; 10 a declared dependency is missing; 11 a dependency or staged fork
 is not the one loaded.
@@ -26,7 +29,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
 from typing import Any
 
@@ -64,22 +66,49 @@ def check_import(name: str) -> dict[str, Any]:
     }
 
 
-def installed_distributions() -> dict[str, Any]:
-    """`pip freeze` of this interpreter; importlib.metadata where pip is not installed."""
+def name_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
+    """The Name and Version headers of `dist`'s metadata, read off the top of the file:
+    a tenth of the cost of `dist.metadata`'s full email parse, which is the fallback."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    found: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Name", "Version") and key not in found:
+            found[key] = value.strip()
+    if "Name" in found and "Version" in found:
+        return found["Name"], found["Version"]
+    return dist.metadata["Name"], dist.version
+
+
+def freeze_line(dist: importlib.metadata.Distribution, name: str, version: str | None) -> str:
+    """The line `pip freeze` writes for `dist`: name==version, or where it came from for a
+    direct-URL install (PEP 610's direct_url.json): a VCS commit, an archive, an editable
+    checkout."""
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "freeze", "--all"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if proc.returncode == 0:
-            return {"source": "pip freeze", "lines": proc.stdout.splitlines()}
-    except (OSError, subprocess.SubprocessError):
-        pass
-    lines = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
-    return {"source": "importlib.metadata (pip unavailable)", "lines": lines}
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        direct = None
+    if not isinstance(direct, dict) or not isinstance(direct.get("url"), str):
+        return f"{name}=={version}"
+    url, vcs = direct["url"], direct.get("vcs_info")
+    if isinstance(vcs, dict):
+        url = f"{vcs.get('vcs', 'git')}+{url}@{vcs.get('commit_id', '')}"
+    if (direct.get("dir_info") or {}).get("editable"):
+        return f"-e {url.removeprefix('file://')}  # {name}=={version}"
+    return f"{name} @ {url}"
+
+
+def installed_distributions() -> dict[str, Any]:
+    """What `pip freeze --all` would list for this interpreter, read from its metadata in
+    this process (a `pip` child costs 0.15 to 0.7 s of CPU a run): the first distribution of
+    each name on sys.path, as the import system finds it, in pip's sorted order."""
+    seen: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name, version = name_version(dist)
+        key = re.sub(r"[-_.]+", "-", name or "").lower()
+        if name and key not in seen:
+            seen[key] = freeze_line(dist, name, version)
+    return {"source": "importlib.metadata", "lines": [seen[k] for k in sorted(seen)]}
 
 
 def gpus() -> dict[str, Any]:

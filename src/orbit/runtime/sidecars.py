@@ -5,6 +5,7 @@ attempt it serves."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -37,11 +38,24 @@ def too_long(program: str, exc: OSError) -> dict[str, Any]:
     }
 
 
-def precheck(
+def precheck_gates(job: dict[str, Any], inputs: str) -> bool:
+    """Whether the precheck can fail the run: declared critical imports, or a staged fork
+    (inputs/**/FORK_MANIFEST.json) whose loading it must prove. Without either it only
+    records, and it runs beside the task instead of before it (`precheck_beside`)."""
+    if job.get("precheck", {}).get("critical_imports"):
+        return True
+    for _root, dirs, files in os.walk(inputs):
+        if "FORK_MANIFEST.json" in files:
+            return True
+        dirs[:] = [d for d in dirs if d not in {".git", "__pycache__", ".orbit"}]
+    return False
+
+
+def _start_precheck(
     w: Any, job: dict[str, Any], env: dict[str, str], workdir: str
-) -> dict[str, Any] | None:
-    """Run scripts/orbit_precheck.py in the task's interpreter as the wrapper `w`'s child (so
-    that a stop interrupts it); the failure fields, if any."""
+) -> subprocess.Popen[str] | dict[str, Any] | None:
+    """scripts/orbit_precheck.py started in the task's interpreter, in its own process group;
+    None without the script, the failure fields where it cannot start."""
     spec = job.get("precheck", {})
     interpreter = spec.get("interpreter", "python3")
     script = os.path.join(w.bundle, "scripts", "orbit_precheck.py")
@@ -54,8 +68,7 @@ def precheck(
     if w.docker is not None:
         argv = w.docker.precheck_argv()  # in the container, with the image's interpreter
     try:
-        # in its own group, held as the child, so that a stop interrupts it too
-        proc = w.child = subprocess.Popen(
+        return subprocess.Popen(
             argv,
             cwd=workdir,
             env=env,
@@ -65,33 +78,55 @@ def precheck(
             text=True,
             start_new_session=True,
         )
-        _, stderr = proc.communicate(timeout=600)
-    except (OSError, subprocess.SubprocessError) as exc:
-        w.signal_task(signal.SIGKILL)
+    except OSError as exc:
         message = f"precheck could not run {interpreter!r}: {exc}"
         w.log(message)
         with open(os.path.join(w.artifacts, "runtime-precheck.log"), "a") as f:
             f.write(message + "\n")
-        if isinstance(exc, OSError) and exc.errno == errno.E2BIG:
+        if exc.errno == errno.E2BIG:
             return too_long(argv[0], exc)  # the task could not start either
         if spec.get("critical_imports"):
             return {"reason": "dependency_missing", "message": message}
+        return {}
+
+
+def precheck(
+    w: Any, job: dict[str, Any], env: dict[str, str], workdir: str
+) -> dict[str, Any] | None:
+    """Run the precheck before the task, as the wrapper `w`'s child (so that a stop
+    interrupts it); the failure fields, if any."""
+    started = _start_precheck(w, job, env, workdir)
+    if not isinstance(started, subprocess.Popen):
+        return started or None
+    w.child = started
+    try:
+        _, stderr = started.communicate(timeout=600)
+    except subprocess.SubprocessError as exc:
+        w.signal_task(signal.SIGKILL)
+        message = f"precheck did not end: {exc}"
+        w.log(message)
+        if job.get("precheck", {}).get("critical_imports"):
+            return {"reason": "dependency_missing", "message": message}
         return None
     finally:
-        code, w.child = (w.child.returncode if w.child else None), None
+        code, w.child = started.returncode, None
     if w.stop_at is not None:
         return None  # stopped while prechecking: the caller ends the attempt as terminated
-    critical = bool(spec.get("critical_imports"))
+    critical = bool(job.get("precheck", {}).get("critical_imports"))
     verdict = w.docker.precheck_verdict(code, stderr, critical) if w.docker else None
     if verdict is not None:  # docker's own exit codes, not the precheck's
         w.log(verdict["log"])
         with open(os.path.join(w.artifacts, "runtime-precheck.log"), "a") as f:
             f.write(verdict["log"] + "\n")
         return verdict["failure"]  # type: ignore[no-any-return]
-    report = read_json(os.path.join(w.runtime, "precheck.json")) or {}
+    return _verdict(w, code, stderr)
+
+
+def _verdict(w: Any, code: int, stderr: str) -> dict[str, Any] | None:
     if code == 0:
         w.log("precheck passed")
         return None
+    report = read_json(os.path.join(w.runtime, "precheck.json")) or {}
     missing = [i["name"] for i in report.get("critical_imports", []) if not i.get("ok")]
     forks = [f.get("error", "") for f in report.get("forks", []) if not f.get("ok")]
     if code == PRECHECK_MISSING:
@@ -107,29 +142,64 @@ def precheck(
     return {"reason": reason, "message": message}
 
 
+def precheck_beside(w: Any, job: dict[str, Any], env: dict[str, str], workdir: str) -> None:
+    """A precheck with nothing to gate (`precheck_gates`), started just after the task, beside
+    it (the interpreter and packages it records are the ones the task started with).
+    `end_precheck` collects it before the attempt's files are sealed."""
+    started = _start_precheck(w, job, env, workdir)
+    if isinstance(started, subprocess.Popen):
+        w.beside = started
+
+
+def end_precheck(w: Any) -> None:
+    """The precheck that ran beside the task: waited for (a minute at most; at once killed
+    when the attempt is being stopped), its verdict logged. It records, so it never fails
+    the run."""
+    proc, w.beside = w.beside, None
+    if proc is None:
+        return
+    try:
+        _, stderr = proc.communicate(timeout=0.5 if w.stop_at is not None else 60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        w.log("precheck stopped before it ended: the attempt ended first")
+        return
+    if proc.returncode < 0:
+        w.log(f"precheck killed by signal {-proc.returncode}")
+    elif _verdict(w, proc.returncode, stderr) is not None:
+        w.log("the run goes on: this precheck had nothing to gate (no critical imports, forks)")
+
+
 def start_audit(w: Any) -> None:
     """The NVML sidecar: one line per GPU per second into artifacts/nvml-audit.jsonl,
-    from before the task starts until after it ends. Its failure never fails the run."""
+    from before the task starts until after it ends. Its failure never fails the run. It
+    starts beside the precheck; `audit_ready` waits for its first line before the task."""
     script = os.path.join(w.bundle, "scripts", "orbit_nvml.py")
     if not os.path.exists(script):
         return
-    out = os.path.join(w.artifacts, "nvml-audit.jsonl")
     try:
         w.audit = subprocess.Popen(
-            [sys.executable, script, "--out", out],
+            # -S: standard library and the vendored scripts/pynvml.py only, no site start-up
+            [sys.executable, "-S", script, "--out", os.path.join(w.artifacts, "nvml-audit.jsonl")],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(w.runtime, "nvml-audit.err"), "ab"),  # noqa: SIM115
         )
     except OSError as exc:
         w.log(f"the NVML audit did not start: {exc}")
-        return
-    # "started before the task": wait for its first line (or its end), a few seconds at most
+
+
+def audit_ready(w: Any) -> None:
+    """ "Started before the task": wait for the audit's first line (or its end), a few
+    seconds at most."""
+    out = os.path.join(w.artifacts, "nvml-audit.jsonl")
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and w.audit.poll() is None:
+    while w.audit is not None and time.monotonic() < deadline and w.audit.poll() is None:
         if os.path.exists(out) and os.path.getsize(out) > 0:
             break
-        time.sleep(0.01)
+        time.sleep(0.005)
 
 
 def stop_audit(w: Any) -> None:

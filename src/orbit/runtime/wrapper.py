@@ -80,6 +80,7 @@ class Wrapper:
         self.grace = 10.0
         self.signal_reason = "cancelled"
         self.audit: subprocess.Popen[bytes] | None = None
+        self.beside: subprocess.Popen[str] | None = None  # a precheck with nothing to gate
         self.docker: Any = None  # orbit_docker.DockerLaunch, for a docker launch mode
         os.makedirs(self.runtime, exist_ok=True)
         os.makedirs(self.artifacts, exist_ok=True)
@@ -170,14 +171,17 @@ class Wrapper:
                 return self.finish("failed", **failure)
             if self.stop_at is not None:  # stopped while the image was being pulled
                 return self.finish("terminated", reason=self.stop_reason())
-        failure = sidecars.precheck(self, job, env, workdir)
-        if failure is not None:
-            return self.finish("failed", **failure)
+        sidecars.start_audit(self)  # beside the precheck: its start-up overlaps the precheck's
+        gates = self.docker is not None or sidecars.precheck_gates(job, self.inputs)
+        if gates:
+            failure = sidecars.precheck(self, job, env, workdir)
+            if failure is not None:
+                return self.finish("failed", **failure)
         if self.stop_at is not None:
             return self.finish("terminated", reason=self.stop_reason())
         if self.docker is not None:
             argv = self.docker.task_argv()  # the entrypoint, inside the container
-        sidecars.start_audit(self)
+        sidecars.audit_ready(self)
         self.log(f"starting task in {workdir}: {argv!r}")
         with open(os.path.join(self.artifacts, "training.log"), "ab") as out:
             try:
@@ -201,6 +205,8 @@ class Wrapper:
                     exit_code=127,
                     message=f"cannot start {argv[0]!r}: {exc.strerror}",
                 )
+        if not gates:  # only a record: taken beside the task, which need not wait for it
+            sidecars.precheck_beside(self, job, env, workdir)
         if self.stop_at is not None:  # a stop that came while the task was being started
             self.signal_task(signal.SIGTERM)
         container = {"container": self.docker.name} if self.docker is not None else {}
@@ -246,6 +252,7 @@ class Wrapper:
     def finish(self, state: str, **fields: Any) -> int:
         if self.docker is not None:
             self.docker.finish()  # whatever happened, no container of the attempt is left
+        sidecars.end_precheck(self)
         sidecars.stop_audit(self)
         self.stop_leftovers()  # before the manifest: nothing writes into artifacts/ after it
         try:
