@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,6 +49,8 @@ log = logging.getLogger("orbit.server.agents")
 CREDENTIAL_PREFIX = "orbitnode_"
 WATCH_EVERY_S = 0.5  # how often queues other processes filled are looked for
 FLUSH_EVERY_S = 1.0  # how often gathered heartbeats are written
+# an attempt due within this long is between looks, not under one (a look leases it for 60 s)
+LOOK_SOON_S = 30.0
 
 
 def node_of(request: Request) -> NodeRecord:
@@ -162,10 +164,16 @@ class Heartbeats:
 class Gateway:
     """What each agent message does. Runs in worker threads (the store is synchronous)."""
 
-    def __init__(self, service: CoreControlService, settings: Settings) -> None:
+    def __init__(
+        self,
+        service: CoreControlService,
+        settings: Settings,
+        on_ended: Callable[[], None] | None = None,
+    ) -> None:
         self.service = service
         self.store = service.store
         self.settings = settings
+        self.on_ended = on_ended  # the reconcile loop's poke: an attempt ended on its node
         self.artifacts = settings.artifacts_dir
         self.archives = settings.home / "bundle-archives"
         self.transfers = settings.home / "transfers"
@@ -329,6 +337,7 @@ class Gateway:
         wants: list[p.Want] = []
         forget: list[str] = []
         stop: list[str] = []
+        ended: list[str] = []
         for attempt, contents in zip(body.attempts, data, strict=True):
             placed = self.store.attempt_placement(attempt.attempt_id)
             if placed is None or placed["node_id"] != node.id or placed["fence"] != attempt.fence:
@@ -366,6 +375,13 @@ class Gateway:
                 changes["complete"] = True
             if changes:
                 write_agent_state(folder, **changes)
+                if changes.get("ended") or changes.get("complete"):
+                    ended.append(attempt.attempt_id)
+        if ended:  # its run moves now, not at its next periodic look
+            at = datetime.now(UTC)
+            self.store.make_due(ended, at, at + timedelta(seconds=LOOK_SOON_S))
+            if self.on_ended is not None:
+                self.on_ended()
         return p.ReportResponse(
             seq=body.seq, wants=tuple(wants), forget=tuple(forget), stop=tuple(stop)
         )

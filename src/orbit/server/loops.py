@@ -40,29 +40,41 @@ class Reconciler:
         self._lock = threading.Lock()
         self._released_at: float | None = None
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def poke(self) -> None:
+        """Run a pass now, not at the next period: an attempt was made due (an agent reported
+        it ended), or a look ended one, and what waited for its slot is due."""
+        self._poked.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._poked.set()
         self._thread.join(timeout=10)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
         due = time.monotonic()
         while not self._stop.is_set():
-            self.metrics.loop_lag.set(max(0.0, time.monotonic() - due))
+            poked = self._poked.wait(max(0.0, due - time.monotonic()))
+            self._poked.clear()
+            if self._stop.is_set():
+                return
+            if not poked:
+                self.metrics.loop_lag.set(max(0.0, time.monotonic() - due))
             started = time.perf_counter()
             try:
                 self.run_pass()
             except Exception:  # the store is away, say: the next pass tries again
                 log.exception("a reconcile pass failed")
             self.metrics.loop_pass.observe(time.perf_counter() - started)
-            due += self.every_s
-            self._stop.wait(max(0.0, due - time.monotonic()))
-            due = max(due, time.monotonic() - self.every_s)  # after a long pass: no burst
+            if not poked:  # a poked pass comes between two periodic ones
+                due += self.every_s
+                due = max(due, time.monotonic() - self.every_s)  # after a long pass: no burst
 
     def release_the_gone(self) -> list[str]:
         """Make the attempts whose reconcile leases a gone process of this host holds due now.
@@ -110,7 +122,9 @@ class Reconciler:
     def _look(self, claimed: tuple[str, str], at: datetime) -> None:
         run_id, attempt_id = claimed
         try:
-            self.service.refresh_run_status(run_id)
+            run = self.service.refresh_run_status(run_id)
+            if run.current.id != attempt_id or run.current.state.terminal:
+                self.poke()  # it ended (or was retried): what waited for its slot is due now
         except NoBackend:
             pass  # not run from here (an agent's, say): left as stored
         except OrbitError as exc:

@@ -477,6 +477,20 @@ class RunsMixin(RunQueriesMixin):
                 },
             )
 
+    def make_due(self, attempt_ids: list[str], at: datetime, unless_after: datetime) -> int:
+        """These attempts are due a reconcile at `at`: their execution plane has news (an
+        agent reported them ended). One whose look is under way (due at its lease's end,
+        past `unless_after`) is left alone: no second look at once. How many."""
+        if not attempt_ids:
+            return 0
+        ids, params = expand("id", attempt_ids)
+        with self._write() as tx:
+            return tx.execute(
+                f"UPDATE attempts SET reconcile_due_at = :at WHERE id IN ({ids}) "
+                "AND (reconcile_due_at IS NULL OR reconcile_due_at <= :unless_after)",
+                {**params, "at": at, "unless_after": unless_after},
+            )
+
     def reconcile_holders(self, at: datetime) -> list[str]:
         """Who holds the reconcile leases of active attempts not due at `at`: a replica with a
         look under way, or the one whose last look scheduled the next."""
