@@ -339,6 +339,22 @@ def test_the_leases_of_a_gone_owner_are_released_at_once(store: Store) -> None:
     assert sorted(taken) == sorted(held[1:]) and len(made) == 4
 
 
+def test_news_from_a_node_makes_an_attempt_due_unless_a_look_is_under_way(store: Store) -> None:
+    made = attempts(store, 3)
+    at = now()
+    lease = at + timedelta(seconds=60)
+    looked, looking = store.claim_reconcile("a", at=at, lease_until=lease, limit=2)
+    store.reconcile_done(looked[1], "a", at + timedelta(seconds=1))  # due again in 1 s
+    soon = at + timedelta(seconds=30)
+    # an agent reports all three ended: the one between looks and the never-looked-at one are
+    # due now; the one under a look (leased for 60 s) is left to that look
+    assert store.make_due([a for _, a in made], at, soon) == 2
+    fresh = next(m for m in made if m not in (looked, looking))
+    taken = store.claim_reconcile("b", at=at, lease_until=lease, limit=10)
+    assert sorted(taken) == sorted([looked, fresh])
+    assert store.make_due([], at, soon) == 0
+
+
 def test_the_longest_due_are_claimed_first(store: Store) -> None:
     made = attempts(store, 3)
     at = now()
