@@ -461,7 +461,7 @@ def test_a_file_whose_sha256_does_not_match_is_asked_for_again_from_the_start(
 # --- a bundle that is not what its digest says ---------------------------------------------------
 
 
-def test_a_bundle_archive_that_does_not_match_its_digest_fails_staging(
+def test_a_bundle_archive_that_does_not_match_its_digest_is_made_again_or_fails_staging(
     server: Server,
     start_agent: Callable[..., AgentProc],
     tmp_path: Path,
@@ -482,31 +482,51 @@ def test_a_bundle_archive_that_does_not_match_its_digest_fails_staging(
     digest, wrong = (run_of(server, r)["bundle_digest"] for r in (first, other))
     assert digest != wrong
     archives = server.home / "bundle-archives"
-    # the agent gone, the server's archive of the first bundle holds the second's, and the
-    # node has no copy left: the next attempt of the first run fetches the wrong bytes
+    env = server.env()
+
+    # The server's cached archive of the first bundle holds the second's (a disk's fault),
+    # and the node has no copy left: the agent finds the bytes do not match the digest, asks
+    # for the archive made afresh from the frozen bundle, and the retry runs.
     agent.kill()
     shutil.copyfile(archives / f"{wrong}.tar", archives / f"{digest}.tar")
     shutil.rmtree(agent.work_dir / "bundles")
     agent.start()
-    env = server.env()
     orbit(env, "retry", first)
-    run = eventually(lambda: _failed_twice(server, first), 90, 0.2)
-    manual, automatic = run["attempts"][1:]
+    attempt = eventually(lambda: _ended_attempt(server, first, 2), 90, 0.2)
+    assert attempt["state"] == "succeeded", (attempt, agent.output())
+    assert f"bundle {digest[:12]}" in agent.output() and "made afresh" in agent.output()
+    assert orbit(env, "logs", first, "--attempt", "2").stdout == "one\n"
+
+    # The frozen bundle itself no longer matches its digest (and there is no archive of it
+    # yet): made afresh, the archive is as wrong, and staging fails (for the retry too), with
+    # nothing of it on the node.
+    agent.kill()
+    frozen = server.home / "bundles" / digest / "job.json"
+    frozen.write_text(frozen.read_text().replace("echo one", "echo 1ne"))
+    (archives / f"{digest}.tar").unlink()
+    shutil.rmtree(agent.work_dir / "bundles")
+    agent.start()
+    orbit(env, "retry", first)
+    run = eventually(lambda: _failed_twice(server, first, 4), 90, 0.2)
+    manual, automatic = run["attempts"][2:]
     for attempt in (manual, automatic):
         assert attempt["state"] == "failed", attempt
         assert attempt["reason"] == "staging_failed", attempt
         assert digest[:12] in attempt["message"], attempt
     assert automatic["trigger"] == "auto_retry"
-    # nothing of the wrong bundle stays on the node, and nothing ran
     bundles = agent.work_dir / "bundles"
     assert list(bundles.iterdir()) == []
-    assert orbit(env, "logs", first, "--attempt", "2").stdout == ""
+    assert orbit(env, "logs", first, "--attempt", "3").stdout == ""
 
 
-def _failed_twice(server: Server, run_id: str) -> dict[str, Any] | None:
+def _failed_twice(server: Server, run_id: str, attempts_now: int) -> dict[str, Any] | None:
     run = run_of(server, run_id)
     attempts = run["attempts"]
-    done = len(attempts) == 3 and attempts[-1]["state"] in ("succeeded", "failed", "terminated")
+    done = len(attempts) == attempts_now and attempts[-1]["state"] in (
+        "succeeded",
+        "failed",
+        "terminated",
+    )
     return run if done else None
 
 

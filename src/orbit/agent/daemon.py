@@ -534,37 +534,50 @@ class Agent:
         return chosen
 
     def bundle(self, digest: str) -> Path:
-        """The bundle with this digest, from the cache, else fetched once and checked."""
-        from orbit.core.execution.bundle import extract_bundle_archive
-
+        """The bundle with this digest, from the cache, else fetched once and checked. An
+        archive that does not match its digest is asked for once more, made afresh (the
+        server's cached copy may be what went bad)."""
         cached = self.bundles_dir / digest
         if (cached / "job.json").is_file():
             return cached
         with self.bundle_lock:
             if (cached / "job.json").is_file():
                 return cached
-            archive = self.bundles_dir / f".{digest}.{uuid.uuid4().hex}.tar"
-            headers = {"authorization": f"Bearer {self.identity['credential']}"}
             try:
-                with self.http.stream(
-                    "GET", f"{p.PREFIX}/bundles/{digest}", headers=headers
-                ) as response:
-                    if response.status_code == 401:
-                        raise Revoked(_detail(response))
-                    if response.status_code != 200:
-                        response.read()
-                        raise StagingError(f"fetching bundle {digest[:12]}: {_detail(response)}")
-                    with open(archive, "wb") as out:
-                        for block in response.iter_bytes(1 << 20):
-                            out.write(block)
+                self._fetch_bundle(digest, cached, rebuild=False)
+            except BadArchive as exc:
+                log.warning("bundle %s: %s; asking for it made afresh", digest[:12], exc)
                 try:
-                    extract_bundle_archive(archive, cached, expected_digest=digest)
-                except Exception as exc:
-                    raise StagingError(f"bundle {digest[:12]}: {exc}") from None
-                hostside.compile_scripts(str(cached))
-            finally:
-                archive.unlink(missing_ok=True)
+                    self._fetch_bundle(digest, cached, rebuild=True)
+                except BadArchive as again:
+                    raise StagingError(f"bundle {digest[:12]}: {again}") from None
+            hostside.compile_scripts(str(cached))
             return cached
+
+    def _fetch_bundle(self, digest: str, cached: Path, rebuild: bool) -> None:
+        from orbit.core.execution.bundle import extract_bundle_archive
+
+        archive = self.bundles_dir / f".{digest}.{uuid.uuid4().hex}.tar"
+        headers = {"authorization": f"Bearer {self.identity['credential']}"}
+        params = {"rebuild": "true"} if rebuild else None
+        try:
+            with self.http.stream(
+                "GET", f"{p.PREFIX}/bundles/{digest}", headers=headers, params=params
+            ) as response:
+                if response.status_code == 401:
+                    raise Revoked(_detail(response))
+                if response.status_code != 200:
+                    response.read()
+                    raise StagingError(f"fetching bundle {digest[:12]}: {_detail(response)}")
+                with open(archive, "wb") as out:
+                    for block in response.iter_bytes(1 << 20):
+                        out.write(block)
+            try:
+                extract_bundle_archive(archive, cached, expected_digest=digest)
+            except Exception as exc:
+                raise BadArchive(str(exc)) from None
+        finally:
+            archive.unlink(missing_ok=True)
 
     # --- cancelling --------------------------------------------------------------------------
 
@@ -764,6 +777,10 @@ class ServerSaid(Exception):
 
 class StagingError(Exception):
     pass
+
+
+class BadArchive(Exception):
+    """A fetched bundle archive that does not unpack to its digest."""
 
 
 class _Ok(p.Message):

@@ -409,14 +409,14 @@ class Gateway:
 
     # --- bundles and transfers -------------------------------------------------------------
 
-    def bundle_archive(self, digest: str) -> Path:
+    def bundle_archive(self, digest: str, rebuild: bool = False) -> Path:
         from orbit.core.execution.bundle import create_bundle_archive
 
         source = self.service.bundles_dir / digest
         if not (source / "job.json").is_file():
             raise NotFound(f"bundle {digest[:12]} is not in this server's cache")
         archive = self.archives / f"{digest}.tar"
-        if not archive.is_file():
+        if rebuild or not archive.is_file():
             self.archives.mkdir(parents=True, exist_ok=True)
             scratch = archive.with_name(f".{digest}.{threading.get_ident()}.part")
             create_bundle_archive(source, scratch)
@@ -538,10 +538,12 @@ def make_agent_router(gateway: Gateway, mailbox: Mailbox, beats: Heartbeats) -> 
         response_class=FileResponse,
         responses={200: {"content": {"application/x-tar": {}}}},
     )
-    async def bundle(node: this_node, digest: str) -> FileResponse:
+    async def bundle(node: this_node, digest: str, rebuild: bool = False) -> FileResponse:
+        """The bundle's archive; `rebuild`: the node found the cached one does not match its
+        digest (a disk's fault, say), so it is made again from the frozen bundle."""
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise InvalidInput("digest: expected 64 hex digits")
-        path: Path = await threaded(gateway.bundle_archive, digest)
+        path: Path = await threaded(gateway.bundle_archive, digest, rebuild)
         return FileResponse(path, media_type="application/x-tar")
 
     @router.get(
