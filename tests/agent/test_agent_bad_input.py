@@ -533,3 +533,62 @@ def _failed_twice(server: Server, run_id: str, attempts_now: int) -> dict[str, A
 def _ended_attempt(server: Server, run_id: str, number: int) -> dict[str, Any] | None:
     attempt = run_of(server, run_id)["attempts"][number - 1]
     return dict(attempt) if attempt["state"] in ("succeeded", "failed", "terminated") else None
+
+
+# --- a file whose name cannot travel -------------------------------------------------------------
+
+
+def test_a_file_whose_name_cannot_travel_stays_on_the_node_and_the_rest_arrives(
+    server: Server,
+    start_agent: Callable[..., AgentProc],
+    tmp_path: Path,
+) -> None:
+    """A task writes a file whose name is not UTF-8 and one whose path is over the protocol's
+    1,000 characters: neither can be put in a report. They stay on the node, the agent says
+    so, and everything else of the run, and of the runs after it, arrives."""
+    agent = start_agent(server, "names")
+    wait_online(server, "names")
+    deep = "/".join(["d" * 200] * 6)
+    command = (
+        'cd "$ORBIT_ARTIFACTS_DIR" && printf bad > "$(printf "bad\\377name")" && '
+        f"mkdir -p {deep} && printf deep > {deep}/f && printf ok > ok.txt && echo done"
+    )
+    (tmp_path / "one").mkdir()
+    run_id = submit(server, tmp_path / "one", command)
+    attempt = ended(server, run_id)["attempts"][-1]
+    assert attempt["state"] == "succeeded", (attempt, agent.output())
+    env = server.env()
+    assert orbit(env, "logs", run_id).stdout == "done\n"
+    mirror = server.home / "artifacts" / attempt["id"] / "artifacts"
+    assert eventually(lambda: (mirror / "ok.txt").is_file(), 30, 0.1)
+    assert (mirror / "ok.txt").read_text() == "ok"
+    assert not any(p.name.startswith("bad") for p in mirror.iterdir())
+    output = agent.output()
+    assert "not uploaded, its name is not UTF-8" in output
+    assert "not uploaded, its path is over 1,000 characters" in output
+    # the node's reports still flow: the next run's logs arrive
+    (tmp_path / "two").mkdir()
+    second = submit(server, tmp_path / "two", "echo again")
+    assert ended(server, second)["attempts"][-1]["state"] == "succeeded", agent.output()
+    assert orbit(env, "logs", second).stdout == "again\n"
+
+
+def test_a_bundle_the_server_cannot_serve_for_a_while_is_waited_for_not_failed(
+    server: Server,
+    start_agent: Callable[..., AgentProc],
+    tmp_path: Path,
+) -> None:
+    """The server fails to serve a bundle for a while (5xx: here its archive folder is
+    blocked by a file; a restart or a store away looks alike to the agent): the agent asks
+    again, and the attempt starts once it can, instead of failing as staging_failed."""
+    agent = start_agent(server, "patient")
+    wait_online(server, "patient")
+    archives = server.home / "bundle-archives"
+    shutil.rmtree(archives, ignore_errors=True)
+    archives.write_text("in the way")
+    run_id = submit(server, tmp_path, "echo staged")
+    eventually(lambda: "again" in agent.output() and "fetching bundle" in agent.output(), 30, 0.1)
+    archives.unlink()
+    run = ended(server, run_id)
+    assert [a["state"] for a in run["attempts"]] == ["succeeded"], (run, agent.output())
+    assert orbit(server.env(), "logs", run_id).stdout == "staged\n"

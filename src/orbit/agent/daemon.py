@@ -42,6 +42,8 @@ log = logging.getLogger("orbit.agent")
 
 IDENTITY_FILE = "agent-identity.json"
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+BUNDLE_PATIENCE_S = 60.0  # how long a bundle fetch waits out a server that is away
+REFUSED_MAX_S = 60.0  # the longest wait between reports the server refuses as they are
 REPORT_EVERY_S = 0.25
 INFO_EVERY_S = 30.0
 
@@ -544,15 +546,30 @@ class Agent:
             if (cached / "job.json").is_file():
                 return cached
             try:
-                self._fetch_bundle(digest, cached, rebuild=False)
+                self._fetch_patiently(digest, cached, rebuild=False)
             except BadArchive as exc:
                 log.warning("bundle %s: %s; asking for it made afresh", digest[:12], exc)
                 try:
-                    self._fetch_bundle(digest, cached, rebuild=True)
+                    self._fetch_patiently(digest, cached, rebuild=True)
                 except BadArchive as again:
                     raise StagingError(f"bundle {digest[:12]}: {again}") from None
             hostside.compile_scripts(str(cached))
             return cached
+
+    def _fetch_patiently(self, digest: str, cached: Path, rebuild: bool) -> None:
+        """`_fetch_bundle`, again while the server is away or failing (restarted, say) for up
+        to BUNDLE_PATIENCE_S: a server restart must not fail a start as staging_failed."""
+        deadline = time.monotonic() + BUNDLE_PATIENCE_S
+        wait = RETRY_MIN_S
+        while True:
+            try:
+                return self._fetch_bundle(digest, cached, rebuild)
+            except (httpx.TransportError, ServerAway) as exc:
+                if time.monotonic() + wait > deadline or self.stop.is_set():
+                    raise StagingError(f"fetching bundle {digest[:12]}: {_short(exc)}") from None
+                log.warning("fetching bundle %s (%s): again", digest[:12], _short(exc))
+                self.stop.wait(wait)
+                wait = min(wait * 2, RETRY_MAX_S)
 
     def _fetch_bundle(self, digest: str, cached: Path, rebuild: bool) -> None:
         from orbit.core.execution.bundle import extract_bundle_archive
@@ -568,6 +585,8 @@ class Agent:
                     raise Revoked(_detail(response))
                 if response.status_code != 200:
                     response.read()
+                    if response.status_code >= 500:
+                        raise ServerAway(_detail(response))
                     raise StagingError(f"fetching bundle {digest[:12]}: {_detail(response)}")
                 with open(archive, "wb") as out:
                     for block in response.iter_bytes(1 << 20):
@@ -690,6 +709,7 @@ class Agent:
 
     def report_loop(self) -> None:
         pending: p.Report | None = None
+        refused_wait = RETRY_MIN_S
         while not self.stop.is_set():
             self.report_wake.wait(REPORT_EVERY_S)
             self.report_wake.clear()
@@ -703,13 +723,29 @@ class Agent:
                         break
                     answer: p.ReportResponse = self._post("/report", pending, p.ReportResponse)
                     self.applied(pending, answer)
+                    refused_wait = RETRY_MIN_S
                     more = any(a.chunks for a in pending.attempts)
                     pending = None
                     if not more:
                         break
-            except (httpx.HTTPError, ServerSaid) as exc:
+            except ServerSaid as exc:
+                if exc.status in (409, 429) or exc.status >= 500:
+                    log.warning("report not delivered (%s): sent again", _short(exc))
+                    self.stop.wait(RETRY_MIN_S)
+                    continue
+                # refused as it is (malformed, too large): sending the same bytes again cannot
+                # help; built afresh, and less and less often while the server keeps refusing
+                log.error("report refused (%s): built again in %.0f s", _short(exc), refused_wait)
+                pending = None
+                self.stop.wait(refused_wait)
+                refused_wait = min(refused_wait * 4, REFUSED_MAX_S)
+            except httpx.HTTPError as exc:
                 log.warning("report not delivered (%s): sent again", _short(exc))
                 self.stop.wait(RETRY_MIN_S)
+            except Exception:  # the loop must outlive any one report (a file gone mid-read)
+                log.exception("building a report failed: built again")
+                pending = None
+                self.stop.wait(RETRY_MAX_S)
 
     def build_report(self) -> p.Report | None:
         with self.lock:
@@ -777,6 +813,10 @@ class ServerSaid(Exception):
 
 class StagingError(Exception):
     pass
+
+
+class ServerAway(Exception):
+    """The server answered 5xx: its store away, a restart under way."""
 
 
 class BadArchive(Exception):

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from orbit.agent.protocol import MAX_CHUNK_BYTES, FileChunk
+from orbit.agent.protocol import FILE_PATH, MAX_CHUNK_BYTES, FileChunk
 from orbit.core.execution.artifacts import sha256_file
 from orbit.core.execution.mirror import is_scratch
 
+log = logging.getLogger("orbit.agent")
 LARGE_BYTES = 64 << 20  # a file this large waits behind the others (or for collect)
 FIRST = ("runtime/",)
 NEXT_SUFFIXES = (".log", "manifest.json", "nvml-audit.jsonl", "logging.jsonl")
@@ -28,6 +31,7 @@ class FileState:
     sig: tuple[int, int] | None = None  # (size, mtime_ns) of the copy it has (whole files)
     sealed: bool = False  # its size and sha256 were accepted
     planned_sig: tuple[int, int] | None = None
+    unsendable: bool = False  # its name cannot travel (`unsendable`): left on the node
 
     def sent(self, chunk: FileChunk) -> None:
         data = len(base64.b64decode(chunk.data)) if chunk.data else 0
@@ -37,6 +41,19 @@ class FileState:
             self.offset = max(self.offset, chunk.offset + data)
         if chunk.sha256 is not None:
             self.sealed = True
+
+
+def unsendable(relpath: str) -> str | None:
+    """Why a file's name cannot travel in a report (the protocol's paths are UTF-8, at most
+    1,000 characters), or None. Such a file stays on the node, said once in the agent's log,
+    instead of having every report of the node refused."""
+    try:
+        relpath.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not UTF-8"
+    if not re.match(FILE_PATH, relpath):
+        return "its path is over 1,000 characters"
+    return None
 
 
 def whole_file(relpath: str, size: int) -> bool:
@@ -83,7 +100,15 @@ def plan_chunks(
     complete = ended
     entries = sorted(listing(folder), key=lambda e: (priority(e[0], e[1].st_size), e[0]))
     for relpath, st in entries:
-        state = files.setdefault(relpath, FileState())
+        state = files.get(relpath)
+        if state is None:
+            state = files[relpath] = FileState()
+            why = unsendable(relpath)
+            if why is not None:
+                state.unsendable = True
+                log.warning("%s: not uploaded, %s", folder / relpath, why)
+        if state.unsendable:
+            continue
         size = st.st_size
         if priority(relpath, size) == 3 and not large:
             complete = False  # waits for `orbit collect`
