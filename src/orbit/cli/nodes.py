@@ -52,14 +52,16 @@ def _now() -> datetime:
 
 
 def condition(node: NodeRecord, now: datetime | None = None) -> str:
-    return node.condition(now or _now(), settings().node_offline_s)
+    """As the control plane that gave the record judges it (its offline timeout, not this
+    shell's)."""
+    return node.condition(now or _now())
 
 
 def node_json(node: NodeRecord, now: datetime | None = None) -> dict[str, Any]:
     now = now or _now()
     data = node.model_dump(mode="json")
     data["condition"] = condition(node, now)
-    data["online"] = node.online(now, settings().node_offline_s)
+    data["online"] = node.online(now)
     return data
 
 

@@ -37,17 +37,21 @@ class NodeRecord(BaseModel):
     last_seen_at: datetime | None
     running: tuple[str, ...] = ()  # its attempts that have not ended (placed or started)
     gpus_in_use: dict[int, float] = {}  # GPU index -> GB reserved there (0: the whole GPU)
+    # the offline timeout of the control plane that gave this record: a reader elsewhere (the
+    # CLI against a server) judges online and condition as that control plane does
+    offline_after_s: float = OFFLINE_AFTER_S
 
     def seen_ago(self, now: datetime) -> float | None:
         if self.last_seen_at is None:
             return None
         return max(0.0, (now - self.last_seen_at).total_seconds())
 
-    def online(self, now: datetime, offline_after_s: float = OFFLINE_AFTER_S) -> bool:
+    def online(self, now: datetime, offline_after_s: float | None = None) -> bool:
         ago = self.seen_ago(now)
-        return ago is not None and ago < offline_after_s
+        limit = self.offline_after_s if offline_after_s is None else offline_after_s
+        return ago is not None and ago < limit
 
-    def condition(self, now: datetime, offline_after_s: float = OFFLINE_AFTER_S) -> str:
+    def condition(self, now: datetime, offline_after_s: float | None = None) -> str:
         """What a person reading `orbit nodes list` wants to know first."""
         if self.state is NodeState.REVOKED:
             return "revoked"

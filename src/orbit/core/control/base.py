@@ -10,6 +10,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orbit.core.config import OFFLINE_AFTER_S
 from orbit.core.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:  # loaded by the commands that use them, not by every command
@@ -45,6 +46,7 @@ class ServiceBase:
     # Whether reading a run first looks where it runs. Embedded, a look is the only way a run
     # moves; a server's loops look on their own, so its reads answer from the store.
     looks_on_read: bool = True
+    node_offline_s: float = OFFLINE_AFTER_S  # this control plane's (Settings.node_offline_s)
     # given, or made on first use (see CoreControlService.from_settings)
     _templates: TemplateRegistry | Callable[[], TemplateRegistry]
     _tasks: TaskRegistry | None

@@ -44,11 +44,15 @@ class Nodes(ServiceBase):
     def revoke_join_token(self, token_id: str) -> None:
         self.store.revoke_join_token(token_id, self.actor)
 
+    def _judged(self, node: NodeRecord) -> NodeRecord:
+        """The record with this control plane's offline timeout, which its readers judge by."""
+        return node.model_copy(update={"offline_after_s": self.node_offline_s})
+
     def list_nodes(self) -> list[NodeRecord]:
-        return self.store.list_nodes()
+        return [self._judged(n) for n in self.store.list_nodes()]
 
     def get_node(self, ref: str) -> NodeRecord:
-        return self.store.get_node(ref)
+        return self._judged(self.store.get_node(ref))
 
     def set_node(
         self, ref: str, *, cordon: bool | None = None, max_tasks: int | None = None
@@ -58,16 +62,18 @@ class Nodes(ServiceBase):
         if max_tasks is not None and not 0 <= max_tasks <= 1024:
             raise InvalidInput(f"--max-tasks: expected 0 to 1024, got {max_tasks}")
         state = None if cordon is None else NodeState.CORDONED if cordon else NodeState.ACTIVE
-        return self.store.update_node(ref, self.actor, state=state, max_tasks=max_tasks)
+        return self._judged(
+            self.store.update_node(ref, self.actor, state=state, max_tasks=max_tasks)
+        )
 
     def revoke_node(self, ref: str) -> NodeRecord:
         """Lock a node out at once: its credential is refused from the next request on, and
         its attempts are lost (and retried elsewhere, per their retry policy)."""
-        return self.store.update_node(ref, self.actor, state=NodeState.REVOKED)
+        return self._judged(self.store.update_node(ref, self.actor, state=NodeState.REVOKED))
 
     def remove_node(self, ref: str, force: bool = False) -> NodeRecord:
         """Forget a node. Refused while it runs attempts, unless `force` (they are lost)."""
-        return self.store.remove_node(ref, self.actor, force)
+        return self._judged(self.store.remove_node(ref, self.actor, force))
 
     # --- files to and from a node's work dir ---------------------------------------------
 

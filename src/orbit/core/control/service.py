@@ -91,7 +91,7 @@ class CoreControlService(Reading, Accounts, Nodes):
             return options_for(settings)
 
         store = Store(settings.database_url)
-        return cls(
+        service = cls(
             store=store,
             execution=ExecutionService.default(settings, store.hosts, store),
             templates=templates,
@@ -100,6 +100,8 @@ class CoreControlService(Reading, Accounts, Nodes):
             actor=actor,
             ssh_options=ssh_options,
         )
+        service.node_offline_s = settings.node_offline_s
+        return service
 
     def _sweep_host(self, host: HostRecord, known: set[str]) -> SweepResult:
         from orbit.core.execution.backends.ssh_docker import SshDockerBackend
