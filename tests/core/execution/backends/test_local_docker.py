@@ -229,6 +229,8 @@ def test_the_container_is_limited_to_the_jobs_cpus_and_memory(
         orbit(env, "cancel", run["id"])
         return int(shown[0]), int(shown[1])
 
+    # the template's defaults ask for nothing: on your own machine, no limit
+    assert limits_while_it_runs() == (0, 0)
     one = ("--set", "resources.cpu_count=1", "--set", "resources.memory_gb=0.5")
     assert limits_while_it_runs(*one) == (1_000_000_000, 512 * 1024 * 1024)
     # more CPUs than the Docker host has: all it has (docker would refuse more)
