@@ -592,3 +592,34 @@ def test_a_bundle_the_server_cannot_serve_for_a_while_is_waited_for_not_failed(
     run = ended(server, run_id)
     assert [a["state"] for a in run["attempts"]] == ["succeeded"], (run, agent.output())
     assert orbit(server.env(), "logs", run_id).stdout == "staged\n"
+
+
+def test_a_report_that_fails_half_way_is_applied_when_sent_again(
+    gate: Gate, placed: Placed
+) -> None:
+    """The server fails writing a report's files (here a file stands where the attempt's
+    artifacts/ folder goes; a full disk looks alike): the report is answered 500, saying what
+    failed, and does not count, so the agent's resend of the same number is applied, not
+    taken for a duplicate. That matters most for an attempt's last report: nothing follows."""
+    a = placed.a
+    folder = gate.settings.artifacts_dir / placed.attempt_id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "artifacts").write_text("in the way")
+    data = b"the last words\n"
+    sealed = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    attempt = {"attempt_id": placed.attempt_id, "fence": placed.fence, "alive": False}
+    out = chunk("artifacts/out.log", data, **sealed)
+    last = [{**attempt, "ended": True, "done": True, "chunks": [out]}]
+    answer = gate.report(a, 1, last)
+    assert answer.status_code == 500, answer.text
+    assert "the server could not write artifacts/out.log" in answer.json()["detail"]
+    (folder / "artifacts").unlink()
+    answer = gate.report(a, 1, last)  # the same report, sent again
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["wants"] == [], answer.text
+    assert (folder / "artifacts" / "out.log").read_bytes() == data
+    assert json.loads((folder / "agent.json").read_text())["complete"] is True
+    # once applied, the same number again changes nothing
+    (folder / "artifacts" / "out.log").write_bytes(b"changed here\n")
+    assert gate.report(a, 1, last).status_code == 200
+    assert (folder / "artifacts" / "out.log").read_bytes() == b"changed here\n"

@@ -30,7 +30,7 @@ from orbit.agent import protocol as p
 from orbit.core.auth import token_hash
 from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
-from orbit.core.errors import InvalidInput, NotFound, Unauthorized
+from orbit.core.errors import InvalidInput, NotFound, ServerError, Unauthorized
 from orbit.core.execution.backends import agent_pool
 from orbit.core.execution.mirror import (
     BadChunk,
@@ -330,10 +330,10 @@ class Gateway:
     def report(self, node: NodeRecord, body: p.Report) -> p.ReportResponse:
         own(node, body.node_id)
         data = self._decoded(body)  # a report refused is refused whole, before it counts
-        if not self.store.advance_report_seq(node.id, body.session, body.seq):
-            fresh = self.store.node_session(node.id, body.session)
-            if not (fresh and self.store.advance_report_seq(node.id, body.session, body.seq)):
-                return p.ReportResponse(seq=body.seq)  # applied before: a resend changes nothing
+        if not self.store.report_is_new(node.id, body.session, body.seq) and not (
+            self.store.node_session(node.id, body.session)  # a new session: numbers restart
+        ):
+            return p.ReportResponse(seq=body.seq)  # applied before: a resend changes nothing
         wants: list[p.Want] = []
         forget: list[str] = []
         stop: list[str] = []
@@ -361,6 +361,9 @@ class Gateway:
                     )
                 except BadChunk as exc:
                     raise InvalidInput(str(exc)) from None
+                except OSError as exc:  # the server's disk, not the agent's doing: it resends
+                    log.error("report of %s: writing %s: %s", node.name, chunk.path, exc)
+                    raise ServerError(f"the server could not write {chunk.path}: {exc}") from None
                 if applied.want is not None:
                     wants.append(
                         p.Want(attempt_id=attempt.attempt_id, path=chunk.path, offset=applied.want)
@@ -377,6 +380,10 @@ class Gateway:
                 write_agent_state(folder, **changes)
                 if changes.get("ended") or changes.get("complete"):
                     ended.append(attempt.attempt_id)
+        # its number is taken once all of it is applied: a report that failed half way (a
+        # disk full) is applied again when it is sent again (chunks go by offset, so twice
+        # is once), never taken for one applied
+        self.store.advance_report_seq(node.id, body.session, body.seq)
         if ended:  # its run moves now, not at its next periodic look
             at = datetime.now(UTC)
             self.store.make_due(ended, at, at + timedelta(seconds=LOOK_SOON_S))

@@ -19,6 +19,7 @@ from orbit.core.errors import (
     NotFound,
     OrbitError,
     Refused,
+    ServerError,
     StoreError,
     Unauthorized,
     Unreachable,
@@ -36,6 +37,7 @@ STATUS: dict[type[OrbitError], int] = {
     Unauthorized: 401,
     Forbidden: 403,
     Unreachable: 502,  # a host behind the server did not answer: not the client's mistake
+    ServerError: 500,  # the server's own failure (a disk it writes to): nobody's input
 }
 TITLES = {
     400: "Bad request",

@@ -308,6 +308,15 @@ class NodesMixin(StoreBase):
                 == 1
             )
 
+    def report_is_new(self, node_id: str, session: str, seq: int) -> bool:
+        """Whether report `seq` of `session` has not been applied yet (a look, no change)."""
+        with self._read() as tx:
+            row = tx.one(
+                "SELECT 1 AS new FROM nodes WHERE id = :id AND session = :s AND report_seq < :seq",
+                {"seq": seq, "id": node_id, "s": session},
+            )
+        return row is not None
+
     def advance_report_seq(self, node_id: str, session: str, seq: int) -> bool:
         """Whether report `seq` of `session` is new (then it is recorded as applied)."""
         with self._write() as tx:
