@@ -23,8 +23,9 @@ process's start-up.
     freeze, store, placement, start command queued), then up to the wrapper's start (the
     agent's long-poll woken, the fencing claim, the bundle fetched once per digest and then
     cached on the node, the attempt staged, the wrapper started), then up to the task's start
-    (the wrapper's precheck, which records the task interpreter's `pip freeze`, and its
-    sidecars). p50 and p99 (nearest rank).
+    (the NVML audit's first sample, which the wrapper waits for; the precheck, which records
+    the task interpreter's packages, runs beside the task when it has nothing to gate, as
+    here). p50 and p99 (nearest rank).
  2. end to end: --throughput trivial runs (`date +%s.%N > FILE`) submitted as fast as
     --clients client processes can, onto the one agent (--max-tasks at once; the rest wait as
     prepared until a slot frees, as they would on a real node); runs/s from the first submit
@@ -300,7 +301,7 @@ def orbit_latency(s: Stack, scratch: Path, n: int, path: str | None) -> dict[str
 
 def precheck_cost(s: Stack, scratch: Path, attempt: str, path: str | None) -> dict[str, float]:
     """The wrapper's precheck alone, as it ran for `attempt` (on a copy of its folder), three
-    times: wall and CPU ms (its `pip freeze` child included), medians."""
+    times: wall and CPU ms, medians (what it costs the node, beside the task)."""
     copy = scratch / "precheck-copy"
     shutil.copytree(s.work / "attempts" / attempt, copy, symlinks=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
@@ -508,11 +509,11 @@ def table(dbs: dict[str, dict[str, Any]], slurm: dict[str, Any] | None, sz: Size
             lambda d: d["latency"]["wrapper"]["p50_ms"]),
         row("  submit -> wrapper started on the node, p99 ms",
             lambda d: d["latency"]["wrapper"]["p99_ms"]),
-        row("  wrapper -> task (precheck, sidecars), p50 ms",
+        row("  wrapper -> task (the NVML audit's first sample), p50 ms",
             lambda d: d["latency"]["precheck"]["p50_ms"]),
-        row("  the precheck alone (pip freeze of the task's python3): wall ms",
+        row("  the precheck alone (beside the task), wall ms",
             lambda d: d["latency"]["precheck_alone"]["wall_ms"]),
-        row("  the precheck alone: CPU ms (with its pip child)",
+        row("  the precheck alone: CPU ms",
             lambda d: d["latency"]["precheck_alone"]["cpu_ms"]),
         row("  server CPU ms per run", lambda d: d["latency"]["server_cpu_ms_each"]),
         row("  agent CPU ms per run", lambda d: d["latency"]["agent_cpu_ms_each"]),
