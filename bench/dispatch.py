@@ -30,6 +30,9 @@ process's start-up.
     --clients client processes can, onto the one agent (--max-tasks at once; the rest wait as
     prepared until a slot frees, as they would on a real node); runs/s from the first submit
     until the store has every run ended.
+ 3. cancel: --cancels runs one at a time, each cancelled (`Run.cancel()`) once its task runs;
+    from just before the call to the task's TERM trap stamping the time. Goal (the issue):
+    within a second.
 
 Slurm, in the same script run: a private, throw-away single-node Slurm on loopback (see
 bench/api.py and /work/shared/peers/slurm-bench.sh: SchedulerParameters=batch_sched_delay=0,
@@ -95,6 +98,7 @@ class Sizes:
     throughput: int
     max_tasks: int
     clients: int
+    cancels: int
 
 
 def sizes(args: argparse.Namespace) -> Sizes:
@@ -103,6 +107,7 @@ def sizes(args: argparse.Namespace) -> Sizes:
         throughput=args.throughput or (40 if args.quick else 1000),
         max_tasks=args.max_tasks,
         clients=args.clients,
+        cancels=args.cancels or (5 if args.quick else 50),
     )
 
 
@@ -297,6 +302,45 @@ def orbit_latency(s: Stack, scratch: Path, n: int, path: str | None) -> dict[str
         "server_cpu_ms_each": round(1000 * server_cpu / len(rows), 1),
         "agent_cpu_ms_each": round(1000 * agent_cpu / len(rows), 1),
     }
+
+
+CANCELLABLE = (
+    "trap 'date +%s.%N > {out}/$ORBIT_ATTEMPT_ID.term; exit 0' TERM; "
+    "date +%s.%N > {out}/$ORBIT_ATTEMPT_ID; sleep 60 & wait"
+)
+
+
+def orbit_cancel(s: Stack, scratch: Path, n: int) -> dict[str, Any]:
+    """Cancel to the task's SIGTERM handler running, on a node: one run at a time, each
+    cancelled once its task runs (`Run.cancel()`, which returns once the cancel is recorded
+    and sent; the task stamps the time in its TERM trap)."""
+    from orbit.client import Client
+
+    out = scratch / "cancel-out"
+    out.mkdir()
+    job = scratch / "cancel-job"
+    job.mkdir()
+    client = Client(s.server.url, s.server.token)
+    took: list[float] = []
+    try:
+        for _ in range(n):
+            job_spec = {"experiment": "bench", "task_type": "command", "template": "pool",
+                        "task": {"command": CANCELLABLE.format(out=out)}}  # fmt: skip
+            run = client.submit(job_spec, base_dir=job)
+            attempt = run.record.current.id
+            wait_for(partial(has_stamp, out / attempt), 120, f"{attempt}'s start", every=0.01)
+            time.sleep(0.2)  # running, its log on its way: a cancel of a settled run
+            t0 = time.time()
+            run.cancel()
+            wait_for(partial(has_stamp, out / f"{attempt}.term"), 30, f"{attempt}'s SIGTERM")
+            stamp = stamp_of(out / f"{attempt}.term")
+            assert stamp is not None
+            took.append(1000 * (stamp - t0))
+            run.wait(timeout=60, poll=0.05)
+            time.sleep(GAP_S)
+    finally:
+        client.close()
+    return summary(took)
 
 
 def precheck_cost(s: Stack, scratch: Path, attempt: str, path: str | None) -> dict[str, float]:
@@ -528,6 +572,10 @@ def table(dbs: dict[str, dict[str, Any]], slurm: dict[str, Any] | None, sz: Size
             tp.get("slurmctld_cpu_ms_each")),
         row("  agent CPU ms per run", lambda d: d["throughput"]["agent_cpu_ms_each"]),
         row("  client CPU ms per submission", lambda d: d["throughput"]["client_cpu_ms_each"]),
+        row(f"cancel -> the task's SIGTERM, p50 ms ({first['cancel']['n']} runs)",
+            lambda d: d["cancel"]["p50_ms"], None, "<= 1000", "low", 1000.0),
+        row("cancel -> the task's SIGTERM, p99 ms", lambda d: d["cancel"]["p99_ms"], None,
+            "<= 1000", "low", 1000.0),
     ]  # fmt: skip
     return lines
 
@@ -538,7 +586,9 @@ def main() -> int:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--quick", action="store_true", help="20 latency runs, 40 end to end")
+    parser.add_argument("--quick", action="store_true",
+                        help="20 latency runs, 40 end to end, 5 cancels")  # fmt: skip
+    parser.add_argument("--cancels", type=int, default=None, help="runs cancelled (50)")
     parser.add_argument("--latency", type=int, default=None, help="latency runs (500)")
     parser.add_argument("--throughput", type=int, default=None, help="end-to-end runs (1,000)")
     parser.add_argument("--max-tasks", type=int, default=16, help="the agent's --max-tasks (16)")
@@ -592,6 +642,8 @@ def main() -> int:
                 say(f"{kind}: latency {report['latency']}")
                 report["throughput"] = orbit_throughput(s, scratch, sz.throughput, sz.clients)
                 say(f"{kind}: throughput {report['throughput']}")
+                report["cancel"] = orbit_cancel(s, scratch, sz.cancels)
+                say(f"{kind}: cancel {report['cancel']}")
             report["loadavg_after"] = round(os.getloadavg()[0], 2)
             result["databases"][kind] = report
         finally:
