@@ -179,6 +179,9 @@ def test_inspect_a_wrapper_killed_mid_run_is_a_runtime_failure(
     eventually(lambda: training.exists() and "ready" in training.read_text())
     runtime = attempt_dir(run) / "runtime"
     task_pid = eventually(lambda: json.loads((runtime / "status.json").read_text()).get("task_pid"))
+    # the precheck (nothing to gate here) records beside the task: killed before it wrote its
+    # record, the wrapper would take it along (inspect then says precheck "absent", truly)
+    eventually(lambda: (runtime / "precheck.json").exists())
     os.kill(int((runtime / "pid").read_text()), signal.SIGKILL)
     (run,) = wait_all(service, [run])
     assert run.state is RunState.FAILED and len(run.attempts) == 1
