@@ -6,6 +6,7 @@ start command is redelivered or its server restarted."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -173,6 +174,46 @@ def test_a_start_is_never_run_twice_across_server_restarts_and_redeliveries(
     assert len(executed) == len(set(executed)), executed  # no attempt executed twice
     finals = {run_of(server, r)["attempts"][-1]["id"] for r in runs}
     assert finals <= set(executed)
+
+
+def test_a_pool_launch_cut_by_a_server_crash_is_launched_again_not_failed(
+    start_server: Callable[..., Server],
+    start_agent: Callable[..., AgentProc],
+    tmp_path: Path,
+) -> None:
+    """The server dies while it launches a pool run, before placing it on a node (held at
+    ORBIT's before-launch failpoint). Placing is one transaction, so nothing of the attempt
+    exists anywhere: the next server launches that same attempt, instead of ending it as
+    staging_failed (a run without retries would end there)."""
+    server = start_server(env={"ORBIT_FAILPOINTS": "before-launch=sleep:60"})
+    agent = start_agent(server, "n1")
+    wait_online(server, "n1")
+    ledger = tmp_path / "ledger"
+    spec = write_spec(
+        tmp_path,
+        template="pool",
+        task={"command": f"echo $ORBIT_ATTEMPT_ID >> {ledger}; echo ran"},
+        retry={"max_retries": 0},
+    )
+    submitting = threading.Thread(
+        target=lambda: orbit(server.env(), "submit", str(spec), check=False), daemon=True
+    )
+    submitting.start()
+    with server.client() as http:
+
+        def held() -> str | None:  # the run exists, its attempt claimed for launching
+            runs = http.get("/api/v1/runs").json()["runs"]
+            return str(runs[0]["run"]["id"]) if runs else None
+
+        run_id = eventually(held, timeout=30, every=0.05)
+    server.stop(signal.SIGKILL)
+    submitting.join(timeout=30)
+    server = start_server(port=port_of(server))
+    run = ended(server, run_id, timeout=90)
+    attempts = [(a["state"], a["reason"], a["message"]) for a in run["attempts"]]
+    assert [a[0] for a in attempts] == ["succeeded"], (attempts, agent.output()[-2000:])
+    assert ledger.read_text().split() == [run["attempts"][0]["id"]]
+    assert orbit(server.env(), "logs", run_id).stdout == "ran\n"
 
 
 def port_of(server: Server) -> int:

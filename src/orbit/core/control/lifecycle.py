@@ -20,6 +20,7 @@ from orbit.core.control.waiting import WaitsForRuns
 from orbit.core.errors import NoBackend, OrbitError, Unreachable
 from orbit.core.execution.backends.base import (
     AttemptContext,
+    KnowsUnplaced,
     LaunchError,
     NoNodeFree,
     ProcessSweep,
@@ -256,7 +257,8 @@ class Lifecycle(ServiceBase, WaitsForRuns):
         """The process launching this attempt died (killed while staging, or between the start
         and its record). Find out where it was to run: started, it is adopted and goes on from
         its true state; never started, it ends as staging_failed (and the retry policy may try
-        again). Either way it is never launched twice."""
+        again), or, never placed where placing is one fenced transaction (an agent pool), it
+        is launched now. Either way it never starts twice."""
         owner = launcher_id()
         if not self.store.claim_launch(
             attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner
@@ -275,6 +277,9 @@ class Lifecycle(ServiceBase, WaitsForRuns):
             handle, why = None, str(exc)
         else:
             why = "its folder was never made where it was to run"
+        if handle is None and isinstance(backend, KnowsUnplaced) and backend.never_placed(context):
+            self._launch(run, self.store.get_attempt(attempt.id), request)  # nothing to adopt
+            return
         if handle is None:
             ended = RunStatus(
                 state=RunState.FAILED,

@@ -162,6 +162,11 @@ class AgentPoolBackend:
             )
         raise NoNodeFree("every fitting node filled up while this attempt was being placed")
 
+    def never_placed(self, attempt: AttemptContext) -> bool:
+        """No node was given the attempt (placing it is one transaction with its start)."""
+        row = self.nodes.attempt_placement(attempt.attempt_id)
+        return row is None or row["node_id"] is None
+
     def locate(self, request: ExecutionRequest, attempt: AttemptContext) -> RunHandle | None:
         row = self.nodes.attempt_placement(attempt.attempt_id)
         if row is None or row["node_id"] is None:

@@ -117,6 +117,16 @@ class SweepsEndedProcesses(Protocol):
     def sweep_processes_near(self, handle: RunHandle, live: set[str]) -> ProcessSweep: ...
 
 
+@runtime_checkable
+class KnowsUnplaced(Protocol):
+    """A backend whose launch has one effect, a fenced store transaction (an agent pool's
+    placement): it can tell that an attempt was never placed anywhere, which a dead launcher's
+    attempt may then be launched again without ever starting twice. (On a host, a launcher
+    that only looks dead may still be staging there: such an attempt is ended instead.)"""
+
+    def never_placed(self, attempt: AttemptContext) -> bool: ...
+
+
 LogSink = Callable[[bytes], object]
 
 
