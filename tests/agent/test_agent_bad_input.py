@@ -597,29 +597,47 @@ def test_a_bundle_the_server_cannot_serve_for_a_while_is_waited_for_not_failed(
 def test_a_report_that_fails_half_way_is_applied_when_sent_again(
     gate: Gate, placed: Placed
 ) -> None:
-    """The server fails writing a report's files (here a file stands where the attempt's
-    artifacts/ folder goes; a full disk looks alike): the report is answered 500, saying what
-    failed, and does not count, so the agent's resend of the same number is applied, not
-    taken for a duplicate. That matters most for an attempt's last report: nothing follows."""
+    """The server fails writing a report's files (here a folder stands where it writes
+    result.json before putting it in place; a full disk looks alike): the report is answered
+    500, saying what failed, and does not count, so the agent's resend of the same number is
+    applied, not taken for a duplicate. That matters most for an attempt's last report:
+    nothing follows it."""
     a = placed.a
     folder = gate.settings.artifacts_dir / placed.attempt_id
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "artifacts").write_text("in the way")
-    data = b"the last words\n"
-    sealed = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "runtime" / ".result.json.part").mkdir(parents=True)
+    result = b'{"state": "succeeded", "exit_code": 0}'
     attempt = {"attempt_id": placed.attempt_id, "fence": placed.fence, "alive": False}
-    out = chunk("artifacts/out.log", data, **sealed)
-    last = [{**attempt, "ended": True, "done": True, "chunks": [out]}]
+    chunks = [chunk("runtime/result.json", result, replace=True)]
+    last = [{**attempt, "ended": True, "done": True, "chunks": chunks}]
     answer = gate.report(a, 1, last)
     assert answer.status_code == 500, answer.text
-    assert "the server could not write artifacts/out.log" in answer.json()["detail"]
-    (folder / "artifacts").unlink()
+    assert "the server could not write runtime/result.json" in answer.json()["detail"]
+    (folder / "runtime" / ".result.json.part").rmdir()
     answer = gate.report(a, 1, last)  # the same report, sent again
     assert answer.status_code == 200, answer.text
     assert answer.json()["wants"] == [], answer.text
-    assert (folder / "artifacts" / "out.log").read_bytes() == data
+    assert (folder / "runtime" / "result.json").read_bytes() == result
     assert json.loads((folder / "agent.json").read_text())["complete"] is True
     # once applied, the same number again changes nothing
-    (folder / "artifacts" / "out.log").write_bytes(b"changed here\n")
+    (folder / "runtime" / "result.json").write_bytes(b"changed here")
     assert gate.report(a, 1, last).status_code == 200
-    assert (folder / "artifacts" / "out.log").read_bytes() == b"changed here\n"
+    assert (folder / "runtime" / "result.json").read_bytes() == b"changed here"
+
+
+def test_the_nodes_layout_wins_over_the_copys_past(gate: Gate, placed: Placed) -> None:
+    """The task wrote artifacts/out, then replaced it by a folder of that name (and the other
+    way round): the copy follows, instead of refusing the node's every report."""
+    a = placed.a
+    folder = gate.settings.artifacts_dir / placed.attempt_id
+    attempt = {"attempt_id": placed.attempt_id, "fence": placed.fence, "alive": True}
+    steps = [
+        [chunk("artifacts/out", b"a file")],
+        [chunk("artifacts/out/x", b"now a folder")],
+        [chunk("artifacts/out", b"a file again")],
+    ]
+    for seq, chunks in enumerate(steps, start=1):
+        answer = gate.report(a, seq, [{**attempt, "chunks": chunks}])
+        assert answer.status_code == 200, answer.text
+        if seq == 2:
+            assert (folder / "artifacts" / "out" / "x").read_bytes() == b"now a folder"
+    assert (folder / "artifacts" / "out").read_bytes() == b"a file again"

@@ -3,7 +3,10 @@ attempts and GPUs in use, read by the node's own rows only; a list of all nodes 
 
 from __future__ import annotations
 
+import pytest
+
 from orbit.core.auth import token_hash
+from orbit.core.errors import Refused
 from orbit.core.models import FailureReason, RunState
 from orbit.store import Store
 
@@ -38,3 +41,28 @@ def test_a_nodes_lookup_holds_its_own_attempts_and_gpus_only(store: Store) -> No
     listed = {n.name: n for n in store.list_nodes()}
     assert listed["a"].running == a.running and listed["b"].running == b.running
     assert store.get_node("b").gpus_in_use == b.gpus_in_use
+
+
+def test_an_attempt_is_placed_once_however_many_launchers_try(store: Store) -> None:
+    """A launcher that stalled past its lease while another placed the attempt cannot place it
+    a second time: it would start on two nodes, each under its own fence."""
+    store.create_join_token(token_hash("join"), {}, None, "tests")
+    x, y = (
+        store.register_node(
+            token_hash("join"), name, {}, 8, {"agent_version": "t"}, token_hash(f"cred-{name}")
+        )
+        for name in ("x", "y")
+    )
+    experiment = store.create_experiment("e", "tests").id
+    run = store.create_run(
+        experiment_id=experiment, task_type="command", template_id="pool",
+        bundle_digest="0" * 64, submission={}, request={}, target=None,
+        backend_key="agent_pool_host_process", actor="tests",
+    )  # fmt: skip
+    gpus = {"indices": [], "memory_gb": 0.0}
+    placed = store.assign_attempt(run.current.id, x.id, 8, gpus, {"kind": "start"}, "t")
+    assert placed is not None and placed[0] == 1
+    with pytest.raises(Refused, match="already placed"):
+        store.assign_attempt(run.current.id, y.id, 8, gpus, {"kind": "start"}, "t")
+    assert store.attempt_placement(run.current.id)["node_id"] == x.id
+    assert store.pending_commands(y.id) == []

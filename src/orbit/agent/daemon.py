@@ -709,7 +709,7 @@ class Agent:
 
     def report_loop(self) -> None:
         pending: p.Report | None = None
-        refused_wait = RETRY_MIN_S
+        refused_wait = failing_wait = RETRY_MIN_S
         while not self.stop.is_set():
             self.report_wake.wait(REPORT_EVERY_S)
             self.report_wake.clear()
@@ -723,15 +723,18 @@ class Agent:
                         break
                     answer: p.ReportResponse = self._post("/report", pending, p.ReportResponse)
                     self.applied(pending, answer)
-                    refused_wait = RETRY_MIN_S
+                    refused_wait = failing_wait = RETRY_MIN_S
                     more = any(a.chunks for a in pending.attempts)
                     pending = None
                     if not more:
                         break
             except ServerSaid as exc:
                 if exc.status in (409, 429) or exc.status >= 500:
+                    # the server's own trouble (its disk, its store): the same report again,
+                    # less and less often while it lasts
                     log.warning("report not delivered (%s): sent again", _short(exc))
-                    self.stop.wait(RETRY_MIN_S)
+                    self.stop.wait(failing_wait)
+                    failing_wait = min(failing_wait * 2, RETRY_MAX_S)
                     continue
                 # refused as it is (malformed, too large): sending the same bytes again cannot
                 # help; built afresh, and less and less often while the server keeps refusing
@@ -742,6 +745,8 @@ class Agent:
             except httpx.HTTPError as exc:
                 log.warning("report not delivered (%s): sent again", _short(exc))
                 self.stop.wait(RETRY_MIN_S)
+            except Revoked:
+                raise  # the agent stops (its guard says why)
             except Exception:  # the loop must outlive any one report (a file gone mid-read)
                 log.exception("building a report failed: built again")
                 pending = None

@@ -103,12 +103,18 @@ def installed_distributions() -> dict[str, Any]:
     this process (a `pip` child costs 0.15 to 0.7 s of CPU a run): the first distribution of
     each name on sys.path, as the import system finds it, in pip's sorted order."""
     seen: dict[str, str] = {}
+    unreadable: list[str] = []
     for dist in importlib.metadata.distributions():
-        name, version = name_version(dist)
-        key = re.sub(r"[-_.]+", "-", name or "").lower()
-        if name and key not in seen:
-            seen[key] = freeze_line(dist, name, version)
-    return {"source": "importlib.metadata", "lines": [seen[k] for k in sorted(seen)]}
+        try:
+            name, version = name_version(dist)
+            key = re.sub(r"[-_.]+", "-", name or "").lower()
+            if name and key not in seen:
+                seen[key] = freeze_line(dist, name, version)
+        except Exception as exc:  # a broken or oddly encoded METADATA: said, not fatal
+            where = getattr(dist, "_path", "?")
+            unreadable.append(f"# unreadable: {where}: {type(exc).__name__}: {exc}")
+    lines = [seen[k] for k in sorted(seen)] + unreadable
+    return {"source": "importlib.metadata", "lines": lines}
 
 
 def gpus() -> dict[str, Any]:

@@ -41,6 +41,7 @@ from orbit.core.execution.mirror import (
 )
 from orbit.core.models import RunState
 from orbit.core.nodes import NodeRecord, NodeState
+from orbit.server.loops import LOOK_LEASE_S
 from orbit.server.problems import PROBLEM, PROBLEM_SCHEMA
 from orbit.store.sql import read_json
 
@@ -49,8 +50,6 @@ log = logging.getLogger("orbit.server.agents")
 CREDENTIAL_PREFIX = "orbitnode_"
 WATCH_EVERY_S = 0.5  # how often queues other processes filled are looked for
 FLUSH_EVERY_S = 1.0  # how often gathered heartbeats are written
-# an attempt due within this long is between looks, not under one (a look leases it for 60 s)
-LOOK_SOON_S = 30.0
 
 
 def node_of(request: Request) -> NodeRecord:
@@ -169,11 +168,16 @@ class Gateway:
         service: CoreControlService,
         settings: Settings,
         on_ended: Callable[[], None] | None = None,
+        reconcile_every_s: float = 1.0,
     ) -> None:
         self.service = service
         self.store = service.store
         self.settings = settings
         self.on_ended = on_ended  # the reconcile loop's poke: an attempt ended on its node
+        # between looks an attempt is due within a period; under a look, at its lease's end
+        self.between_looks_s = min(reconcile_every_s + 1.0, LOOK_LEASE_S / 2)
+        self._report_locks: dict[str, threading.Lock] = {}
+        self._report_locks_lock = threading.Lock()
         self.artifacts = settings.artifacts_dir
         self.archives = settings.home / "bundle-archives"
         self.transfers = settings.home / "transfers"
@@ -330,6 +334,16 @@ class Gateway:
     def report(self, node: NodeRecord, body: p.Report) -> p.ReportResponse:
         own(node, body.node_id)
         data = self._decoded(body)  # a report refused is refused whole, before it counts
+        with self._report_locks_lock:
+            lock = self._report_locks.setdefault(node.id, threading.Lock())
+        # one report of a node at a time: a resend that comes while the first is still being
+        # applied (the agent timed out waiting) waits, then finds it applied
+        with lock:
+            return self._report(node, body, data)
+
+    def _report(
+        self, node: NodeRecord, body: p.Report, data: list[list[bytes]]
+    ) -> p.ReportResponse:
         if not self.store.report_is_new(node.id, body.session, body.seq) and not (
             self.store.node_session(node.id, body.session)  # a new session: numbers restart
         ):
@@ -386,7 +400,7 @@ class Gateway:
         self.store.advance_report_seq(node.id, body.session, body.seq)
         if ended:  # its run moves now, not at its next periodic look
             at = datetime.now(UTC)
-            self.store.make_due(ended, at, at + timedelta(seconds=LOOK_SOON_S))
+            self.store.make_due(ended, at, at + timedelta(seconds=self.between_looks_s))
             if self.on_ended is not None:
                 self.on_ended()
         return p.ReportResponse(

@@ -77,7 +77,12 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
     app.state.reconciler = reconciler
     problems.install(app)
     app.include_router(make_router(service, config, metrics))
-    gateway = Gateway(service, settings, reconciler.poke if reconciler is not None else None)
+    gateway = Gateway(
+        service,
+        settings,
+        reconciler.poke if reconciler is not None else None,
+        config.reconcile_every_s,
+    )
     app.include_router(make_agent_router(gateway, mailbox, beats))
 
     @app.get("/healthz", tags=["server"], response_model=dict[str, str])

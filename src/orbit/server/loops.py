@@ -121,10 +121,10 @@ class Reconciler:
 
     def _look(self, claimed: tuple[str, str], at: datetime) -> None:
         run_id, attempt_id = claimed
+        ended = False
         try:
             run = self.service.refresh_run_status(run_id)
-            if run.current.id != attempt_id or run.current.state.terminal:
-                self.poke()  # it ended (or was retried): what waited for its slot is due now
+            ended = run.current.id != attempt_id or run.current.state.terminal
         except NoBackend:
             pass  # not run from here (an agent's, say): left as stored
         except OrbitError as exc:
@@ -144,3 +144,5 @@ class Reconciler:
                 self.service.store.reconcile_done(attempt_id, self.owner, next_due)
             except Exception:
                 log.exception("attempt %s: could not record the look", attempt_id)
+        if ended:  # it ended (or was retried): what waited for its slot is due now, and this
+            self.poke()  # worker is free again for the pass that takes it

@@ -342,10 +342,15 @@ class NodesMixin(StoreBase):
     ) -> tuple[int, str] | None:
         """Place an attempt on a node and queue its start command, in one transaction that
         checks the node still has room (two launches never both take its last slot). The
-        fence goes up by one each time; returns (fence, command id), or None if full."""
+        fence goes up by one each time; returns (fence, command id), or None if full. Refused
+        for an attempt already placed: a launcher that stalled past its lease while another
+        placed the attempt must not place it a second time (it would start on two nodes)."""
         with self._write() as tx:
             if tx.dialect == "postgresql":
                 tx.execute("SELECT id FROM nodes WHERE id = :id FOR UPDATE", {"id": node_id})
+                tx.execute("SELECT id FROM attempts WHERE id = :a FOR UPDATE", {"a": attempt_id})
+            if tx.scalar("SELECT node_id FROM attempts WHERE id = :a", {"a": attempt_id}):
+                raise Refused(f"attempt {attempt_id} is already placed on a node")
             busy = tx.scalar(
                 f"SELECT count(*) FROM attempts WHERE node_id = :n AND state IN {ACTIVE_IN} "
                 "AND id <> :a",

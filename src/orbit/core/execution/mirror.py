@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -84,6 +85,7 @@ def apply_chunk(
 ) -> Applied:
     """Write one chunk into the copy (see the module's docstring)."""
     target = safe_path(folder, relpath)
+    _make_room(folder, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     if replace:
         tmp = target.with_name(scratch_name(target.name))
@@ -105,6 +107,18 @@ def apply_chunk(
         target.unlink()  # the copy is wrong: start it again
         return Applied(0, want=0)
     return Applied(have)
+
+
+def _make_room(folder: Path, target: Path) -> None:
+    """The node's layout wins: a file where the chunk needs a folder (the task replaced a file
+    by a folder of that name), or a folder where it needs a file, is the copy's stale past."""
+    here = folder
+    for part in target.relative_to(folder).parts[:-1]:
+        here = here / part
+        if here.is_file():
+            here.unlink()
+    if target.is_dir():
+        shutil.rmtree(target)
 
 
 def read_agent_state(folder: Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orbit.agent.protocol import CANCELLED_BEFORE_START
 from orbit.core.config import LOST_GRACE_S, OFFLINE_AFTER_S
-from orbit.core.errors import InvalidInput, OrbitError
+from orbit.core.errors import InvalidInput, OrbitError, Refused
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, NoNodeFree
 from orbit.core.execution.mirror import is_scratch, read_agent_state
 from orbit.core.execution.runtime_state import parse_json, status_from_files
@@ -141,14 +141,20 @@ class AgentPoolBackend:
                 )
                 raise NoNodeFree(_waiting_message(selector, why), room_elsewhere=room)
             gpus = {"indices": list(fit.gpu_indices), "memory_gb": fit.gpu_memory_gb}
-            placed = self.nodes.assign_attempt(
-                attempt.attempt_id,
-                fit.node.id,
-                fit.node.max_tasks,
-                gpus,
-                start_body(attempt, bundle.digest, request, fit.gpu_indices),
-                actor="orbit",
-            )
+            try:
+                placed = self.nodes.assign_attempt(
+                    attempt.attempt_id,
+                    fit.node.id,
+                    fit.node.max_tasks,
+                    gpus,
+                    start_body(attempt, bundle.digest, request, fit.gpu_indices),
+                    actor="orbit",
+                )
+            except Refused:  # another launcher placed it meanwhile: that placement it is
+                existing = self.locate(request, attempt)
+                if existing is None:
+                    raise
+                return existing
             if placed is None:
                 continue
             fence, _command = placed
