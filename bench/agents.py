@@ -59,7 +59,7 @@ import httpx
 import psutil
 
 # bench/api.py: the server process, scratch databases and the figures
-from api import SRC, Server, cpu_s, database, machine, pct, stop
+from api import SRC, Server, add_postgres_url, cpu_s, database, machine, pct, sayer, stop
 
 from orbit.agent import protocol as p
 from orbit.core.config import Settings
@@ -505,19 +505,11 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=60.0, help="--idle: window (60)")
     parser.add_argument("--settle-s", type=float, default=10.0, help="--idle: wait first (10)")
     parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("ORBIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-        help="a PostgreSQL database to CREATE/DROP the scratch database from",
-    )  # fmt: skip
+    add_postgres_url(parser)
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
     args = parser.parse_args()
     began = time.monotonic()
-
-    def say(line: str) -> None:
-        load = os.getloadavg()[0]
-        print(f"[{time.monotonic() - began:6.1f}s load {load:4.1f}] {line}", file=sys.stderr,
-              flush=True)  # fmt: skip
+    say = sayer(began)
 
     result: dict[str, Any] = {"machine_before": machine(), "database": args.database}
     if args.idle:

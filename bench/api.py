@@ -956,25 +956,25 @@ def machine() -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=None, help="runs in the store (100,000)")
-    parser.add_argument("--quick", action="store_true", help="5,000 runs, fewer samples")
-    parser.add_argument("--databases", default="sqlite,postgres", help="sqlite,postgres")
-    parser.add_argument("--no-slurm", action="store_true", help="leave Slurm out")
-    parser.add_argument("--idle-s", type=float, default=30.0, help="idle window (not --quick)")
+def add_postgres_url(parser: argparse.ArgumentParser) -> None:
+    """--postgres-url, where a bench makes and drops its scratch PostgreSQL database."""
     parser.add_argument(
         "--postgres-url",
         default=os.environ.get("ORBIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
         help="a PostgreSQL database to CREATE/DROP the scratch database from",
     )  # fmt: skip
-    parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
-    args = parser.parse_args()
-    kinds = [k.strip() for k in args.databases.split(",") if k.strip()]
+
+
+def database_kinds(parser: argparse.ArgumentParser, databases: str) -> list[str]:
+    """--databases as a list; the parser's error for a name that is neither store."""
+    kinds = [k.strip() for k in databases.split(",") if k.strip()]
     if unknown := set(kinds) - {"sqlite", "postgres"}:
         parser.error(f"unknown databases: {', '.join(sorted(unknown))}")
-    sz = sizes(args)
-    began = time.monotonic()
+    return kinds
+
+
+def sayer(began: float) -> Callable[[str], None]:
+    """A progress line on stderr, with the seconds since `began` and the load average."""
 
     def say(line: str) -> None:
         load = os.getloadavg()[0]
@@ -984,15 +984,38 @@ def main() -> int:
             flush=True,
         )
 
+    return say
+
+
+def slurm_missing(no_slurm: bool) -> str:
+    """Why Slurm is left out of this run ("" when it can be measured here)."""
+    if no_slurm:
+        return "--no-slurm"
+    if os.geteuid() != 0:
+        return "not root (Slurm's daemons run as root here)"
+    if not all(shutil.which(t) for t in ("slurmctld", "slurmd", "munged", "sbatch", "squeue")):
+        return "slurm-wlm/munge not installed"
+    return ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=None, help="runs in the store (100,000)")
+    parser.add_argument("--quick", action="store_true", help="5,000 runs, fewer samples")
+    parser.add_argument("--databases", default="sqlite,postgres", help="sqlite,postgres")
+    parser.add_argument("--no-slurm", action="store_true", help="leave Slurm out")
+    parser.add_argument("--idle-s", type=float, default=30.0, help="idle window (not --quick)")
+    add_postgres_url(parser)
+    parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
+    args = parser.parse_args()
+    kinds = database_kinds(parser, args.databases)
+    sz = sizes(args)
+    began = time.monotonic()
+    say = sayer(began)
+
     result: dict[str, Any] = {"sizes": sz.__dict__, "machine_before": machine(), "databases": {}}
     slurm: dict[str, Any] | None = None
-    why = ""
-    if args.no_slurm:
-        why = "--no-slurm"
-    elif os.geteuid() != 0:
-        why = "not root (Slurm's daemons run as root here)"
-    elif not all(shutil.which(t) for t in ("slurmctld", "slurmd", "munged", "sbatch", "squeue")):
-        why = "slurm-wlm/munge not installed"
+    why = slurm_missing(args.no_slurm)
     if why:
         say(f"Slurm left out: {why}")
     else:

@@ -77,7 +77,20 @@ from typing import Any
 import psutil
 
 # bench/api.py: the private Slurm, the server process, scratch databases and the figures
-from api import SRC, Server, Slurm, cpu_s, database, machine, stop, summary
+from api import (
+    SRC,
+    Server,
+    Slurm,
+    add_postgres_url,
+    cpu_s,
+    database,
+    database_kinds,
+    machine,
+    sayer,
+    slurm_missing,
+    stop,
+    summary,
+)
 
 from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
@@ -597,35 +610,19 @@ def main() -> int:
     parser.add_argument("--no-slurm", action="store_true", help="leave Slurm out")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folders (logs)")
     parser.add_argument("--keep-path", action="store_true", help="leave the agent's PATH alone")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("ORBIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-        help="a PostgreSQL database to CREATE/DROP the scratch database from",
-    )  # fmt: skip
+    add_postgres_url(parser)
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
     args = parser.parse_args()
-    kinds = [k.strip() for k in args.databases.split(",") if k.strip()]
-    if unknown := set(kinds) - {"sqlite", "postgres"}:
-        parser.error(f"unknown databases: {', '.join(sorted(unknown))}")
+    kinds = database_kinds(parser, args.databases)
     sz = sizes(args)
     began = time.monotonic()
-
-    def say(line: str) -> None:
-        load = os.getloadavg()[0]
-        print(f"[{time.monotonic() - began:6.1f}s load {load:4.1f}] {line}", file=sys.stderr,
-              flush=True)  # fmt: skip
+    say = sayer(began)
 
     path, python = task_path(args.keep_path)
     result: dict[str, Any] = {"sizes": sz.__dict__, "machine_before": machine(),
                               "task_python": python, "databases": {}}  # fmt: skip
     slurm: dict[str, Any] | None = None
-    why = ""
-    if args.no_slurm:
-        why = "--no-slurm"
-    elif os.geteuid() != 0:
-        why = "not root (Slurm's daemons run as root here)"
-    elif not all(shutil.which(t) for t in ("slurmctld", "slurmd", "munged", "sbatch", "squeue")):
-        why = "slurm-wlm/munge not installed"
+    why = slurm_missing(args.no_slurm)
     if why:
         say(f"Slurm left out: {why}")
     else:
