@@ -321,15 +321,28 @@ def test_logs_follow_says_how_the_run_ended(env: dict[str, str], tmp_path: Path)
 
 
 def test_logs_follow_goes_through_automatic_retries(env: dict[str, str], tmp_path: Path) -> None:
+    # Follow starts at the attempt current when it starts: attempt 1 waits for the follower's
+    # first line, or a fast retry would already be on attempt 2 when it looks.
+    gate = tmp_path / "followed"
+    wait_once = f"case $ORBIT_ATTEMPT_ID in *-1) until [ -e {gate} ]; do sleep 0.05; done;; esac"
     spec = write_spec(
         tmp_path,
-        task={"command": "echo ran $ORBIT_ATTEMPT_ID; exit 3"},
+        task={"command": f"echo ran $ORBIT_ATTEMPT_ID; {wait_once}; exit 3"},
         retry={"max_retries": 2, "on_exit_codes": [3], "backoff_s": 0},
     )
     run_id = orbit_json(env, "submit", str(spec))["id"]
-    followed = orbit(env, "logs", run_id, "--follow", check=False)
-    assert followed.returncode == 1
-    assert followed.stdout == (
+    follower = subprocess.Popen(
+        [*ORBIT, "logs", run_id, "--follow"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert follower.stdout is not None
+        first = follower.stdout.readline()
+        gate.touch()
+        rest, _ = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    assert follower.returncode == 1
+    assert first + rest == (
         f"ran {run_id}-1\n--- attempt 2 ---\nran {run_id}-2\n--- attempt 3 ---\nran {run_id}-3\n"
     )
     assert orbit(env, "logs", run_id, "--attempt", "2").stdout == f"ran {run_id}-2\n"
