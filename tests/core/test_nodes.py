@@ -1,11 +1,17 @@
-"""Placement on pool nodes (orbit.core.nodes): which GPUs an attempt gets, whole or shared by
-memory reservations, and why a node is passed over."""
+"""Placement on pool nodes as the scheduler sees a node record (orbit.scheduler.inputs, then
+orbit.scheduler.plan): which GPUs an attempt gets, whole or shared by memory reservations,
+and why a node is passed over."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
-from orbit.core.nodes import NodeRecord, NodeState, fit_gpus, place
+from orbit.core.nodes import NodeRecord, NodeState
+from orbit.scheduler.inputs import node_view
+from orbit.scheduler.model import Ask, Request, SchedConfig, Snapshot
+from orbit.scheduler.plan import schedule
+from orbit.scheduler.resources import parse_gpu
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 H100 = {"model": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}  # 79.6 GB
@@ -28,37 +34,61 @@ def node(
     )
 
 
+def decide(record: NodeRecord, gpu: str | int, share: float = 0.0) -> dict[str, Any]:
+    view = node_view(record, NOW, ())
+    ask = Ask(gpu=parse_gpu(gpu), gpu_share_gb=share)
+    run = Request(run_id="r", attempt_id="a", alternatives=(ask,), submitted_at=0.0)
+    plan = schedule(Snapshot("v", NOW.timestamp(), (view,)), [run], SchedConfig())
+    return plan.decisions["r"]
+
+
+def gpus(record: NodeRecord, gpu: str | int, share: float = 0.0) -> list[int] | None:
+    chosen = decide(record, gpu, share)["chosen"]
+    return None if chosen is None else list(chosen["nodes"][0]["gpus"])
+
+
 def test_whole_gpus_are_those_nobody_uses() -> None:
-    assert fit_gpus(node(), 1, 0, None) == (0,)
-    assert fit_gpus(node(in_use={0: 0.0}), 1, 0, None) == (1,)
-    assert fit_gpus(node(in_use={0: 20.0}), 1, 0, None) == (1,)  # a shared GPU is not free
-    assert fit_gpus(node(in_use={0: 0.0, 1: 20.0}), 1, 0, None) is None
-    assert fit_gpus(node(), 2, 0, None) == (0, 1)
-    assert fit_gpus(node(), 0, 0, None) == ()
+    assert gpus(node(), 1) == [0]
+    assert gpus(node(in_use={0: 0.0}), 1) == [1]
+    assert gpus(node(in_use={0: 20.0}), 1) == [1]  # a shared GPU is not free
+    assert gpus(node(in_use={0: 0.0, 1: 20.0}), 1) is None
+    assert gpus(node(), 2) == [0, 1]
+    assert gpus(node(), 0) == []
 
 
 def test_reservations_share_a_gpu_while_they_fit_and_never_a_whole_one() -> None:
-    assert fit_gpus(node(in_use={0: 30.0}), 1, 30, None) == (0,)  # 60 of 79.6 GB
-    assert fit_gpus(node(in_use={0: 60.0}), 1, 30, None) == (1,)  # 90 would not fit
-    assert fit_gpus(node(in_use={0: 0.0}), 1, 10, None) == (1,)  # GPU 0 is someone's whole
-    assert fit_gpus(node(in_use={0: 60.0, 1: 0.0}), 1, 30, None) is None
+    assert gpus(node(in_use={0: 30.0}), 1, share=30) == [0]  # 60 of 79.6 GB
+    assert gpus(node(in_use={0: 50.0}), 1, share=30) == [1]  # 80 would not fit on GPU 0
+    assert gpus(node(in_use={0: 0.0}), 1, share=10) == [1]  # never onto a whole one
+    assert gpus(node(in_use={0: 50.0, 1: 0.0}), 1, share=30) is None
 
 
-def test_gpu_type_picks_by_model_name() -> None:
-    assert fit_gpus(node(), 1, 0, "h100") == (0,)
-    assert fit_gpus(node(), 1, 0, "A100") is None
+def test_the_model_is_the_catalogs_from_nvmls_name() -> None:
+    assert gpus(node(), "H100") == [0]
+    assert gpus(node(), "H100-80GB:2") == [0, 1]
+    assert gpus(node(), "A100") is None
 
 
 def test_the_reason_says_whether_the_node_ever_can() -> None:
-    def why(n: NodeRecord, count: int, memory: float = 0, kind: str | None = None) -> str:
-        fit, reasons = place([n], NOW, {}, count, memory, kind)
-        assert fit is None
-        return reasons["gpu-a"]
+    def why(record: NodeRecord, gpu: str | int, share: float = 0.0) -> dict[str, Any]:
+        record_ = decide(record, gpu, share)
+        assert record_["outcome"] == "waiting"
+        verdict: dict[str, Any] = record_["alternatives"][0]["nodes"][0]
+        return verdict
 
-    assert why(node(), 3) == "has 2 GPUs, 3 asked"
-    assert why(node(gpus=0), 1) == "has 0 GPUs, 1 asked"
-    assert why(node(), 1, kind="A100") == "has 0 A100 GPUs, 1 asked"
-    assert why(node(), 1, memory=100) == "has 0 GPUs of 100 GB or more, 1 asked"
-    assert why(node(in_use={0: 0.0, 1: 0.0}), 1) == "not enough free GPUs"
-    fit, reasons = place([node(in_use={0: 0.0})], NOW, {}, 1)
-    assert fit is not None and fit.gpu_indices == (1,) and reasons == {}
+    assert why(node(), 3) == {"node": "gpu-a", "reason": "gpu_count", "asked": 3, "capacity": 2}
+    assert why(node(gpus=0), 1)["reason"] == "gpu_model"  # no GPU at all
+    assert why(node(), "A100")["capacity"] == "H100-80GB"
+    assert why(node(), 1, share=100) == {
+        "node": "gpu-a",
+        "reason": "gpu_memory",
+        "asked": 100.0,
+        "capacity": 79.6,
+    }
+    assert why(node(in_use={0: 0.0, 1: 0.0}), 1) == {
+        "node": "gpu-a",
+        "reason": "gpus_busy",
+        "asked": 1,
+        "used": 2,
+        "capacity": 2,
+    }

@@ -56,25 +56,44 @@ def _gpu_type(value: str | None) -> str | None:
     return None if value is None or value.strip().lower() in ANY_GPU_TYPE else value
 
 
+class ResourceAlternative(Strict):
+    """One alternative of `resources.any_of`: what it leaves out, the resources above give."""
+
+    gpu: str | int | None = None
+    gpu_type: str | None = None
+    gpu_count: int | None = Field(default=None, ge=0)
+    gpu_memory_gb: float | None = Field(default=None, ge=0)
+    cpu_count: int | None = Field(default=None, ge=0)
+    memory_gb: float | None = Field(default=None, ge=0)
+    disk_gb: float | None = Field(default=None, ge=0)
+
+
 class Resources(Strict):
     """What a run needs. No gpu_type (or `unknown`) means any model; 0 CPUs or 0 GB of memory
     means no requirement. gpu_memory_gb reserves that much memory on each of its GPUs, so that
-    runs whose reservations fit share a GPU (pool nodes); None or 0 takes whole GPUs."""
+    runs whose reservations fit share a GPU (pool nodes); None or 0 takes whole GPUs. `gpu`
+    is the compact form (`H100:80GB:2`, orbit.scheduler.resources), which takes the place of
+    gpu_type and gpu_count; `any_of` lists alternatives in order, the first that fits wins."""
 
     gpu_type: Annotated[str | None, AfterValidator(_gpu_type)] = None
     gpu_count: int = Field(default=0, ge=0)
     cpu_count: int = Field(default=1, ge=0)
     memory_gb: float = Field(default=1.0, ge=0)
     gpu_memory_gb: float | None = Field(default=None, ge=0)
+    gpu: str | int | None = None
+    disk_gb: float | None = Field(default=None, ge=0)
+    any_of: tuple[ResourceAlternative, ...] | None = None
 
     @model_serializer(mode="wrap")
-    def _unset_gpu_memory_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Unset, gpu_memory_gb is not written at all: job.json (so a bundle's digest) stays
-        what it was before the field existed, and an agent that predates it still reads the
-        requests it is sent."""
+    def _unset_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Unset, the newer fields are not written at all: job.json (so a bundle's digest)
+        stays what it was before they existed, and an agent that predates them still reads
+        the requests it is sent."""
         data = handler(self)
-        if isinstance(data, dict) and data.get("gpu_memory_gb") is None:
-            data.pop("gpu_memory_gb", None)
+        if isinstance(data, dict):
+            for key in ("gpu_memory_gb", "gpu", "disk_gb", "any_of"):
+                if data.get(key) is None:
+                    data.pop(key, None)
         return data
 
 
@@ -94,6 +113,12 @@ class LaunchMode(BaseModel):
 
 class ExecutionDefaults(Strict):
     target: str | None = None
+    # scheduling (agent pools): the queue's tier, whether more urgent work may push it off,
+    # labels a node must have beside the template's placement.selector, nodes at once
+    priority: str = "normal"
+    preemptible: bool = False
+    selector: dict[str, Text] = {}
+    num_nodes: int = Field(default=1, ge=1, le=1024)
     detach: bool = True
     resources: Resources = Resources()
     runtime_env: dict[str, Text] = {}
@@ -128,6 +153,9 @@ class ResourcesOverride(Strict):
     cpu_count: int | None = Field(default=None, ge=0)
     memory_gb: float | None = Field(default=None, ge=0)
     gpu_memory_gb: float | None = Field(default=None, ge=0)
+    gpu: str | int | None = None
+    disk_gb: float | None = Field(default=None, ge=0)
+    any_of: tuple[ResourceAlternative, ...] | None = None
 
 
 # A container image reference as docker takes it (`repo:tag`, `repo@sha256:...`, an id).
@@ -139,6 +167,10 @@ class ExecutionOverrides(Strict):
 
     target: str | None = None
     detach: bool | None = None
+    priority: str | None = None
+    preemptible: bool | None = None
+    selector: dict[str, Text] | None = None
+    num_nodes: int | None = Field(default=None, ge=1, le=1024)
     resources: ResourcesOverride | None = None
     runtime_env: dict[str, Text] | None = None
     stop_grace_s: float | None = Field(default=None, ge=0, le=3600)
@@ -153,8 +185,8 @@ def overridable_paths() -> list[str]:
         paths.append(name)
         if name == "resources":
             paths += [f"resources.{r}" for r in ResourcesOverride.model_fields]
-        elif name == "runtime_env":
-            paths.append("runtime_env.NAME")
+        elif name in ("runtime_env", "selector"):
+            paths.append(f"{name}.NAME")
     return paths
 
 
@@ -166,7 +198,7 @@ def is_overridable(path: str) -> bool:
         return True
     if head == "resources":
         return rest in ResourcesOverride.model_fields
-    return head == "runtime_env" and "." not in rest
+    return head in ("runtime_env", "selector") and "." not in rest
 
 
 # Fields of an override that belong to one attempt and never reach the bundle: a retry may
@@ -186,6 +218,10 @@ class ExecutionRequest(Record):
     runtime_env: dict[str, str]
     stop_grace_s: float
     max_runtime_s: float | None = None
+    priority: str = "normal"
+    preemptible: bool = False
+    selector: dict[str, str] = {}
+    num_nodes: int = 1
 
     @property
     def backend_key(self) -> str:
@@ -210,6 +246,8 @@ class TaskSubmission(Record):
     overrides: ExecutionOverrides = ExecutionOverrides()
     retry: RetryPolicy = RetryPolicy()
     allow_dirty: bool = False  # stage dirty git sources, recording their diff
+    # queue an agent-pool run that no registered node could hold (for nodes yet to join)
+    queue_anyway: bool = False
 
 
 class PrecheckSpec(Record):

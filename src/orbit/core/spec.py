@@ -20,6 +20,10 @@ class SubmitSpec(Strict):
     task: dict[str, Any]
     overrides: dict[str, Any] = {}
     retry: RetryPolicy = RetryPolicy()
+    # the queue's tier and whether more urgent work may push it off (agent pools); the
+    # template gives the defaults and must allow overriding them
+    priority: str | None = None
+    preemptible: bool | None = None
 
 
 def parse_sets(sets: list[str]) -> dict[str, Any]:
@@ -48,13 +52,22 @@ def load_spec(path: Path, sets: list[str] | None = None) -> SubmitSpec:
     return spec
 
 
-def to_submission(spec: SubmitSpec, source: str, allow_dirty: bool = False) -> TaskSubmission:
+def to_submission(
+    spec: SubmitSpec, source: str, allow_dirty: bool = False, queue_anyway: bool = False
+) -> TaskSubmission:
     return TaskSubmission(
         experiment_id=spec.experiment,
         task_type=spec.task_type,
         task_request=spec.task,
         template_id=spec.template,
-        overrides=parse_overrides(spec.overrides, f"{source}: overrides"),
+        overrides=parse_overrides(_with_scheduling(spec), f"{source}: overrides"),
         retry=spec.retry,
         allow_dirty=allow_dirty,
+        queue_anyway=queue_anyway,
     )
+
+
+def _with_scheduling(spec: SubmitSpec) -> dict[str, Any]:
+    """The spec's overrides with its top-level priority and preemptible laid over them."""
+    extra = {k: v for k in ("priority", "preemptible") if (v := getattr(spec, k)) is not None}
+    return merge(spec.overrides, extra)

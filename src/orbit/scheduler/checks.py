@@ -1,0 +1,355 @@
+"""The checks of a placement, each small and pure. Filters say why a node will not do, as a
+reason from a closed set with the figures behind it (requested, used, capacity), or nothing;
+they never make sentences (orbit.cli.explain does). Scorers rank the nodes that will do.
+
+Filters come in three classes, cheapest first, kept apart because they mean different things
+to the person waiting: `never` (this node can never hold the request: wrong model, too few
+GPUs, labels), `unavailable` (the node is offline, cordoned, draining, or a GPU is unhealthy:
+it may come back), and `busy` (full right now: it will have room once its work ends). A site
+adds its own filter or scorer through the entry-point groups `orbit.scheduler.filters` and
+`orbit.scheduler.scorers`, named in the scheduler config (`filters: [name]`, `weights:
+{name: w}`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from orbit.scheduler.model import Ask, Gpu, NodeView, Request
+
+
+class Reason(StrEnum):
+    # never: the node can never hold this ask
+    TARGET = "target"
+    SELECTOR = "selector"
+    GPU_MODEL = "gpu_model"
+    GPU_MEMORY = "gpu_memory"
+    GPU_COUNT = "gpu_count"
+    CPU_TOTAL = "cpu_total"
+    MEMORY_TOTAL = "memory_total"
+    # unavailable: the node, or some of its GPUs, cannot take work now and may again
+    REVOKED = "revoked"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    OFFLINE = "offline"
+    UNHEALTHY = "unhealthy"
+    # busy: it will have room once work there ends
+    SLOTS = "slots"
+    GPUS_BUSY = "gpus_busy"
+    CPUS_BUSY = "cpus_busy"
+    MEMORY_BUSY = "memory_busy"
+    DISK = "disk"
+    RESERVED = "reserved"
+    PLUGIN = "plugin"  # a site's own filter said no (its name in the verdict's detail)
+
+    @property
+    def kind(self) -> str:
+        return KINDS[self]
+
+
+NEVER, UNAVAILABLE, BUSY = "never", "unavailable", "busy"
+KINDS = {
+    **{r: NEVER for r in ("target", "selector", "gpu_model", "gpu_memory", "gpu_count")},
+    **{r: NEVER for r in ("cpu_total", "memory_total")},
+    **{r: UNAVAILABLE for r in ("revoked", "cordoned", "draining", "offline", "unhealthy")},
+    **{r: BUSY for r in ("slots", "gpus_busy", "cpus_busy", "memory_busy", "disk", "reserved")},
+    "plugin": NEVER,
+}
+KINDS = {Reason(k): v for k, v in KINDS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why one node will not do, in figures. `asked`, `used`, `capacity` are what the reason
+    compares (GPUs, GB, slots; model names for gpu_model); `detail` is a datum for the reader
+    (the run a node is reserved for, the GPU that is unhealthy), never a sentence."""
+
+    node: str
+    reason: Reason
+    asked: float | str | None = None
+    used: float | str | None = None
+    capacity: float | str | None = None
+    detail: str = ""
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"node": self.node, "reason": self.reason.value}
+        for key in ("asked", "used", "capacity"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+class Use:
+    """What a node has given out during one pass: its snapshot's usage, then this pass's own
+    placements on top. Only ever grows within a pass (nothing ends mid-pass)."""
+
+    __slots__ = ("cpus", "gpu_gb", "gpus", "memory_gb", "reserved_for", "tasks")
+
+    def __init__(self, node: NodeView) -> None:
+        self.tasks = len(node.running)
+        self.gpus: dict[int, float | None] = {g.index: g.used_gb for g in node.gpus}
+        self.gpu_gb = {g.index: g.memory_gb for g in node.gpus}
+        self.cpus = sum(r.cpus for r in node.running)
+        self.memory_gb = sum(r.memory_gb for r in node.running)
+        self.reserved_for: str | None = None
+
+
+# --- filters that need only the node (cached per pass, per shape of ask) ----------------------
+
+
+def node_condition(node: NodeView) -> Verdict | None:
+    if node.state == "revoked":
+        return Verdict(node.name, Reason.REVOKED)
+    if node.offline_s is not None:
+        return Verdict(node.name, Reason.OFFLINE, used=round(node.offline_s, 1))
+    if node.state == "cordoned":
+        return Verdict(node.name, Reason.CORDONED)
+    if node.max_tasks == 0:
+        return Verdict(node.name, Reason.DRAINING, used=len(node.running), capacity=0)
+    return None
+
+
+def check_target(req: Request, node: NodeView) -> Verdict | None:
+    if req.target and req.target not in (node.name, node.id):
+        return Verdict(node.name, Reason.TARGET, asked=req.target)
+    return None
+
+
+def check_selector(req: Request, node: NodeView) -> Verdict | None:
+    for key, want in req.selector:
+        have = node.label(key)
+        if have is None or (want != "*" and have != want):
+            return Verdict(
+                node.name, Reason.SELECTOR, asked=f"{key}={want}", capacity=have or "", detail=key
+            )
+    return None
+
+
+def matching_gpus(ask: Ask, node: NodeView) -> tuple[Gpu, ...]:
+    want = ask.gpu
+    return tuple(g for g in node.gpus if want.matches(g.model, g.memory_gb))
+
+
+def check_gpus(ask: Ask, node: NodeView) -> tuple[Verdict | None, tuple[int, ...]]:
+    """The node's GPUs that could ever serve the ask, or why too few could."""
+    want = ask.gpu
+    if want.count == 0:
+        return None, ()
+    of_model = [g for g in node.gpus if not want.models or g.model in want.models]
+    if not of_model:
+        have = ",".join(sorted({g.model for g in node.gpus})) or "none"
+        return Verdict(node.name, Reason.GPU_MODEL, asked=want.text(), capacity=have), ()
+    fit = [g for g in of_model if want.memory_gb is None or g.memory_gb >= want.memory_gb]
+    if want.memory_gb is not None and len(fit) < want.count:
+        most = max(g.memory_gb for g in of_model)
+        return Verdict(node.name, Reason.GPU_MEMORY, asked=want.memory_gb, capacity=most), ()
+    if ask.gpu_share_gb:
+        fit = [g for g in fit if g.memory_gb >= ask.gpu_share_gb]
+        if len(fit) < want.count:
+            most = max(g.memory_gb for g in of_model)
+            return Verdict(node.name, Reason.GPU_MEMORY, asked=ask.gpu_share_gb, capacity=most), ()
+    if len(fit) < want.count:
+        return Verdict(node.name, Reason.GPU_COUNT, asked=want.count, capacity=len(fit)), ()
+    return None, tuple(g.index for g in fit)
+
+
+def check_health(
+    ask: Ask, node: NodeView, fit: tuple[int, ...]
+) -> tuple[Verdict | None, tuple[int, ...]]:
+    """The healthy ones of the GPUs that would serve the ask, or why too few are."""
+    sick = {g.index: g for g in node.gpus if not g.healthy}
+    if not sick or not fit:
+        return None, fit
+    healthy = tuple(i for i in fit if i not in sick)
+    if len(healthy) < ask.gpu.count:
+        first = next(sick[i] for i in fit if i in sick)
+        return (
+            Verdict(
+                node.name,
+                Reason.UNHEALTHY,
+                asked=ask.gpu.count,
+                capacity=len(healthy),
+                detail=f"gpu {first.index}: {first.problem or 'unhealthy'}",
+            ),
+            (),
+        )
+    return None, healthy
+
+
+def check_totals(ask: Ask, node: NodeView) -> Verdict | None:
+    if node.cpus and ask.cpus > node.cpus:
+        return Verdict(node.name, Reason.CPU_TOTAL, asked=ask.cpus, capacity=node.cpus)
+    if node.memory_gb and ask.memory_gb > node.memory_gb:
+        return Verdict(
+            node.name, Reason.MEMORY_TOTAL, asked=ask.memory_gb, capacity=round(node.memory_gb, 1)
+        )
+    return None
+
+
+# --- filters of what is free right now ---------------------------------------------------------
+
+
+def free_gpus(ask: Ask, use: Use, usable: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The GPUs the ask gets among `usable`, or None. Whole GPUs: the lowest free indices. A
+    reservation: the fullest GPUs it still fits on, so that shared GPUs fill before new ones
+    are broken into."""
+    count = ask.gpu.count
+    if count == 0:
+        return ()
+    share = ask.gpu_share_gb
+    if not share:
+        got = []
+        gpus = use.gpus
+        for i in usable:
+            if gpus.get(i) is None:
+                got.append(i)
+                if len(got) == count:
+                    return tuple(got)
+        return None
+    return _shared(use, usable, share, count)
+
+
+def _shared(use: Use, usable: tuple[int, ...], share: float, count: int) -> tuple[int, ...] | None:
+    room = []
+    for i in usable:
+        used = use.gpus.get(i)
+        if used == 0.0:
+            continue
+        total = use.gpu_gb.get(i, 0.0)
+        if (used or 0.0) + share <= total:
+            room.append((-(used or 0.0), i))
+    if len(room) < count:
+        return None
+    return tuple(sorted(i for _, i in sorted(room)[:count]))
+
+
+def fits_now(
+    ask: Ask, req: Request, node: NodeView, use: Use, usable: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """The GPUs the ask gets on the node right now, or None: check_free without saying why
+    (the scheduler's inner loop; the why is made only for a run that waits)."""
+    if (use.reserved_for is not None and use.reserved_for != req.run_id) or (
+        use.tasks >= node.max_tasks
+    ):
+        return None
+    got = free_gpus(ask, use, usable) if ask.gpu.count else ()
+    if got is None:
+        return None
+    if node.cpus and use.cpus + ask.cpus > node.cpus:
+        return None
+    if node.memory_gb and use.memory_gb + ask.memory_gb > node.memory_gb:
+        return None
+    if ask.disk_gb and node.disk_free_gb < ask.disk_gb:
+        return None
+    return got
+
+
+def check_free(
+    ask: Ask, req: Request, node: NodeView, use: Use, usable: tuple[int, ...]
+) -> tuple[Verdict | None, tuple[int, ...]]:
+    got = fits_now(ask, req, node, use, usable)
+    if got is not None:
+        return None, got
+    if use.reserved_for is not None and use.reserved_for != req.run_id:
+        return Verdict(node.name, Reason.RESERVED, detail=use.reserved_for), ()
+    if use.tasks >= node.max_tasks:
+        return Verdict(node.name, Reason.SLOTS, used=use.tasks, capacity=node.max_tasks), ()
+    got = free_gpus(ask, use, usable)
+    if got is None:
+        busy = sum(1 for i in usable if use.gpus.get(i) is not None)
+        return (
+            Verdict(
+                node.name, Reason.GPUS_BUSY, asked=ask.gpu.count, used=busy, capacity=len(usable)
+            ),
+            (),
+        )
+    if node.cpus and use.cpus + ask.cpus > node.cpus:
+        return (
+            Verdict(node.name, Reason.CPUS_BUSY, asked=ask.cpus, used=use.cpus, capacity=node.cpus),
+            (),
+        )
+    if node.memory_gb and use.memory_gb + ask.memory_gb > node.memory_gb:
+        return (
+            Verdict(
+                node.name,
+                Reason.MEMORY_BUSY,
+                asked=ask.memory_gb,
+                used=round(use.memory_gb, 1),
+                capacity=round(node.memory_gb, 1),
+            ),
+            (),
+        )
+    if ask.disk_gb and node.disk_free_gb < ask.disk_gb:
+        return (
+            Verdict(
+                node.name, Reason.DISK, asked=ask.disk_gb, capacity=round(node.disk_free_gb, 1)
+            ),
+            (),
+        )
+    return None, got
+
+
+# --- scorers: 0 (worst) .. 1 (best) ------------------------------------------------------------
+
+
+def _fullness(ask: Ask, node: NodeView, use: Use) -> float:
+    """How full the node is once the ask is placed there, by what the ask uses most of."""
+    if ask.gpu.count and node.gpus:
+        taken = sum(1 for v in use.gpus.values() if v is not None)
+        return min(1.0, (taken + ask.gpu.count) / len(node.gpus))
+    if node.cpus and ask.cpus:
+        return min(1.0, (use.cpus + ask.cpus) / node.cpus)
+    return min(1.0, (use.tasks + 1) / max(node.max_tasks, 1))
+
+
+def score_binpack(ask: Ask, req: Request, node: NodeView, use: Use) -> float:
+    return _fullness(ask, node, use)
+
+
+def score_spread(ask: Ask, req: Request, node: NodeView, use: Use) -> float:
+    return 1.0 - _fullness(ask, node, use)
+
+
+def score_cached(ask: Ask, req: Request, node: NodeView, use: Use) -> float:
+    return 1.0 if any(key in node.cached for key in req.cache_keys) else 0.0
+
+
+Scorer = Callable[[Ask, Request, NodeView, Use], float]
+Filter = Callable[[Ask, Request, NodeView], "Verdict | None"]
+
+SCORERS: dict[str, Scorer] = {
+    "binpack": score_binpack,
+    "spread": score_spread,
+    "cached": score_cached,
+}
+
+
+def plugins(group: str, names: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """The entry points of `group` named in `names` (a site's own checks), loaded; a name no
+    installed package provides is refused by name."""
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep for ep in entry_points(group=group)}
+    out = {}
+    for name in names:
+        if name not in found:
+            from orbit.core.errors import InvalidInput
+
+            known = ", ".join(sorted(found)) or "none installed"
+            raise InvalidInput(f"scheduler config: no {group} plugin '{name}' (known: {known})")
+        out[name] = found[name].load()
+    return out
+
+
+def site_checks(config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The site's own filters and scorers a scheduler config names (entry points): filters by
+    `filters: [name]`, scorers by a weight under a name ORBIT does not have."""
+    filters = plugins("orbit.scheduler.filters", config.filters) if config.filters else {}
+    extra = [name for name in config.weights if name not in SCORERS]
+    scorers = plugins("orbit.scheduler.scorers", extra) if extra else {}
+    return filters, scorers
