@@ -40,6 +40,7 @@ class AttemptRecord(Record):
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     not_before: datetime | None = None
+    preempted_by: str | None = None  # the run the scheduler stopped it for
 
     @property
     def unreachable(self) -> bool:

@@ -21,7 +21,7 @@ from orbit.store.sql import Conflict, Row, Tx, read_json, read_time, read_time_r
 
 NODE_COLUMNS = (
     "id, name, labels, info, state, max_tasks, created_at, created_by, last_seen_at, session, "
-    "report_seq"
+    "report_seq, preempted_at"
 )
 JOIN_COLUMNS = "id, labels, created_at, created_by, expires_at, revoked_at, uses"
 ACTIVE_STATES = tuple(s.value for s in RunState if not s.terminal)
@@ -217,6 +217,7 @@ class NodesMixin(StoreBase):
                 last_seen_at=read_time(r["last_seen_at"]),
                 running=tuple(running.get(r["id"], ())),
                 gpus_in_use=gpus.get(r["id"], {}),
+                preempted_at=read_time(r["preempted_at"]),
             )
             for r in rows
         ]
@@ -356,7 +357,7 @@ class NodesMixin(StoreBase):
                 "AND id <> :a",
                 {"n": node_id, "a": attempt_id},
             )
-            if busy >= max_tasks:
+            if busy >= max_tasks or not _gpus_free(tx, node_id, attempt_id, gpus):
                 return None
             fence = (
                 int(
@@ -368,9 +369,11 @@ class NodesMixin(StoreBase):
                 + 1
             )
             tx.execute(
+                # due a look now: a wait for a node put its next look far off, and a report
+                # that it ended must not take that look for one under way (make_due)
                 "UPDATE attempts SET node_id = :n, fence = :f, node_gpus = :g, "
-                "node_claimed_at = NULL WHERE id = :a",
-                {"n": node_id, "f": fence, "g": gpus, "a": attempt_id},
+                "node_claimed_at = NULL, reconcile_due_at = :now WHERE id = :a",
+                {"n": node_id, "f": fence, "g": gpus, "a": attempt_id, "now": utcnow()},
             )
             command_id = self._enqueue(
                 tx, node_id, {**start, "fence": fence}, attempt_id=attempt_id
@@ -537,3 +540,30 @@ class NodesMixin(StoreBase):
         if row is None:
             raise NotFound(f"unknown command '{command_id}'")
         return None if row["done_at"] is None else (read_json(row["result"]) or {})
+
+
+def _gpus_free(tx: Tx, node_id: str, attempt_id: str, gpus: dict[str, Any]) -> bool:
+    """Whether the GPUs a placement asks for are still free on the node (whole), or still
+    have room for its reservation: a plan made before another placement took them is
+    refused, not committed over it."""
+    want = [int(i) for i in gpus.get("indices", ())]
+    if not want:
+        return True
+    held: dict[int, float] = {}
+    for row in tx.all(
+        f"SELECT node_gpus FROM attempts WHERE node_id = :n AND state IN {ACTIVE_IN} "
+        "AND id <> :a AND node_gpus IS NOT NULL",
+        {"n": node_id, "a": attempt_id},
+    ):
+        placed = read_json(row["node_gpus"]) or {}
+        per = float(placed.get("memory_gb", 0.0) or 0.0)
+        for index in placed.get("indices", ()):
+            held[int(index)] = float("inf") if per == 0 else held.get(int(index), 0.0) + per
+    share = float(gpus.get("memory_gb", 0.0) or 0.0)
+    totals = gpus.get("gpu_gb") or {}
+    for index in want:
+        if not share and index in held:
+            return False
+        if share and held.get(index, 0.0) + share > float(totals.get(str(index), float("inf"))):
+            return False
+    return True

@@ -14,7 +14,7 @@ from orbit.store.sql import Row, Tx, expand, like_prefix, read_json, read_time, 
 ATTEMPT_COLUMNS = (
     'id, run_id, number, state, reason, target, backend_key, "trigger", handle, exit_code, '
     "message, cancel_requested, created_at, updated_at, started_at, finished_at, "
-    "last_contact_at, unreachable_since, lease_owner, lease_expires_at, not_before"
+    "last_contact_at, unreachable_since, lease_owner, lease_expires_at, not_before, preempted_by"
 )
 RUN_COLUMNS = (
     "r.id, r.experiment_id, e.name AS experiment_name, r.task_type, r.template_id, "
@@ -50,6 +50,7 @@ def attempt_record(row: Row) -> AttemptRecord:
         lease_owner=row["lease_owner"],
         lease_expires_at=read_time(row["lease_expires_at"]),
         not_before=read_time(row["not_before"]),
+        preempted_by=row["preempted_by"],
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -68,6 +68,7 @@ class AttemptRow(Base):
     fence: Mapped[int | None] = mapped_column(Integer)
     node_claimed_at: Mapped[datetime | None]
     node_gpus: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    preempted_by: Mapped[str | None] = mapped_column(String(48))  # the run it was stopped for
     __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", unique=True),)
 
 
@@ -108,6 +109,7 @@ class NodeRow(Base):
     last_seen_at: Mapped[datetime | None]
     session: Mapped[str | None] = mapped_column(String(64))
     report_seq: Mapped[int] = mapped_column(Integer, server_default="0")
+    preempted_at: Mapped[datetime | None]  # the last time work was pushed off it
 
 
 class NodeCommandRow(Base):
@@ -123,6 +125,44 @@ class NodeCommandRow(Base):
     done_at: Mapped[datetime | None]
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     __table_args__ = (Index("ix_node_commands_node_acked", "node_id", "acked_at"),)
+
+
+class SchedPassRow(Base):
+    """A scheduler pass's inputs (the node snapshot and the queue), for replay and simulate."""
+
+    __tablename__ = "sched_passes"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    config: Mapped[dict[str, Any]]
+    inputs: Mapped[str] = mapped_column(Text)  # zlib + base64 of the canonical JSON
+    placed: Mapped[int] = mapped_column(Integer)
+    waiting: Mapped[int] = mapped_column(Integer)
+    preempted: Mapped[int] = mapped_column(Integer)
+
+
+class SchedDecisionRow(Base):
+    """A run's latest scheduler decision, byte for byte as its pass made it."""
+
+    __tablename__ = "sched_decisions"
+    run_id: Mapped[str] = mapped_column(String(48), primary_key=True)
+    attempt_id: Mapped[str] = mapped_column(String(48))
+    pass_id: Mapped[str] = mapped_column(String(40), index=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    tier: Mapped[str] = mapped_column(String(32))
+    position: Mapped[int] = mapped_column(Integer)
+    body: Mapped[str] = mapped_column(Text)
+    gist: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime]
+
+
+class QuotaRow(Base):
+    __tablename__ = "quotas"
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # user | experiment
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    weight: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime]
+    updated_by: Mapped[str] = mapped_column(String(128))
 
 
 class UserRow(Base):
