@@ -24,7 +24,7 @@ NO_DRIVER = NVML_DATA / "no-driver-recording.json"
 HOLD = 'echo "gpus=[$CUDA_VISIBLE_DEVICES]"; while [ ! -e {flag} ]; do sleep 0.1; done; echo done'
 
 
-def submit(server: Server, folder: Path, command: str, **resources: Any) -> str:
+def submit(server: Server, folder: Path, command: str, *flags: str, **resources: Any) -> str:
     spec = write_spec(
         folder,
         name=f"spec-{time.monotonic_ns()}.yaml",
@@ -32,7 +32,7 @@ def submit(server: Server, folder: Path, command: str, **resources: Any) -> str:
         task={"command": command},
         overrides={"resources": resources},
     )
-    return str(orbit_json(server.env(), "submit", str(spec))["id"])
+    return str(orbit_json(server.env(), "submit", str(spec), *flags)["id"])
 
 
 def state(server: Server, run_id: str) -> str:
@@ -102,15 +102,25 @@ def test_gpu_runs_get_their_own_gpus_side_by_side_and_too_big_a_run_waits(
     assert {gpus_of(orbit_server, first), gpus_of(orbit_server, second)} == {"0", "1"}
     # both GPUs are taken: a third one-GPU run waits for one, and says so
     third = submit(orbit_server, tmp_path, HOLD.format(flag=flag), gpu_count=1)
-    # more GPUs than the node has: it waits, and says why
-    huge = submit(orbit_server, tmp_path, "echo never", gpu_count=3)
+    # more GPUs than any node has: refused at submit with the largest node's figures, or
+    # queued anyway, waiting and saying why
+    spec = write_spec(
+        tmp_path,
+        name="huge.yaml",
+        template="pool",
+        task={"command": "echo never"},
+        overrides={"resources": {"gpu_count": 3}},
+    )
+    refused = orbit(orbit_server.env(), "submit", str(spec), check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "resources: no registered node could ever hold gpu 3" in refused.stderr
+    assert "the largest, h100x2, has 2 GPU(s) (H100-80GB)" in refused.stderr
+    huge = submit(orbit_server, tmp_path, "echo never", "--queue-anyway", gpu_count=3)
     time.sleep(2)
     assert waiting_message(orbit_server, third) == (
-        "waiting for a node (any node): 1 not enough free GPUs"
+        "0/1 nodes fit: 1 gpus busy (2/2 in use, need 1)"
     )
-    assert waiting_message(orbit_server, huge) == (
-        "waiting for a node (any node): 1 has 2 GPUs, 3 asked"
-    )
+    assert waiting_message(orbit_server, huge) == "0/1 nodes fit: 1 too few gpus (need 3, have 2)"
     assert running(orbit_server, first, second)  # still side by side
     flag.touch()
     for run_id in (first, second, third):
@@ -140,7 +150,7 @@ def test_memory_reservations_share_a_gpu_that_a_whole_gpu_run_does_not(
     too_much = submit(orbit_server, tmp_path, "echo 30 more", gpu_count=1, gpu_memory_gb=30)
     time.sleep(2)
     for run_id in (another_whole, too_much):
-        assert waiting_message(orbit_server, run_id).endswith("1 not enough free GPUs")
+        assert waiting_message(orbit_server, run_id).startswith("0/1 nodes fit: 1 gpus busy")
     assert running(orbit_server, *small, whole)
     flag.touch()
     for run_id in (*small, whole, another_whole, too_much):

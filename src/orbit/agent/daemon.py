@@ -487,7 +487,13 @@ class Agent:
         from orbit.core.execution.bundle import FrozenBundle
 
         backend = self._backend(request.launch_mode.kind, start.gpu_indices)
-        context = AttemptContext(run_id=start.run_id, attempt_id=start.attempt_id)
+        staged = self._stage_resume(start)
+        context = AttemptContext(
+            run_id=start.run_id,
+            attempt_id=start.attempt_id,
+            resume_staged=str(staged) if staged else None,
+            resume_relpath=start.resume.relpath if staged and start.resume else None,
+        )
         cpus = self._cpus_for(request.resources.cpu_count, start.attempt_id)
         before = os.sched_getaffinity(0)
         try:
@@ -597,6 +603,55 @@ class Agent:
                 raise BadArchive(str(exc)) from None
         finally:
             archive.unlink(missing_ok=True)
+
+    def _stage_resume(self, start: p.StartAttempt) -> Path | None:
+        """An earlier attempt's checkpoint, put beside the new attempt's folder for its
+        wrapper to move in: copied from this node's own folder of that attempt when it has
+        one, else fetched from the control plane's copy. Where it cannot be had, the attempt
+        starts without it (from the beginning) and the log says why."""
+        resume = start.resume
+        if resume is None:
+            return None
+        staged = self.attempts_dir / f".resume-{start.attempt_id}"
+        shutil.rmtree(staged, ignore_errors=True)
+        local = self.attempts_dir / resume.attempt_id / "artifacts" / resume.relpath
+        try:
+            if local.is_dir():
+                shutil.copytree(local, staged)
+            elif local.is_file():
+                shutil.copy2(local, staged)
+            else:
+                self._fetch_checkpoint(resume, staged)
+        except (OSError, httpx.HTTPError, StagingError) as exc:
+            shutil.rmtree(staged, ignore_errors=True)
+            log.warning(
+                "attempt %s starts without %s's checkpoint: %s",
+                start.attempt_id,
+                resume.attempt_id,
+                _short(exc),
+            )
+            return None
+        return staged
+
+    def _fetch_checkpoint(self, resume: p.Resume, staged: Path) -> None:
+        headers = {"authorization": f"Bearer {self.identity['credential']}"}
+        top = f"artifacts/{resume.relpath}"
+        for path, size in resume.files:
+            inside = path[len(top) :].lstrip("/") if path.startswith(top) else None
+            if inside is None:
+                continue
+            dest = staged / inside if inside else staged
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            url = f"{p.PREFIX}/attempts/{resume.attempt_id}/files"
+            with self.http.stream("GET", url, headers=headers, params={"path": path}) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise StagingError(f"{path}: {_detail(response)}")
+                with open(dest, "wb") as out:
+                    for block in response.iter_bytes(1 << 20):
+                        out.write(block)
+            if dest.stat().st_size != size:
+                raise StagingError(f"{path}: {dest.stat().st_size} bytes, {size} expected")
 
     # --- cancelling --------------------------------------------------------------------------
 

@@ -49,6 +49,8 @@ def _devices(nvml: Any) -> tuple[tuple[Accelerator, ...], str]:
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
         except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", -1):
+                found.append(Accelerator(index=index, healthy=False, problem="off the bus"))
             skipped.append(f"GPU {index}: {exc}")
             continue
         uuid = _ask(nvml, nvml.nvmlDeviceGetUUID, handle)
@@ -58,12 +60,21 @@ def _devices(nvml: Any) -> tuple[tuple[Accelerator, ...], str]:
         if pci is not None and _bus_id(pci.busId):
             buses[index] = _bus_id(pci.busId)
         remotes[index] = _nvlink_remotes(nvml, handle)
+        ecc = _ask(
+            nvml,
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nvml.NVML_VOLATILE_ECC,
+        )
         found.append(
             Accelerator(
                 index=index,
                 uuid=_text(uuid) if uuid is not None else "",
                 model=_text(name) if name is not None else "",
                 memory_mb=int(memory.total or 0) // MB if memory is not None else 0,
+                healthy=not ecc,
+                problem=f"ecc {int(ecc)} uncorrected since reset" if ecc else "",
             )
         )
     peers = nvlink_peers(buses, remotes)

@@ -60,6 +60,10 @@ class Accelerator(Message):
     vendor: str = "nvidia"
     # indices of the accelerators this one is linked to by NVLink, where NVML tells
     nvlink_peers: tuple[int, ...] = ()
+    # NVML's last word on it: uncorrected ECC errors since its last reset, or fallen off the
+    # bus. An unhealthy one gets no work until the node reports it healthy again.
+    healthy: bool = True
+    problem: str = Field(default="", max_length=200)
 
 
 class NodeInfo(Message):
@@ -136,6 +140,16 @@ class SyncResponse(Message):
 # --- commands ---------------------------------------------------------------------------------
 
 
+class Resume(Message):
+    """An earlier attempt's checkpoint for a start: `relpath` under its artifacts, and its
+    files (paths under the attempt's folder) as the control plane's copy has them. The node
+    copies them from its own folder of that attempt when it has one, else fetches them."""
+
+    attempt_id: str
+    relpath: str = Field(min_length=1, max_length=1000)
+    files: tuple[tuple[str, int], ...] = ()  # (artifacts/..., size)
+
+
 class StartAttempt(Message):
     kind: Literal["start"] = "start"
     run_id: str
@@ -145,6 +159,7 @@ class StartAttempt(Message):
     request: dict[str, Any]  # orbit.core.models.ExecutionRequest
     gpu_indices: tuple[int, ...] = ()
     upload_large: bool = True  # checkpoints too, or only when `orbit collect` asks
+    resume: Resume | None = None  # go on from an earlier attempt's checkpoint
 
 
 class CancelAttempt(Message):

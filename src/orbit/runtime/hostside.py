@@ -25,6 +25,7 @@ import fcntl
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -426,3 +427,34 @@ if __name__ == "__main__":
     except Exception as exc:  # reported, not raised: the caller reads one JSON object
         out = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(out) + "\n")
+
+
+_STEP = re.compile(r"(\d+)(?:\.[A-Za-z0-9]+)?$")
+
+
+def newest_checkpoint(artifacts: str) -> str | None:
+    """The newest checkpoint an attempt left under its artifacts folder, as a path relative to
+    it, by ORBIT's convention: an entry of `checkpoints/` (a file or a folder), or a folder
+    named `checkpoint-*` up to two levels down (HF Trainer's and ms-swift's
+    `output_dir/checkpoint-500`). Newest: the highest step number in the name, then the
+    latest change; None without one."""
+    found: list[tuple[int, float, str]] = []
+
+    def consider(path: str) -> None:
+        name = os.path.basename(path)
+        if name.startswith(".") or name.endswith((".tmp", ".partial")):
+            return  # being written, or left half-written
+        m = _STEP.search(name)
+        with contextlib.suppress(OSError):
+            found.append((int(m.group(1)) if m else -1, os.stat(path).st_mtime, path))
+
+    for entry in glob.glob(os.path.join(glob.escape(artifacts), "checkpoints", "*")):
+        consider(entry)
+    for depth in ("*", os.path.join("*", "*")):
+        pattern = os.path.join(glob.escape(artifacts), depth)
+        for entry in glob.glob(pattern):
+            if os.path.basename(entry).startswith("checkpoint-") and os.path.isdir(entry):
+                consider(entry)
+    if not found:
+        return None
+    return os.path.relpath(max(found)[2], artifacts)

@@ -108,6 +108,20 @@ class Wrapper:
             f.write(f"{os.getpid()}\n")
         return lock
 
+    def resume(self, env: dict[str, str]) -> None:
+        """An attempt that goes on from an earlier one's checkpoint: the node staged it
+        (ORBIT_RESUME_STAGED); it moves under this attempt's artifacts, and the task finds
+        it in ORBIT_RESUME_FROM (README: "Preemption and resume")."""
+        staged = env.pop("ORBIT_RESUME_STAGED", "")
+        relpath = env.pop("ORBIT_RESUME_RELPATH", "")
+        if not staged or not relpath or not os.path.exists(staged):
+            return
+        target = os.path.join(self.artifacts, relpath)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.replace(staged, target)
+        env["ORBIT_RESUME_FROM"] = target
+        self.log(f"resuming from {relpath} (ORBIT_RESUME_FROM)")
+
     def on_stop_signal(self, signum: int, _frame: Any) -> None:
         if self.stop_at is not None:
             return
@@ -162,6 +176,7 @@ class Wrapper:
             ORBIT_INPUTS_DIR=self.inputs,
             ORBIT_ARTIFACTS_DIR=self.artifacts,
         )
+        self.resume(env)
         argv = [str(a) for a in job["entrypoint"]]
         self.started_at = now()
         if (job.get("launch_mode") or {}).get("kind") == "docker":
