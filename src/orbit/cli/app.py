@@ -22,6 +22,7 @@ from orbit.cli import (
     logs,
     nodes,
     runs,
+    sched,
     server,
 )
 
@@ -38,6 +39,10 @@ app.add_typer(catalog.experiments_app, name="experiments")
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(hosts.hosts_app, name="hosts")
 app.add_typer(nodes.nodes_app, name="nodes")
+app.command()(sched.explain)
+app.command()(sched.queue)
+app.add_typer(sched.quotas_app, name="quotas")
+app.add_typer(sched.sched_app, name="sched")
 app.command()(runs.status)
 app.command()(logs.logs)
 app.command()(runs.cancel)

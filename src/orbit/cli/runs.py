@@ -54,6 +54,13 @@ def submit(
         help="Stage git sources with uncommitted changes; the diff is kept in the bundle and "
         "the run is marked dirty.",
     ),
+    queue_anyway: bool = typer.Option(
+        False,
+        "--queue-anyway",
+        help="Queue an agent-pool run even if no registered node could ever hold what it asks "
+        "(for nodes yet to join); without it, such a run is refused with the largest node's "
+        "figures.",
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Validate a run spec, freeze it into a bundle and start it.
@@ -70,11 +77,13 @@ def submit(
         - {repo: ../my-fork, ref: 0123...(40 hex), path: fork}
     overrides: {resources: {cpu_count: 2}}
     retry: {max_retries: 2, on_exit_codes: [75]}
+    priority: normal             # agent pools: urgent | high | normal | batch
+    preemptible: false
     """
     from orbit.core.spec import load_spec, to_submission
 
     spec = load_spec(spec_file, sets)
-    submission = to_submission(spec, str(spec_file), allow_dirty)
+    submission = to_submission(spec, str(spec_file), allow_dirty, queue_anyway)
     base_dir = spec_file.resolve().parent
     if dry_run:
         plan = service().plan_submission(submission, base_dir=base_dir, source=str(spec_file))

@@ -79,6 +79,7 @@ class Client:
         base_dir: str | Path | None = None,
         sets: list[str] | None = None,
         allow_dirty: bool = False,
+        queue_anyway: bool = False,
     ) -> Run:
         """Submit a run spec: a YAML file, or a mapping shaped like one (its relative paths
         are relative to `base_dir`, default the current folder). `sets` are --set overrides."""
@@ -103,7 +104,7 @@ class Client:
             source = str(path)
             parsed = load_spec(path, sets)
             folder = Path(base_dir) if base_dir else path.resolve().parent
-        submission = to_submission(parsed, source, allow_dirty)
+        submission = to_submission(parsed, source, allow_dirty, queue_anyway)
         record = self.api.submit_task(submission, base_dir=folder.resolve(), source=source)
         return Run(self, record)
 

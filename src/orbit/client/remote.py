@@ -26,11 +26,15 @@ from orbit import __version__
 from orbit.core.audit_chain import ChainCheck
 from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
 from orbit.core.control.views import (
+    Explanation,
     HostCheck,
     LogChunk,
+    QueueEntry,
+    QuotaView,
     RunDiff,
     RunPage,
     RunView,
+    Simulation,
     SubmitPlan,
     TemplateView,
 )
@@ -349,6 +353,27 @@ class RemoteControl(WaitsForRuns):
                 raise NotFound(f"no node '{ref}' (see `orbit nodes list`)")
             ref = found[0]
         return _part(ref)
+
+    # -- the scheduler ----------------------------------------------------------------------
+    def explain(self, ref: str, replay: bool = False) -> Explanation:
+        return self._get(Explanation, f"/runs/{ref}/explain", replay=replay or None)
+
+    def queue(self) -> list[QueueEntry]:
+        return self._list(QueueEntry, "/queue")
+
+    def list_quotas(self) -> list[QuotaView]:
+        return self._list(QuotaView, "/quotas")
+
+    def set_quota(self, scope: str, name: str, gpus: int, weight: float = 1.0) -> QuotaView:
+        body = {"gpus": gpus, "weight": weight}
+        content = self._send("PUT", f"/quotas/{scope}/{name}", json=body).content
+        return QuotaView.model_validate_json(content)
+
+    def remove_quota(self, scope: str, name: str) -> None:
+        self._send("DELETE", f"/quotas/{scope}/{name}")
+
+    def simulate(self, since_s: float, config: dict[str, Any]) -> Simulation:
+        return self._post(Simulation, "/sched/simulate", {"since_s": since_s, "config": config})
 
     def list_nodes(self) -> list[NodeRecord]:
         return self._list(NodeRecord, "/nodes")

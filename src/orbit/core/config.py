@@ -57,6 +57,16 @@ class Settings:
     def templates_dir(self) -> Path:
         return self.home / "templates"
 
+    @property
+    def scheduler_config(self) -> Path | None:
+        """ORBIT_SCHEDULER_CONFIG, else $ORBIT_HOME/scheduler.yaml where there is one: the
+        scheduler's tiers, weights and limits (orbit.scheduler.config); none: the defaults."""
+        named = os.environ.get("ORBIT_SCHEDULER_CONFIG")
+        if named:
+            return Path(named).expanduser()
+        default = self.home / "scheduler.yaml"
+        return default if default.is_file() else None
+
     @classmethod
     def from_env(cls) -> Settings:
         home = orbit_home()

@@ -30,7 +30,7 @@ from orbit.agent import protocol as p
 from orbit.core.auth import token_hash
 from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
-from orbit.core.errors import InvalidInput, NotFound, ServerError, Unauthorized
+from orbit.core.errors import Forbidden, InvalidInput, NotFound, ServerError, Unauthorized
 from orbit.core.execution.backends import agent_pool
 from orbit.core.execution.mirror import (
     BadChunk,
@@ -430,6 +430,23 @@ class Gateway:
 
     # --- bundles and transfers -------------------------------------------------------------
 
+    def earlier_file(self, node: NodeRecord, attempt_id: str, path: str) -> Path:
+        """Refused unless the node runs (or was given) an attempt of the same run, and the
+        path is a file under that attempt's artifacts."""
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", attempt_id):
+            raise InvalidInput("attempt_id: expected an attempt id")
+        earlier = self.store.get_attempt(attempt_id)
+        mine = {self.store.get_attempt(a).run_id for a in node.running}
+        if earlier.run_id not in mine:
+            raise Forbidden(f"node '{node.name}' runs no attempt of run {earlier.run_id}")
+        parts = path.split("/")
+        if parts[0] != "artifacts" or any(p in ("", ".", "..") for p in parts) or "\x00" in path:
+            raise InvalidInput("path: expected a file under artifacts/")
+        found = self.artifacts / attempt_id / path
+        if not found.is_file():
+            raise NotFound(f"attempt {attempt_id} has no {path} here")
+        return found
+
     def bundle_archive(self, digest: str, rebuild: bool = False) -> Path:
         from orbit.core.execution.bundle import create_bundle_archive
 
@@ -575,6 +592,17 @@ def make_agent_router(gateway: Gateway, mailbox: Mailbox, beats: Heartbeats) -> 
     async def transfer(node: this_node, transfer_id: str) -> FileResponse:
         path: Path = await threaded(gateway.transfer_file, node, transfer_id)
         return FileResponse(path, media_type="application/octet-stream")
+
+    @router.get(
+        "/attempts/{attempt_id}/files",
+        response_class=FileResponse,
+        responses={200: {"content": {"application/octet-stream": {}}}},
+    )
+    async def attempt_file(node: this_node, attempt_id: str, path: str) -> FileResponse:
+        """A file of an earlier attempt of a run this node is running (its checkpoint, for a
+        resumed start), from the control plane's copy."""
+        found: Path = await threaded(gateway.earlier_file, node, attempt_id, path)
+        return FileResponse(found, media_type="application/octet-stream")
 
     @router.post("/transfers", response_model=dict[str, str])
     async def transfer_done(node: this_node, body: p.TransferDone) -> dict[str, str]:

@@ -23,7 +23,7 @@ from orbit.core.nodes import MAX_TRANSFER_BYTES
 from orbit.server import problems
 from orbit.server.auth import RequireToken
 from orbit.server.config import ServerConfig
-from orbit.server.loops import Reconciler
+from orbit.server.loops import Reconciler, SchedulerLoop
 from orbit.server.metrics import Metrics
 from orbit.server.routes import make_router, me
 
@@ -44,6 +44,9 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         if config.loops
         else None
     )
+    scheduler = SchedulerLoop(service, metrics, config.reconcile_every_s) if config.loops else None
+    if scheduler is not None:
+        service.schedule_hook = scheduler.poke
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -52,9 +55,13 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         beats.start()
         if reconciler is not None:
             reconciler.start()
+        if scheduler is not None:
+            scheduler.start()
         try:
             yield
         finally:
+            if scheduler is not None:
+                scheduler.stop()
             if reconciler is not None:
                 reconciler.stop()
             mailbox.stop()
@@ -77,12 +84,14 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
     app.state.reconciler = reconciler
     problems.install(app)
     app.include_router(make_router(service, config, metrics))
-    gateway = Gateway(
-        service,
-        settings,
-        reconciler.poke if reconciler is not None else None,
-        config.reconcile_every_s,
-    )
+
+    def ended() -> None:  # an attempt ended on its node: its run moves, its slot is free
+        if reconciler is not None:
+            reconciler.poke()
+        if scheduler is not None:
+            scheduler.poke()
+
+    gateway = Gateway(service, settings, ended, config.reconcile_every_s)
     app.include_router(make_agent_router(gateway, mailbox, beats))
 
     @app.get("/healthz", tags=["server"], response_model=dict[str, str])

@@ -146,3 +146,41 @@ class Reconciler:
                 log.exception("attempt %s: could not record the look", attempt_id)
         if ended:  # it ended (or was retried): what waited for its slot is due now, and this
             self.poke()  # worker is free again for the pass that takes it
+
+
+class SchedulerLoop:
+    """The scheduler's passes, on a thread of their own: a submit, a freed slot or a node that
+    joins asks for one (poke) and goes on at once; the pass places the whole queue. It also
+    runs every `every_s`, so that a run waiting on an aged reservation or a node coming back
+    online is looked at with nobody asking."""
+
+    def __init__(self, service: CoreControlService, metrics: Metrics, every_s: float) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._poked = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._poked.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._poked.wait(self.every_s)
+            self._poked.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.service.schedule_pass()
+            except Exception:  # the store is away, say: the next pass tries again
+                self.metrics.loop_errors.inc()
+                log.exception("a scheduler pass failed")

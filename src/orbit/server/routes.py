@@ -27,10 +27,14 @@ from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
 from orbit.core.control.service import CoreControlService
 from orbit.core.control.submit import ShapedWire
 from orbit.core.control.views import (
+    Explanation,
     HostCheck,
+    QueueEntry,
+    QuotaView,
     RunDiff,
     RunPage,
     RunView,
+    Simulation,
     SubmitPlan,
     TemplateView,
 )
@@ -68,6 +72,8 @@ LOG_EVENT: dict[str, Any] = {
         "data": {"type": "string", "description": "log: base64 bytes; end: a JSON object"},
     },
 }
+QUOTA_SCOPE = Annotated[str, Field(pattern="^(user|experiment)$")]
+QUOTA_NAME = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^/\x00]+$")]
 RUN_REF = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 # a node's name or id (names as orbit.agent.protocol.NODE_NAME allows them)
 NODE_REF = Annotated[
@@ -117,6 +123,16 @@ class NewJoinTokenBody(Body):
         default={}, max_length=MAX_LABELS, description="given to every node that joins with it"
     )
     expires: str | None = Field(default=None, min_length=1, max_length=16, examples=["30d"])
+
+
+class QuotaBody(Body):
+    gpus: int = Field(ge=0, le=1_000_000, description="at most this many GPUs at once")
+    weight: float = Field(default=1.0, gt=0, le=1000, description="fair-share weight")
+
+
+class SimulateBody(Body):
+    since_s: float = Field(gt=0, le=366 * 86400, description="replay the passes this far back")
+    config: dict[str, Any] = Field(description="a scheduler config mapping to try")
 
 
 class NodeSettings(Body):
@@ -541,6 +557,40 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
         with who.acting() as svc:
             svc.revoke_join_token(token_id)
         return next(t for t in service.list_join_tokens() if t.id == token_id)
+
+    @router.get("/runs/{ref}/explain", response_model=Explanation, tags=["scheduler"])
+    def explain(who: me, ref: RUN_REF, replay: bool = False) -> Explanation:
+        """The run's latest scheduler decision; `replay` makes it again from the stored
+        snapshot and config and says whether it came out byte for byte the same."""
+        return service.explain(ref, replay)
+
+    @router.get("/queue", response_model=list[QueueEntry], tags=["scheduler"])
+    def queue(who: me) -> list[QueueEntry]:
+        """Agent-pool runs waiting to be placed, by tier and position, with their reasons."""
+        return service.queue()
+
+    @router.get("/quotas", response_model=list[QuotaView], tags=["scheduler"])
+    def list_quotas(who: me) -> list[QuotaView]:
+        return service.list_quotas()
+
+    @router.put("/quotas/{scope}/{name}", response_model=QuotaView, tags=["scheduler"])
+    def set_quota(who: me, scope: QUOTA_SCOPE, name: QUOTA_NAME, body: QuotaBody) -> QuotaView:
+        """At most `gpus` GPUs at once for the user or experiment; `weight` its fair share."""
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.set_quota(scope, name, body.gpus, body.weight)
+
+    @router.delete("/quotas/{scope}/{name}", response_model=list[QuotaView], tags=["scheduler"])
+    def remove_quota(who: me, scope: QUOTA_SCOPE, name: QUOTA_NAME) -> list[QuotaView]:
+        who.require("admin")
+        with who.acting() as svc:
+            svc.remove_quota(scope, name)
+        return service.list_quotas()
+
+    @router.post("/sched/simulate", response_model=Simulation, tags=["scheduler"])
+    def simulate(who: me, body: SimulateBody) -> Simulation:
+        """Replay recorded passes under another scheduler config; nothing is changed."""
+        return service.simulate(body.since_s, body.config)
 
     @router.get("/nodes", response_model=list[NodeRecord], tags=["nodes"])
     def list_nodes(who: me) -> list[NodeRecord]:

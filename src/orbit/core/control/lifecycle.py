@@ -106,6 +106,7 @@ class Lifecycle(ServiceBase, WaitsForRuns):
         attempt: AttemptRecord,
         request: ExecutionRequest,
         actor: str = "orbit",
+        placement: dict[str, Any] | None = None,
     ) -> None:
         """Claim the attempt, stage and start it, then record its handle and the move to
         submitted in one compare-and-set. A launch that failed ends the attempt (and may retry
@@ -115,13 +116,19 @@ class Lifecycle(ServiceBase, WaitsForRuns):
         (an automatic retry after its backoff) is ORBIT's own, whoever happened to look."""
         if failpoints.skips("launch"):
             return
+        if placement is None and request.backend_key.startswith("agent_pool"):
+            # the scheduler places it, with the rest of the queue (core/control/scheduling.py)
+            if attempt.lease_owner == launcher_id():  # claimed at its making: handed over
+                self.store.defer_launch(attempt.id, attempt.lease_owner, now())
+            self.request_schedule()
+            return
         owner = launcher_id()
         if not self.store.claim_launch(
             attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner
         ):
             return  # another process claimed it first
         backend = self.execution.backend(request.backend_key)
-        context = AttemptContext(run_id=run.id, attempt_id=attempt.id)
+        context = AttemptContext(run_id=run.id, attempt_id=attempt.id, placement=placement)
         try:
             with self._lease(attempt.id, owner):
                 failpoints.hit("before-launch")
@@ -134,12 +141,9 @@ class Lifecycle(ServiceBase, WaitsForRuns):
                 except (OrbitError, OSError) as exc:  # a backend's refusal or missing tool
                     raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
                 failpoints.hit("after-launch")
-        except NoNodeFree as exc:  # it waits, prepared, for a node to free up
-            self.store.defer_launch(
-                attempt.id, owner, now() + timedelta(seconds=NODE_WAIT_S), message=str(exc)
-            )
-            if exc.room_elsewhere:  # a slot it cannot use: the next in line may
-                self.store.wake_waiting(1, after=attempt.created_at)
+        except NoNodeFree as exc:  # the plan was stale: the next pass places it
+            self.store.defer_launch(attempt.id, owner, now(), message=str(exc))
+            self.request_schedule()
             return
         except LaunchError as exc:
             if exc.reason is FailureReason.HOST_UNREACHABLE:
@@ -171,6 +175,10 @@ class Lifecycle(ServiceBase, WaitsForRuns):
             # cancelled while it was being launched: the cancel reaches it now
             with contextlib.suppress(OrbitError):
                 backend.cancel(handle, FailureReason.CANCELLED)
+
+    def request_schedule(self) -> None:
+        """Have the scheduler run a pass (core/control/scheduling.py)."""
+        raise NotImplementedError
 
     def _wait_for_host(
         self, run: RunRecord, attempt: AttemptRecord, message: str, owner: str | None
@@ -379,11 +387,20 @@ class Lifecycle(ServiceBase, WaitsForRuns):
         None. (The store opens none if a cancel was asked for by the time the end is made.)"""
         attempt = run.current
         policy = RetryPolicy.model_validate(run.submission.get("retry", {}))
+        if status.reason is FailureReason.PREEMPTED and attempt.preempted_by is not None:
+            # pushed off by the scheduler: it goes on at once, whatever its retries so far,
+            # unless a person cancelled it meanwhile
+            if attempt.cancel_requested:
+                return None
+            said = {"reason": status.reason.value, "preempted_for": attempt.preempted_by}
+            return AutoRetry(event=said, launcher=self._claim())
         retries = 0
-        for earlier in reversed(run.attempts):
+        for n, earlier in enumerate(reversed(run.attempts)):
             if earlier.trigger != "auto_retry":
                 break
-            retries += 1
+            before = run.attempts[-n - 2] if n + 2 <= len(run.attempts) else None
+            if before is None or before.reason is not FailureReason.PREEMPTED:
+                retries += 1  # a retry after a preemption is not one the policy counts
         if not should_retry(policy, status, retries, attempt.cancel_requested):
             return None
         delay = backoff_delay(policy, retries)

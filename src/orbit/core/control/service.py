@@ -101,6 +101,7 @@ class CoreControlService(Reading, Accounts, Nodes):
             ssh_options=ssh_options,
         )
         service.node_offline_s = settings.node_offline_s
+        service.scheduler_config_file = settings.scheduler_config
         return service
 
     def _sweep_host(self, host: HostRecord, known: set[str]) -> SweepResult:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from orbit.core.control.lifecycle import Lifecycle
+from orbit.core.control.scheduling import Scheduling
 from orbit.core.control.views import SubmitPlan
 from orbit.core.errors import Refused
 from orbit.core.models import (
@@ -144,7 +144,7 @@ class _Shaped:
     job: JobSpec
 
 
-class Submitting(Lifecycle):
+class Submitting(Scheduling):
     def submit_task(
         self, submission: TaskSubmission, *, base_dir: Path, source: str = "submission"
     ) -> RunRecord:
@@ -255,6 +255,7 @@ class Submitting(Lifecycle):
         template = self.templates.get(submission.template_id)
         request = resolve(template, submission.overrides)
         self.execution.backend(request.backend_key).validate(request)
+        self.check_schedulable(request, submission.queue_anyway)
         job = JobSpec(
             task_type=submission.task_type,
             template_id=template.id,

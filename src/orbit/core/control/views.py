@@ -4,6 +4,7 @@ are the same whether the service runs in this process or behind `orbit server`."
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from orbit.core.hosts import HostRecord
@@ -83,3 +84,45 @@ class SubmitPlan(Record):
     bundle_digest: str
     bundle_files: int
     bundle_bytes: int
+
+
+class Explanation(Record):
+    """A run's latest scheduler decision (orbit.scheduler.plan's record), the pass that made
+    it, and with --replay the decision made again from the stored inputs."""
+
+    decision: dict[str, Any]
+    pass_id: str
+    replay_identical: bool | None = None
+    replayed: dict[str, Any] | None = None
+
+
+class QueueEntry(Record):
+    run: str
+    tier: str
+    position: int
+    outcome: str  # waiting | preempting
+    reason: str  # the decision in one line
+    waited_s: float
+    # when it may start: the soonest that the attempts in its way must end by (their
+    # max_runtime_s); None where one of them has no limit
+    estimated_start: datetime | None = None
+
+
+class QuotaView(Record):
+    scope: str  # user | experiment
+    name: str
+    gpus: int
+    weight: float
+    updated_by: str
+
+
+class Simulation(Record):
+    """What a scheduler config would have changed over recorded passes."""
+
+    passes: int
+    decisions: int
+    placed_elsewhere: list[str]
+    placed_instead_of_waiting: list[str]
+    waiting_instead_of_placed: list[str]
+    preempted_differently: list[str]
+    unchanged: int

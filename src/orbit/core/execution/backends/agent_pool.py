@@ -8,6 +8,7 @@ its node as a local run does on this machine."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogL
 from orbit.core.execution.mirror import is_scratch, read_agent_state
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
-from orbit.core.nodes import NodeRecord, NodeState, place
+from orbit.core.nodes import NodeRecord, NodeState
 from orbit.runtime import hostside
 
 if TYPE_CHECKING:
@@ -79,16 +80,6 @@ def start_body(
     }
 
 
-def selector_of(request: ExecutionRequest) -> dict[str, str]:
-    raw = getattr(request.placement, "selector", None) or {}
-    if not isinstance(raw, dict):
-        raise InvalidInput(
-            f"template '{request.template_id}': placement.selector: expected a mapping of "
-            "label -> value"
-        )
-    return {str(k): str(v) for k, v in raw.items()}
-
-
 class AgentPoolBackend:
     def __init__(
         self,
@@ -107,7 +98,10 @@ class AgentPoolBackend:
     # --- launching -------------------------------------------------------------------------
 
     def validate(self, request: ExecutionRequest) -> None:
+        from orbit.scheduler.inputs import asks_of, selector_of
+
         selector_of(request)
+        asks_of(request.resources)
         upload = getattr(request.placement, "upload_large", True)
         if not isinstance(upload, bool):
             raise InvalidInput(
@@ -117,56 +111,90 @@ class AgentPoolBackend:
     def launch(
         self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
     ) -> RunHandle:
-        selector = selector_of(request)
-        res = request.resources
-        gpu_memory = float(res.gpu_memory_gb or 0.0)  # per GPU; 0: whole GPUs
-        for _ in range(3):  # another launch may take the last slot between look and commit
-            nodes = self.nodes.list_nodes()
-            if request.target not in (None, "", "pool"):
-                nodes = [n for n in nodes if request.target in (n.name, n.id)]
-                if not nodes:
-                    raise LaunchError(
-                        FailureReason.LAUNCH_FAILED, f"no node named '{request.target}'"
-                    )
-            now = datetime.now(UTC)
-            fit, why = place(
-                nodes, now, selector, res.gpu_count, gpu_memory, res.gpu_type, self.offline_after_s
+        """Commit the scheduler's placement (orbit.core.control.scheduling): the node's slot,
+        its GPUs and the start command in one store transaction, which refuses a placement
+        made on stale state (NoNodeFree: the next pass places it again)."""
+        where = attempt.placement
+        if where is None:
+            raise NoNodeFree("waiting for the scheduler")
+        node_id = str(where["node_id"])
+        try:
+            node = self.nodes.get_node(node_id)
+        except OrbitError:
+            raise NoNodeFree(
+                f"node '{where.get('node')}' was removed before the placement"
+            ) from None
+        indices = [int(i) for i in where.get("gpus", ())]
+        gpus: dict[str, Any] = {
+            "indices": indices,
+            "memory_gb": float(where.get("gpu_share_gb") or 0.0),
+            "gpu_gb": {
+                str(a.get("index")): float(a.get("memory_mb", 0)) / 1024
+                for a in node.info.get("accelerators", ())
+            },
+            "cpus": float(where.get("cpus") or 0.0),
+            "memory_gb_ram": float(where.get("memory_gb") or 0.0),
+        }
+        start = start_body(attempt, bundle.digest, request, indices)
+        if where.get("resume_from"):
+            start["resume"] = self.resume_from(str(where["resume_from"]))
+        try:
+            placed = self.nodes.assign_attempt(
+                attempt.attempt_id,
+                node.id,
+                node.max_tasks,
+                gpus,
+                start,
+                actor="orbit",
             )
-            if fit is None:
-                room = any(
-                    n.state is NodeState.ACTIVE
-                    and n.online(now, self.offline_after_s)
-                    and len(n.running) < n.max_tasks
-                    for n in nodes
-                )
-                raise NoNodeFree(_waiting_message(selector, why), room_elsewhere=room)
-            gpus = {"indices": list(fit.gpu_indices), "memory_gb": fit.gpu_memory_gb}
-            try:
-                placed = self.nodes.assign_attempt(
-                    attempt.attempt_id,
-                    fit.node.id,
-                    fit.node.max_tasks,
-                    gpus,
-                    start_body(attempt, bundle.digest, request, fit.gpu_indices),
-                    actor="orbit",
-                )
-            except Refused:  # another launcher placed it meanwhile: that placement it is
-                existing = self.locate(request, attempt)
-                if existing is None:
-                    raise
-                return existing
-            if placed is None:
-                continue
-            fence, _command = placed
-            wake(fit.node.id)
-            return RunHandle(
-                backend_key=self.key,
-                target=fit.node.name,
-                attempt_id=attempt.attempt_id,
-                location=str(self.artifacts_dir / attempt.attempt_id),
-                data={"node_id": fit.node.id, "fence": fence, "gpus": list(fit.gpu_indices)},
-            )
-        raise NoNodeFree("every fitting node filled up while this attempt was being placed")
+        except Refused:  # another launcher placed it meanwhile: that placement it is
+            existing = self.locate(request, attempt)
+            if existing is None:
+                raise
+            return existing
+        if placed is None:
+            raise NoNodeFree(f"node '{node.name}' filled up before the plan was committed")
+        fence, _command = placed
+        wake(node.id)
+        return RunHandle(
+            backend_key=self.key,
+            target=node.name,
+            attempt_id=attempt.attempt_id,
+            location=str(self.artifacts_dir / attempt.attempt_id),
+            data={"node_id": node.id, "fence": fence, "gpus": indices},
+        )
+
+    def resume_from(self, earlier: str) -> dict[str, Any] | None:
+        """The newest checkpoint an earlier attempt of the run left (README: "Preemption and
+        resume"), as the control plane's copy has it: where it goes, and its files."""
+        artifacts = self.artifacts_dir / earlier / "artifacts"
+        relpath = hostside.newest_checkpoint(str(artifacts))
+        if relpath is None:
+            return None
+        top = artifacts / relpath
+        paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        files = [
+            (str(p.relative_to(artifacts.parent)).replace(os.sep, "/"), p.stat().st_size)
+            for p in paths
+            if not is_scratch(p.relative_to(artifacts))
+        ]
+        return {"attempt_id": earlier, "relpath": relpath, "files": files}
+
+    def earlier_files_in(self, earlier: str) -> bool:
+        """Whether an earlier attempt's files have all reached the control plane's copy, or
+        never will (it never started, or its node is gone): a resumed start waits for them,
+        so that its checkpoint is the newest one."""
+        state = read_agent_state(self.artifacts_dir / earlier)
+        if state.get("complete") or not state.get("started") or state.get("refused"):
+            return True  # all in, or it never ran: nothing more is coming
+        row = self.nodes.attempt_placement(earlier)
+        if row is None or row["node_id"] is None:
+            return True
+        try:
+            node = self.nodes.get_node(row["node_id"])
+        except OrbitError:
+            return True
+        return not node.online(datetime.now(UTC), self.offline_after_s)
 
     def never_placed(self, attempt: AttemptContext) -> bool:
         """No node was given the attempt (placing it is one transaction with its start)."""
@@ -299,14 +327,3 @@ class AgentPoolBackend:
 
 def _lost(handle: RunHandle, why: str) -> RunStatus:
     return RunStatus(state=RunState.FAILED, reason=FailureReason.NODE_LOST, message=why)
-
-
-def _waiting_message(selector: dict[str, str], why: dict[str, str]) -> str:
-    wanted = ",".join(f"{k}={v}" for k, v in selector.items()) or "any node"
-    if not why:
-        return f"waiting for a node ({wanted}): none has joined (see `orbit nodes join-token`)"
-    counts: dict[str, int] = {}
-    for reason in why.values():
-        counts[reason] = counts.get(reason, 0) + 1
-    summary = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
-    return f"waiting for a node ({wanted}): {summary}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from orbit.core.layers import LogLayer as LogLayer
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
@@ -22,9 +22,20 @@ class AttemptContext:
 
     run_id: str
     attempt_id: str
+    # where the scheduler placed it (agent pools): node_id, node, gpus, gpu_share_gb,
+    # gpu_gb (each GPU's memory), cpus, memory_gb
+    placement: dict[str, Any] | None = None
+    # an earlier attempt's checkpoint, staged on the node at `resume_staged`, to go to
+    # `resume_relpath` under this attempt's artifacts (the wrapper moves it: ORBIT_RESUME_FROM)
+    resume_staged: str | None = None
+    resume_relpath: str | None = None
 
     def env(self) -> dict[str, str]:
-        return {"ORBIT_RUN_ID": self.run_id, "ORBIT_ATTEMPT_ID": self.attempt_id}
+        env = {"ORBIT_RUN_ID": self.run_id, "ORBIT_ATTEMPT_ID": self.attempt_id}
+        if self.resume_staged and self.resume_relpath:
+            env["ORBIT_RESUME_STAGED"] = self.resume_staged
+            env["ORBIT_RESUME_RELPATH"] = self.resume_relpath
+        return env
 
 
 class LaunchError(Exception):
