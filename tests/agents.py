@@ -4,6 +4,7 @@ a real `orbit server` (tests/orbit_server.py) with a join token made on the serv
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,30 @@ from tests.orbit_server import Server
 ROOT = Path(__file__).resolve().parents[1]
 NVML_SHIM = ROOT / "tests" / "fakes" / "nvml_shim"
 NVML_DATA = ROOT / "tests" / "data" / "nvml"
+
+
+def with_xids(recording: Path, dest: Path, waits: list[tuple[int, int] | None]) -> Path:
+    """`recording` with XID events added, written to `dest`: no GPU fault can be produced here,
+    so these events are made up (the source field says so). Each wait on the event set gets the
+    next of `waits` in turn, cycling: (GPU index, XID), or None for a timeout."""
+    data = json.loads(recording.read_text(encoding="utf-8"))
+    xid = 8  # nvmlEventTypeXidCriticalError
+    count = next(c["ret"] for c in data["setup"] if c["fn"] == "nvmlDeviceGetCount")
+    data["source"] = f"{data['source']} XID events added by the tests (made up): {waits}"
+    data["setup"] = [c for c in data["setup"] if not c["fn"].startswith("nvmlEventSet")]
+    data["setup"] += [{"fn": "nvmlEventSetCreate", "args": [], "ret": None}]
+    data["setup"] += [
+        {"fn": "nvmlDeviceRegisterEvents", "args": [i, xid], "ret": None} for i in range(count)
+    ]
+    for wait in waits:
+        call: dict[str, Any] = {"fn": "nvmlEventSetWait", "args": [500]}
+        if wait is None:
+            call["error"] = 10  # NVML_ERROR_TIMEOUT
+        else:
+            call["ret"] = {"device": wait[0], "eventType": xid, "eventData": wait[1]}
+        data.setdefault("samples", []).append({"calls": [call]})
+    dest.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    return dest
 
 
 def nvml_env(recording: Path) -> dict[str, str]:

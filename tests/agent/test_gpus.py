@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.agent.test_pool_runs import ended, run_of
-from tests.agents import NVML_DATA, AgentProc, control, nvml_env, wait_online
+from tests.agents import NVML_DATA, AgentProc, control, nvml_env, wait_online, with_xids
 from tests.helpers import eventually, orbit, orbit_json, write_spec
 from tests.orbit_server import Server
 
@@ -160,3 +160,31 @@ def test_memory_reservations_share_a_gpu_that_a_whole_gpu_run_does_not(
 @pytest.fixture(autouse=True)
 def _quick_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORBIT_NODE_HEARTBEAT_S", "1")
+
+
+def test_a_gpu_with_an_xid_gets_no_work_and_explain_says_so(
+    orbit_server: Server, start_agent: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    # GPU 1 reports xid 79 (fallen off the bus) a second after the agent starts; GPU 0 an xid
+    # the application caused (13), which says nothing about the GPU
+    recording = with_xids(H100, tmp_path / "xids.json", [None, (0, 13), None, (1, 79)])
+    agent = start_agent(orbit_server, "h100x2", max_tasks=4, env=nvml_env(recording))
+    wait_online(orbit_server, "h100x2")
+
+    def health() -> list[tuple[bool, str]]:
+        service = control(orbit_server)
+        try:
+            gpus = service.get_node("h100x2").info["accelerators"]
+        finally:
+            service.close()
+        return [(g.get("healthy", True), g.get("problem", "")) for g in gpus]
+
+    eventually(lambda: health() == [(True, ""), (False, "xid 79")], timeout=30, every=0.2)
+    both = submit(orbit_server, tmp_path, "echo never", gpu_count=2)  # queued: it may recover
+    one = submit(orbit_server, tmp_path, 'echo "gpus=[$CUDA_VISIBLE_DEVICES]"', gpu_count=1)
+    assert ended(orbit_server, one)["attempts"][-1]["state"] == "succeeded", agent.output()
+    assert gpus_of(orbit_server, one) == "0"
+    assert waiting_message(orbit_server, both) == "0/1 nodes fit: 1 unhealthy gpu (gpu 1: xid 79)"
+    explained = orbit(orbit_server.env(), "explain", both).stdout
+    assert "gpu 1: xid 79" in explained
+    orbit(orbit_server.env(), "cancel", both)

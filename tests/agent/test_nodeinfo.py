@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,41 @@ def test_a_switch_joins_every_gpu_on_it_and_only_those() -> None:
     switch_a, switch_b = "00000000:05:00.0", "00000000:06:00.0"
     remotes = {0: {switch_a}, 1: {switch_a, switch_b}, 2: {switch_b}}
     assert nodeinfo.nvlink_peers(buses, remotes) == {0: (1,), 1: (0, 2), 2: (1,)}
+
+
+def test_an_xid_marks_its_gpu_unhealthy_and_one_the_application_caused_does_not(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from orbit.agent.xids import XidWatch
+    from tests.agents import with_xids
+
+    # GPU 0: xid 13 (a graphics engine exception: the task's own fault); GPU 1: xid 79 (fell
+    # off the bus)
+    waits: list[tuple[int, int] | None] = [None, (0, 13), (1, 79)]
+    replay(monkeypatch, tmp_path, with_xids(H100, tmp_path / "xids.json", waits))
+    told = threading.Event()
+    watch = XidWatch(on_fault=told.set)
+    watch.start()
+    try:
+        assert told.wait(10), "no fault seen"
+        assert watch.faults() == {1: "xid 79"}
+    finally:
+        watch.close(timeout=5)
+    info = nodeinfo.collect(tmp_path, faults=watch.faults())
+    health = [(g.index, g.healthy, g.problem) for g in info.accelerators]
+    assert health == [(0, True, ""), (1, False, "xid 79")]
+
+
+def test_without_xid_events_nothing_is_watched_and_nothing_marked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from orbit.agent.xids import XidWatch
+
+    calls = replay(monkeypatch, tmp_path, H100)  # the table shows no XID support
+    watch = XidWatch()
+    watch.start()
+    watch.close(timeout=5)
+    assert watch.faults() == {}
+    made = calls.read_text().split()
+    assert "nvmlEventSetCreate" in made and "nvmlEventSetWait" not in made
+    assert made[-1] == "nvmlShutdown"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -214,7 +215,12 @@ def nvmlDeviceRegisterEvents(handle: Any, event_types: int, event_set: Any) -> N
 
 
 def nvmlEventSetWait(event_set: Any, timeout_ms: int) -> SimpleNamespace:
-    ret = _answer("nvmlEventSetWait", timeout_ms)
+    try:
+        ret = _answer("nvmlEventSetWait", timeout_ms)
+    except NVMLError as exc:  # as NVML does: a timeout comes after the time asked for
+        if exc.value == NVML_ERROR_TIMEOUT:
+            time.sleep(timeout_ms / 1000)
+        raise
     return SimpleNamespace(
         device=_Handle(ret["device"]), eventType=ret["eventType"], eventData=ret["eventData"]
     )

@@ -34,6 +34,7 @@ import httpx
 
 from orbit.agent import protocol as p
 from orbit.agent.files import FileState, plan_chunks
+from orbit.agent.xids import XidWatch
 from orbit.core.execution.backends.base import AttemptContext
 from orbit.core.models import ExecutionRequest
 from orbit.runtime import hostside
@@ -118,6 +119,7 @@ class Agent:
         self.seq = 0
         self.last_info: p.NodeInfo | None = None
         self.info_at = 0.0
+        self.xids = XidWatch(on_fault=self._gpu_fault)
         self.http = httpx.Client(
             base_url=options.server.rstrip("/"),
             verify=options.verify,
@@ -182,10 +184,14 @@ class Agent:
         os.replace(tmp, path)
         log.info("joined %s as node %s (%s)", self.o.server, answer.name, answer.node_id)
 
+    def _gpu_fault(self) -> None:
+        self.info_at = float("-inf")  # the next heartbeat carries the node's facts, fault included
+
     def node_info(self) -> p.NodeInfo:
         from orbit.agent.nodeinfo import collect
 
-        return collect(self.work, models=self.o.models, datasets=self.o.datasets)
+        faults = self.xids.faults()
+        return collect(self.work, models=self.o.models, datasets=self.o.datasets, faults=faults)
 
     # --- HTTP --------------------------------------------------------------------------------
 
@@ -219,6 +225,7 @@ class Agent:
             log.error("the server refused to register this node: %s", exc.detail)
             return 3
         self.restore()
+        self.xids.start()
         threads = [
             threading.Thread(target=self._guard(self.heartbeat_loop), name="agent-heartbeat"),
             threading.Thread(target=self._guard(self.report_loop), name="agent-report"),
@@ -234,6 +241,7 @@ class Agent:
             code = 3
         finally:
             self.stop.set()
+            self.xids.stop.set()
             self.report_wake.set()
             self.workers.shutdown(wait=False, cancel_futures=True)
             self.urgent.shutdown(wait=False, cancel_futures=True)

@@ -8,7 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,8 +183,29 @@ def memory_mb() -> int:
         return 0
 
 
-def collect(work_dir: Path, models: Sequence[str] = (), datasets: Sequence[str] = ()) -> NodeInfo:
+def with_faults(
+    gpus: tuple[Accelerator, ...], faults: Mapping[int, str]
+) -> tuple[Accelerator, ...]:
+    """The GPUs, those with a fault seen since the agent started (an XID) marked unhealthy."""
+    marked = []
+    for gpu in gpus:
+        fault = faults.get(gpu.index)
+        if fault:
+            problem = "; ".join(filter(None, (gpu.problem, fault)))
+            gpu = gpu.model_copy(update={"healthy": False, "problem": problem[:200]})
+        marked.append(gpu)
+    return tuple(marked)
+
+
+def collect(
+    work_dir: Path,
+    models: Sequence[str] = (),
+    datasets: Sequence[str] = (),
+    faults: Mapping[int, str] | None = None,
+) -> NodeInfo:
+    """The node's facts; `faults` are GPU faults seen meanwhile (orbit.agent.xids)."""
     gpus, source = accelerators()
+    gpus = with_faults(gpus, faults or {})
     docker, nvidia = docker_facts()
     try:
         free = shutil.disk_usage(work_dir).free // (1024 * MB) * 1024  # whole GiB: no churn

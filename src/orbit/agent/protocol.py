@@ -60,8 +60,9 @@ class Accelerator(Message):
     vendor: str = "nvidia"
     # indices of the accelerators this one is linked to by NVLink, where NVML tells
     nvlink_peers: tuple[int, ...] = ()
-    # NVML's last word on it: uncorrected ECC errors since its last reset, or fallen off the
-    # bus. An unhealthy one gets no work until the node reports it healthy again.
+    # NVML's last word on it: uncorrected ECC errors since its last reset, fallen off the bus,
+    # or an XID seen since the agent started (orbit.agent.xids). An unhealthy one gets no work
+    # until the node reports it healthy again.
     healthy: bool = True
     problem: str = Field(default="", max_length=200)
 

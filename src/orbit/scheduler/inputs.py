@@ -229,12 +229,15 @@ def never_fits(
     request: ExecutionRequest, nodes: list[NodeRecord], at: datetime, config: SchedConfig
 ) -> str | None:
     """Why no registered node could ever hold any of the request's alternatives, whatever
-    runs there and whether it is online now; None if one could."""
+    runs there, whether it is online now and whether its GPUs are healthy now (a GPU is reset,
+    a node comes back); None if one could."""
     from orbit.scheduler.plan import Pass
 
-    views = tuple(
-        replace(node_view(n, at, ()), state="active", offline_s=None, max_tasks=1) for n in nodes
-    )
+    def ever(view: NodeView) -> NodeView:
+        gpus = tuple(replace(g, healthy=True, problem="") for g in view.gpus)
+        return replace(view, state="active", offline_s=None, max_tasks=1, gpus=gpus)
+
+    views = tuple(ever(node_view(n, at, ())) for n in nodes)
     probe = Request(
         run_id="",
         attempt_id="",
