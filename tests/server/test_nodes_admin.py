@@ -156,7 +156,7 @@ def test_a_node_joins_and_an_admin_drains_cordons_and_sets_it(
         shown = orbit(admin, "nodes", "show", "gpu-a").stdout
         for text in (
             node.id,
-            "0.9.1 (protocol 1) on gpu-a.lab",
+            f"0.9.1 (protocol {PROTOCOL_VERSION}) on gpu-a.lab",
             "GPU-00000000-1111-2222-3333-444444444444",
             "nvlink peers 1",
             "80 GiB",

@@ -9,6 +9,7 @@ from orbit.core.auth import token_hash
 from orbit.core.errors import Refused
 from orbit.core.models import FailureReason, RunState
 from orbit.store import Store
+from orbit.store.sql import read_json
 
 
 def test_a_nodes_lookup_holds_its_own_attempts_and_gpus_only(store: Store) -> None:
@@ -28,7 +29,7 @@ def test_a_nodes_lookup_holds_its_own_attempts_and_gpus_only(store: Store) -> No
             backend_key="agent_pool_host_process", actor="tests",
         )  # fmt: skip
         gpus = {"indices": [i], "memory_gb": 0.0}
-        assert store.assign_attempt(run.current.id, node.id, 8, gpus, {"kind": "start"}, "t")
+        assert store.assign_attempt(run.current.id, node.id, gpus, {"kind": "start"}, "t")
         placed[node.name].append(run.current.id)
     ended = placed["b"].pop()  # an ended attempt is no longer running there
     store.move_attempt(ended, RunState.FAILED, actor="tests", reason=FailureReason.NODE_LOST)
@@ -60,9 +61,40 @@ def test_an_attempt_is_placed_once_however_many_launchers_try(store: Store) -> N
         backend_key="agent_pool_host_process", actor="tests",
     )  # fmt: skip
     gpus = {"indices": [], "memory_gb": 0.0}
-    placed = store.assign_attempt(run.current.id, x.id, 8, gpus, {"kind": "start"}, "t")
+    placed = store.assign_attempt(run.current.id, x.id, gpus, {"kind": "start"}, "t")
     assert placed is not None and placed[0] == 1
     with pytest.raises(Refused, match="already placed"):
-        store.assign_attempt(run.current.id, y.id, 8, gpus, {"kind": "start"}, "t")
+        store.assign_attempt(run.current.id, y.id, gpus, {"kind": "start"}, "t")
     assert store.attempt_placement(run.current.id)["node_id"] == x.id
     assert store.pending_commands(y.id) == []
+
+
+def test_a_placement_is_checked_against_the_node_as_it_is_now(store: Store) -> None:
+    """A plan made before an admin drained or cordoned a node is refused; one made before the
+    admin raised max_tasks tells the agent the new figure, which its last heartbeat may not
+    have brought yet."""
+    from orbit.core.nodes import NodeState
+
+    store.create_join_token(token_hash("join"), {}, None, "tests")
+    node = store.register_node(
+        token_hash("join"), "n", {}, 1, {"agent_version": "t"}, token_hash("cred-n")
+    )
+    experiment = store.create_experiment("e", "tests").id
+
+    def attempt() -> str:
+        run = store.create_run(
+            experiment_id=experiment, task_type="command", template_id="pool",
+            bundle_digest="0" * 64, submission={}, request={}, target=None,
+            backend_key="agent_pool_host_process", actor="tests",
+        )  # fmt: skip
+        return run.current.id
+
+    gpus = {"indices": [], "memory_gb": 0.0}
+    store.update_node("n", "admin", max_tasks=0)
+    assert store.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is None
+    store.update_node("n", "admin", max_tasks=2, state=NodeState.CORDONED)
+    assert store.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is None
+    store.update_node("n", "admin", state=NodeState.ACTIVE)
+    assert store.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is not None
+    [start] = [read_json(c["body"]) for c in store.pending_commands(node.id)]
+    assert start["max_tasks"] == 2

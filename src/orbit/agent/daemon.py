@@ -446,8 +446,10 @@ class Agent:
                 return
             with self.lock:
                 busy = sum(1 for t in self.tracked.values() if not _ended(t))
-            if busy >= self.max_tasks:
-                self._claim(start, refuse=f"at capacity ({busy} of max_tasks {self.max_tasks})")
+            # the server's figure at placement: the last heartbeat's may be older (raised since)
+            slots = self.max_tasks if start.max_tasks is None else start.max_tasks
+            if busy >= slots:
+                self._claim(start, refuse=f"at capacity ({busy} of max_tasks {slots})")
                 return
             request = ExecutionRequest.model_validate(start.request)
             tracked = Tracked(

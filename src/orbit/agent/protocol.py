@@ -24,7 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PROTOCOL_VERSION = 1
+# 2: accelerators carry their health; a start may carry a resume and carries its max_tasks
+PROTOCOL_VERSION = 2
 PREFIX = "/api/v1/agent"
 VERSION_HEADER = "X-Orbit-Agent-Protocol"
 REGISTER_PATH = PREFIX + "/register"
@@ -161,6 +162,8 @@ class StartAttempt(Message):
     gpu_indices: tuple[int, ...] = ()
     upload_large: bool = True  # checkpoints too, or only when `orbit collect` asks
     resume: Resume | None = None  # go on from an earlier attempt's checkpoint
+    # the node's max_tasks the placement was checked against (newer than a heartbeat's)
+    max_tasks: int | None = Field(default=None, ge=0)
 
 
 class CancelAttempt(Message):

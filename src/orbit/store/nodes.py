@@ -336,22 +336,28 @@ class NodesMixin(StoreBase):
         self,
         attempt_id: str,
         node_id: str,
-        max_tasks: int,
         gpus: dict[str, Any],
         start: dict[str, Any],
         actor: str,
     ) -> tuple[int, str] | None:
         """Place an attempt on a node and queue its start command, in one transaction that
-        checks the node still has room (two launches never both take its last slot). The
-        fence goes up by one each time; returns (fence, command id), or None if full. Refused
-        for an attempt already placed: a launcher that stalled past its lease while another
-        placed the attempt must not place it a second time (it would start on two nodes)."""
+        checks the node still takes work and has room, by its max_tasks as they are now (two
+        launches never both take its last slot; a plan made before an admin cordoned or drained
+        it is refused). The start carries that max_tasks: the agent checks against it, not
+        against the one its last heartbeat brought. The fence goes up by one each time; returns
+        (fence, command id), or None if the node is full or takes no work. Refused for an
+        attempt already placed: a launcher that stalled past its lease while another placed
+        the attempt must not place it a second time (it would start on two nodes)."""
         with self._write() as tx:
             if tx.dialect == "postgresql":
                 tx.execute("SELECT id FROM nodes WHERE id = :id FOR UPDATE", {"id": node_id})
                 tx.execute("SELECT id FROM attempts WHERE id = :a FOR UPDATE", {"a": attempt_id})
             if tx.scalar("SELECT node_id FROM attempts WHERE id = :a", {"a": attempt_id}):
                 raise Refused(f"attempt {attempt_id} is already placed on a node")
+            node = tx.one("SELECT state, max_tasks FROM nodes WHERE id = :n", {"n": node_id})
+            if node is None or node["state"] != "active":
+                return None
+            max_tasks = int(node["max_tasks"])
             busy = tx.scalar(
                 f"SELECT count(*) FROM attempts WHERE node_id = :n AND state IN {ACTIVE_IN} "
                 "AND id <> :a",
@@ -376,7 +382,10 @@ class NodesMixin(StoreBase):
                 {"n": node_id, "f": fence, "g": gpus, "a": attempt_id, "now": utcnow()},
             )
             command_id = self._enqueue(
-                tx, node_id, {**start, "fence": fence}, attempt_id=attempt_id
+                tx,
+                node_id,
+                {**start, "fence": fence, "max_tasks": max_tasks},
+                attempt_id=attempt_id,
             )
             run_id = tx.scalar("SELECT run_id FROM attempts WHERE id = :a", {"a": attempt_id})
             name = tx.scalar("SELECT name FROM nodes WHERE id = :n", {"n": node_id})

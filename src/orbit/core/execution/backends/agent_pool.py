@@ -50,7 +50,6 @@ class NodeDirectory(Protocol):
         self,
         attempt_id: str,
         node_id: str,
-        max_tasks: int,
         gpus: dict[str, Any],
         start: dict[str, Any],
         actor: str,
@@ -142,7 +141,6 @@ class AgentPoolBackend:
             placed = self.nodes.assign_attempt(
                 attempt.attempt_id,
                 node.id,
-                node.max_tasks,
                 gpus,
                 start,
                 actor="orbit",
@@ -153,7 +151,9 @@ class AgentPoolBackend:
                 raise
             return existing
         if placed is None:
-            raise NoNodeFree(f"node '{node.name}' filled up before the plan was committed")
+            raise NoNodeFree(
+                f"node '{node.name}' filled up or stopped taking work before the plan was committed"
+            )
         fence, _command = placed
         wake(node.id)
         return RunHandle(
