@@ -388,3 +388,21 @@ def test_a_waiting_run_is_given_an_estimated_start_from_max_runtimes() -> None:
     assert p.decisions["run-x"]["estimated_start"] == NOW + 600
     other = [node("a", "A100-80GB*1", used={0: 0.0}, running=(endless,))]
     assert plan(other, [run("x", ask("A100"))]).decisions["run-x"]["estimated_start"] is None
+
+
+def test_a_running_attempts_progress_gives_its_likely_end_to_the_minute() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from orbit.scheduler.inputs import eta_from_progress
+
+    at = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+    started = at - timedelta(seconds=100)
+    # 10 of 40 steps in 100 s: 300 s to go, from 12:00:00 -> 12:05:00
+    assert eta_from_progress(10, 40, started, at) == (at + timedelta(seconds=300)).timestamp()
+    # 3 of 40 in 100 s: 1233.3 s to go -> 12:20:33.3, kept as 12:21:00
+    assert (
+        eta_from_progress(3, 40, started, at)
+        == datetime(2026, 11, 23, 12, 21, tzinfo=UTC).timestamp()
+    )
+    for step, total in ((None, 40), (0, 40), (10, None), (50, 40)):
+        assert eta_from_progress(step, total, started, at) is None

@@ -171,3 +171,30 @@ def test_simulate_says_what_another_config_would_have_changed(
     bad.write_text("tiers: [a, a]\n", encoding="utf-8")
     proc = orbit(env, "sched", "simulate", "--config", str(bad), check=False)
     assert proc.returncode != 0 and "tiers" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_waiting_run_is_given_an_estimated_start_from_the_running_ones_progress(
+    orbit_server: Server, start_agent: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime
+
+    start_agent(orbit_server, "solo", max_tasks=1)
+    wait_online(orbit_server, "solo")
+    env = orbit_server.env()
+    flag = tmp_path / "go"
+    # step 1 of 4 logged, as trainers log it, then it holds: no max_runtime to go by
+    progress = (
+        'echo \'{"step": 1, "max_steps": 4, "loss": 2.0}\' > $ORBIT_ARTIFACTS_DIR/logging.jsonl'
+    )
+    holder = submit(orbit_server, tmp_path, f"{progress}; {HOLD.format(flag=flag)}")
+    eventually(lambda: orbit_json(env, "status", holder)["progress"] is not None, 60)
+    asked_at = datetime.now(UTC)
+    waiting = submit(orbit_server, tmp_path, "echo next")
+    eventually(lambda: len(orbit_json(env, "queue")) == 1, 30)
+    [queued] = orbit_json(env, "queue")
+    assert queued["run"] == waiting and queued["estimated_start"] is not None
+    estimate = datetime.fromisoformat(queued["estimated_start"])
+    # three more steps at the pace of the first (seconds), to the minute above
+    assert 0 < (estimate - asked_at).total_seconds() <= 120
+    flag.touch()
+    assert ended(orbit_server, waiting)["attempts"][-1]["state"] == "succeeded"

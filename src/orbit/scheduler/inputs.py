@@ -126,12 +126,32 @@ def request_of(row: dict[str, Any], config: SchedConfig) -> Request:
     )
 
 
-def running_of(row: dict[str, Any], config: SchedConfig) -> Running:
+ETA_ROUND_S = 60.0  # an end from progress moves a little every pass: kept to the minute
+
+
+def eta_from_progress(
+    step: int | None, max_steps: int | None, started: datetime | None, at: datetime
+) -> float | None:
+    """When a running attempt will likely end, from how far along it is (its logging.jsonl's
+    step of max_steps) at the pace it has kept since it started, to the minute above; None
+    where it says no step or no total."""
+    if not step or not max_steps or started is None or step <= 0 or max_steps < step:
+        return None
+    elapsed = max(0.0, (at - started).total_seconds())
+    end = at.timestamp() + elapsed * (max_steps - step) / step
+    return -(-end // ETA_ROUND_S) * ETA_ROUND_S
+
+
+def running_of(row: dict[str, Any], config: SchedConfig, eta: float | None = None) -> Running:
+    """`eta`: when its progress says it will end (eta_from_progress); the end the scheduler
+    counts on is the earlier of that and its max_runtime's."""
     request = ExecutionRequest.model_validate(_json(row["request"]))
     placed = _json(row["node_gpus"]) or {}
     rank = config.tier_rank(request.priority)
     started = _time(row["started_at"]) or _time(row["created_at"])
     ends_by = _epoch(started) + request.max_runtime_s if started and request.max_runtime_s else None
+    if eta is not None:
+        ends_by = eta if ends_by is None else min(ends_by, eta)
     res = request.resources
     return Running(
         attempt_id=row["id"],
@@ -204,10 +224,13 @@ def snapshot_of(
     at: datetime,
     config: SchedConfig,
     offline_after_s: float | None = None,
+    etas: dict[str, float] | None = None,
 ) -> Snapshot:
+    """`etas`: attempt id -> when its progress says it will end (eta_from_progress)."""
     by_node: dict[str, list[Running]] = {}
     for row in placed:
-        by_node.setdefault(row["node_id"], []).append(running_of(row, config))
+        eta = (etas or {}).get(row["id"])
+        by_node.setdefault(row["node_id"], []).append(running_of(row, config, eta))
     views = tuple(node_view(n, at, tuple(by_node.get(n.id, ())), offline_after_s) for n in nodes)
     digest = hashlib.sha256(dumps([node_out(v) for v in views])).hexdigest()[:12]
     return Snapshot(version=digest, at=round(at.timestamp(), 3), nodes=views)

@@ -23,17 +23,19 @@ from orbit.core.control.lifecycle import NODE_WAIT_S, Lifecycle, now
 from orbit.core.control.views import Explanation, QueueEntry, QuotaView, Simulation
 from orbit.core.errors import InvalidInput, NotFound, OrbitError, Refused
 from orbit.core.models import ExecutionRequest, FailureReason
+from orbit.forensics.progress import PROGRESS_GLOB, latest_progress
 from orbit.scheduler.checks import site_checks
 from orbit.scheduler.codec import dumps, pass_in, pass_out
 from orbit.scheduler.config import config_from_dict, config_to_dict, load_config
 from orbit.scheduler.explain import one_line
-from orbit.scheduler.inputs import check_request, request_of, snapshot_of
+from orbit.scheduler.inputs import check_request, eta_from_progress, request_of, snapshot_of
 from orbit.scheduler.model import Quota, SchedConfig
 from orbit.scheduler.plan import Placement, Plan, Preemption, schedule
 from orbit.store.base import new_id
 from orbit.store.scheduling import DecisionRow, unpack
 from orbit.store.sql import read_json
 
+ETA_EVERY_S = 30.0  # how often a running attempt's progress is read for estimated starts
 PASSES_IN_A_ROW = 3  # a pass asked for during a pass runs after it, at most this many more
 _VOLATILE = ("waited_s", "snapshot", "config")  # what every pass changes
 
@@ -137,7 +139,8 @@ class Scheduling(Lifecycle):
         rows = self.store.scheduler_rows(at)
         if not rows.pending:
             return Plan()
-        snapshot = snapshot_of(rows.nodes, rows.placed, at, config, self.node_offline_s)
+        etas = self._etas(rows.placed, at)
+        snapshot = snapshot_of(rows.nodes, rows.placed, at, config, self.node_offline_s, etas)
         queue = [request_of(row, config) for row in rows.pending]
         plan = schedule(snapshot, queue, config, *site_checks(config))
         self._keep(plan, at, config, dumps(pass_out(snapshot, queue)))
@@ -146,6 +149,37 @@ class Scheduling(Lifecycle):
         for placement in plan.placements:
             self._launch_placed(placement)
         return plan
+
+    def _etas(self, placed: list[dict[str, Any]], at: datetime) -> dict[str, float]:
+        """When each running attempt will likely end by its progress (its logging.jsonl), for
+        the waiting runs' estimated starts. Each attempt's progress is read at most every
+        ETA_EVERY_S: a pass must not read every running attempt's files."""
+        cache: dict[str, tuple[float, float | None]] = self.__dict__.setdefault("_eta_cache", {})
+        live = {row["id"] for row in placed}
+        for gone in set(cache) - live:
+            del cache[gone]
+        out = {}
+        for row in placed:
+            read_at, eta = cache.get(row["id"], (float("-inf"), None))
+            if at.timestamp() - read_at >= ETA_EVERY_S:
+                eta = self._eta_of(row["id"], at)
+                cache[row["id"]] = (at.timestamp(), eta)
+            if eta is not None:
+                out[row["id"]] = eta
+        return out
+
+    def _eta_of(self, attempt_id: str, at: datetime) -> float | None:
+        try:
+            attempt = self.store.get_attempt(attempt_id)
+            if attempt.handle is None:
+                return None
+            backend = self.execution.backend(attempt.handle.backend_key)
+            progress = latest_progress(backend.tail_files(attempt.handle, PROGRESS_GLOB, 8192))
+        except OrbitError:  # gone meanwhile, or its files cannot be read now: no estimate
+            return None
+        if progress is None:
+            return None
+        return eta_from_progress(progress.step, progress.max_steps, attempt.started_at, at)
 
     def _keep(self, plan: Plan, at: Any, config: SchedConfig, inputs: bytes) -> None:
         decisions, waits = [], {}
