@@ -41,7 +41,8 @@ def main() -> None:
             err = (w * x + b) - y
             w -= args.lr * 2 * err * x
             b -= args.lr * 2 * err
-            log.write(json.dumps({"step": step, "loss": round(err * err, 6)}) + "\n")
+            line = {"step": step, "max_steps": args.steps, "loss": round(err * err, 6)}
+            log.write(json.dumps(line) + "\n")
             log.flush()
             if step % 50 == 0 or step == args.steps:
                 print(f"step {step}: loss {err * err:.5f} w={w:.3f} b={b:.3f}", flush=True)
