@@ -22,9 +22,10 @@ def _discover() -> dict[str, Loader]:
     """Built-ins, then the entry points, which stay unloaded until their type is asked for:
     one broken third-party plugin must not break every other task type."""
     from orbit.core.tasks.command import CommandTask
+    from orbit.core.tasks.http import HttpTask
     from orbit.core.tasks.python import PythonTask
 
-    found: dict[str, Loader] = {"command": CommandTask, "python": PythonTask}
+    found: dict[str, Loader] = {"command": CommandTask, "python": PythonTask, "http": HttpTask}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         builtin = found.get(ep.name)
         if (

@@ -1,0 +1,145 @@
+"""The `http` task on the node: send a request, or a batch of them, to a model server already
+running there, and keep every response. Standard library only: it runs with whatever python3
+the node has.
+
+Its settings come as JSON in ORBIT_HTTP_REQUEST (orbit.core.tasks.http shapes them). Bodies
+are the one `json` value, or one per line of the staged requests.jsonl, read as they are sent:
+a batch of millions is not held in memory. At most `concurrency` requests are in flight.
+
+Under $ORBIT_ARTIFACTS_DIR:
+- `save` (responses.jsonl): a line per request as it completes (not in order):
+  {"index", "status", "elapsed_s", "response" (JSON, or text), "error"}
+- logging.jsonl: {"step": done, "max_steps": total} as they complete, so `orbit status` shows
+  "step 120/1000" and an estimated end;
+and on stdout the first few responses (previews) and a line every 5 % or 10 s.
+
+Exit 0 if no more than `allow_failures` requests failed (no answer, or a status >= 400);
+1 otherwise, with the failures counted by kind. SIGTERM (a cancel) stops sending at once."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+PREVIEWS = 3
+PREVIEW_CHARS = 300
+
+
+def bodies(config: dict[str, Any]) -> tuple[Iterator[bytes | None], int | None]:
+    """Each request's body, and how many there are (None where not known up front)."""
+    if config.get("jsonl_file"):
+        path = config["jsonl_file"]
+        with open(path, "rb") as f:
+            total = sum(1 for line in f if line.strip())
+
+        def lines() -> Iterator[bytes | None]:
+            with open(path, "rb") as f:
+                for line in f:
+                    if line.strip():
+                        yield line.strip()
+
+        return lines(), total
+    if "json" in config:
+        return iter([json.dumps(config["json"]).encode()]), 1
+    return iter([None]), 1
+
+
+def send(
+    config: dict[str, Any], headers: dict[str, str], index: int, body: bytes | None
+) -> dict[str, Any]:
+    request = urllib.request.Request(
+        config["url"], data=body, method=config["method"], headers=headers
+    )
+    started = time.monotonic()
+    status, text, error = None, "", None
+    try:
+        with urllib.request.urlopen(request, timeout=config["timeout_s"]) as answer:
+            status, text = answer.status, answer.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read().decode("utf-8", "replace")
+        error = f"http {exc.code}"
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        error = "timeout" if isinstance(reason, TimeoutError) else f"{type(reason).__name__}"
+        text = str(reason)
+    try:
+        response: Any = json.loads(text) if text else None
+    except ValueError:
+        response = text
+    return {
+        "index": index,
+        "status": status,
+        "elapsed_s": round(time.monotonic() - started, 4),
+        "response": response,
+        "error": error,
+    }
+
+
+def main() -> int:
+    config = json.loads(os.environ["ORBIT_HTTP_REQUEST"])
+    headers = {"content-type": "application/json", **config.get("headers", {})}
+    for name, var in config.get("headers_from_env", {}).items():
+        if var not in os.environ:
+            print(f"orbit http: headers_from_env.{name}: ${var} is not set here", file=sys.stderr)
+            return 2
+        headers[name] = os.environ[var]
+    artifacts = os.environ.get("ORBIT_ARTIFACTS_DIR", "artifacts")
+    save = os.path.join(artifacts, config["save"])
+    os.makedirs(os.path.dirname(save) or ".", exist_ok=True)
+    stream, total = bodies(config)
+    print(f"orbit http: {total} request(s) to {config['method']} {config['url']}, "
+          f"{config['concurrency']} at a time", flush=True)  # fmt: skip
+    done, failed = 0, Counter[str]()
+    last_said, every = time.monotonic(), max(1, (total or 0) // 20)
+    with (
+        open(save, "a", encoding="utf-8") as out,
+        open(os.path.join(artifacts, "logging.jsonl"), "a", encoding="utf-8") as progress,
+        ThreadPoolExecutor(config["concurrency"], thread_name_prefix="http") as pool,
+    ):
+        in_flight: set[Future[dict[str, Any]]] = set()
+        numbered = enumerate(stream)
+
+        def top_up() -> None:
+            for index, body in itertools.islice(numbered, config["concurrency"] - len(in_flight)):
+                in_flight.add(pool.submit(send, config, headers, index, body))
+
+        top_up()
+        while in_flight:
+            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in finished:
+                in_flight.discard(future)
+                record = future.result()
+                done += 1
+                if record["error"]:
+                    failed[record["error"]] += 1
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+                progress.write(json.dumps({"step": done, "max_steps": total}) + "\n")
+                progress.flush()
+                if done <= PREVIEWS:
+                    preview = json.dumps(record["response"])[:PREVIEW_CHARS]
+                    print(f"[{record['index']}] {record['status']}: {preview}", flush=True)
+                if done % every == 0 or time.monotonic() - last_said >= 10 or done == total:
+                    last_said = time.monotonic()
+                    print(f"{done}/{total} done, {sum(failed.values())} failed", flush=True)
+            top_up()
+    bad = sum(failed.values())
+    kinds = ", ".join(f"{kind} x{n}" for kind, n in failed.most_common())
+    if bad > config.get("allow_failures", 0):
+        print(f"orbit http: {bad} of {done} request(s) failed: {kinds}", file=sys.stderr)
+        return 1
+    print(f"orbit http: {done} request(s) answered" + (f"; {bad} failed: {kinds}" if bad else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
