@@ -187,6 +187,7 @@ def test_a_waiting_run_is_given_an_estimated_start_from_the_running_ones_progres
         'echo \'{"step": 1, "max_steps": 4, "loss": 2.0}\' > $ORBIT_ARTIFACTS_DIR/logging.jsonl'
     )
     holder = submit(orbit_server, tmp_path, f"{progress}; {HOLD.format(flag=flag)}")
+    eventually(lambda: started(orbit_server, holder), 60)
     eventually(lambda: orbit_json(env, "status", holder)["progress"] is not None, 60)
     asked_at = datetime.now(UTC)
     waiting = submit(orbit_server, tmp_path, "echo next")

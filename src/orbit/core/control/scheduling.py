@@ -162,24 +162,26 @@ class Scheduling(Lifecycle):
         for row in placed:
             read_at, eta = cache.get(row["id"], (float("-inf"), None))
             if at.timestamp() - read_at >= ETA_EVERY_S:
-                eta = self._eta_of(row["id"], at)
-                cache[row["id"]] = (at.timestamp(), eta)
+                started, eta = self._eta_of(row["id"], at)
+                if started:  # one not started yet is asked again next pass
+                    cache[row["id"]] = (at.timestamp(), eta)
             if eta is not None:
                 out[row["id"]] = eta
         return out
 
-    def _eta_of(self, attempt_id: str, at: datetime) -> float | None:
+    def _eta_of(self, attempt_id: str, at: datetime) -> tuple[bool, float | None]:
+        """Whether the attempt has started, and when its progress says it will end."""
         try:
             attempt = self.store.get_attempt(attempt_id)
-            if attempt.handle is None:
-                return None
+            if attempt.handle is None or attempt.started_at is None:
+                return False, None
             backend = self.execution.backend(attempt.handle.backend_key)
             progress = latest_progress(backend.tail_files(attempt.handle, PROGRESS_GLOB, 8192))
         except OrbitError:  # gone meanwhile, or its files cannot be read now: no estimate
-            return None
+            return True, None
         if progress is None:
-            return None
-        return eta_from_progress(progress.step, progress.max_steps, attempt.started_at, at)
+            return True, None
+        return True, eta_from_progress(progress.step, progress.max_steps, attempt.started_at, at)
 
     def _keep(self, plan: Plan, at: Any, config: SchedConfig, inputs: bytes) -> None:
         decisions, waits = [], {}
