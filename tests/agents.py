@@ -133,6 +133,7 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         token: str | None = None,
         env: dict[str, str] | None = None,
         prefix: list[str] | None = None,
+        extra: list[str] | None = None,
     ) -> AgentProc:
         work = tmp_path / f"agent-{name}"
         args = [sys.executable, "-m", "orbit", "agent", "--server", server.url]
@@ -140,6 +141,7 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         args += ["--join-token", token or join_token(server)]
         if labels:
             args += ["--labels", labels]
+        args += extra or []
         base = {k: v for k, v in os.environ.items() if not k.startswith("ORBIT_")}
         run_env = {**base, "ORBIT_HOME": str(tmp_path / f"home-{name}"), **(env or {})}
         agent = AgentProc(name, work, args, run_env, tmp_path / f"agent-{name}.log")

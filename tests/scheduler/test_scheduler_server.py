@@ -141,6 +141,9 @@ def test_requests_the_scheduler_can_never_serve_are_refused_at_submit_in_one_lin
         "resources.any_of: no registered node could ever hold": {
             "overrides": {"resources": {"any_of": [{"gpu": "A100"}, {"gpu": "T4"}]}}
         },
+        "selector: no registered node has the labels rack=z": {
+            "overrides": {"selector": {"rack": "z"}}
+        },
     }
     for expected, fields in cases.items():
         spec = write_spec(tmp_path, name="bad.yaml", template="pool", **fields)

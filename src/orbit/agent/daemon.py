@@ -91,6 +91,7 @@ class AgentOptions:
     max_tasks: int = 1
     models: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
+    services: tuple[tuple[str, str], ...] = ()  # model servers here: (name, URL)
     verify: bool | str = True  # TLS: True, False, or a CA bundle's path
     poll_wait_s: float = 25.0
     workers: int = 8
@@ -191,7 +192,13 @@ class Agent:
         from orbit.agent.nodeinfo import collect
 
         faults = self.xids.faults()
-        return collect(self.work, models=self.o.models, datasets=self.o.datasets, faults=faults)
+        return collect(
+            self.work,
+            models=self.o.models,
+            datasets=self.o.datasets,
+            faults=faults,
+            services=dict(self.o.services),
+        )
 
     # --- HTTP --------------------------------------------------------------------------------
 
@@ -503,6 +510,7 @@ class Agent:
             attempt_id=start.attempt_id,
             resume_staged=str(staged) if staged else None,
             resume_relpath=start.resume.relpath if staged and start.resume else None,
+            services=dict(self.o.services),
         )
         cpus = self._cpus_for(request.resources.cpu_count, start.attempt_id)
         before = os.sched_getaffinity(0)

@@ -202,6 +202,7 @@ def collect(
     models: Sequence[str] = (),
     datasets: Sequence[str] = (),
     faults: Mapping[int, str] | None = None,
+    services: Mapping[str, str] | None = None,
 ) -> NodeInfo:
     """The node's facts; `faults` are GPU faults seen meanwhile (orbit.agent.xids)."""
     gpus, source = accelerators()
@@ -223,4 +224,5 @@ def collect(
         nvidia_runtime=nvidia,
         cached_models=tuple(models),
         cached_datasets=tuple(datasets),
+        services=dict(services or {}),
     )

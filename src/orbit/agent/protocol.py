@@ -83,9 +83,24 @@ class NodeInfo(Message):
     nvidia_runtime: bool = False
     cached_models: tuple[str, ...] = ()
     cached_datasets: tuple[str, ...] = ()
+    # model servers running on the node, name -> URL: `http` tasks ask for them by name
+    services: dict[str, str] = Field(default={}, max_length=64)
 
 
 Labels = Annotated[dict[str, str], Field(max_length=MAX_LABELS)]
+
+
+def parse_service(text: str) -> tuple[str, str]:
+    """`NAME=URL` (orbit agent --service) as (name, url); ValueError saying what is expected."""
+    from urllib.parse import urlsplit
+
+    name, sep, url = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
+        raise ValueError(f"expected NAME=URL (e.g. vllm=http://127.0.0.1:8000), got {text!r}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{name}: expected an http:// or https:// URL, got {url!r}")
+    return name, url.rstrip("/")
 
 
 # --- registration -----------------------------------------------------------------------------

@@ -33,6 +33,22 @@ def _labels(text: str | None) -> dict[str, str]:
         raise InvalidInput(f"--labels: {exc}") from None
 
 
+def _services(texts: list[str]) -> tuple[tuple[str, str], ...]:
+    from orbit.agent.protocol import parse_service
+    from orbit.core.errors import InvalidInput
+
+    found: dict[str, str] = {}
+    for text in texts:
+        try:
+            name, url = parse_service(text)
+        except ValueError as exc:
+            raise InvalidInput(f"--service: {exc}") from None
+        if name in found:
+            raise InvalidInput(f"--service: {name} given twice")
+        found[name] = url
+    return tuple(found.items())
+
+
 SERVER = typer.Option(
     None,
     "--server",
@@ -71,6 +87,14 @@ MODELS = typer.Option(
 DATASETS = typer.Option(
     None, "--dataset", metavar="NAME", help="A dataset cached on this node (repeat); reported."
 )
+SERVICES = typer.Option(
+    None,
+    "--service",
+    metavar="NAME=URL",
+    help="A model server running on this node (vLLM, a diffusion UI), e.g. "
+    "vllm=http://127.0.0.1:8000 (repeat): `http` tasks asking for `service: NAME` are placed "
+    "on a node that has it and sent to its URL.",
+)
 CA = typer.Option(
     None, "--ca-file", metavar="PEM", help="Trust this CA for the server's certificate."
 )
@@ -87,6 +111,7 @@ def agent(
     work_dir: Path | None = WORK_DIR,
     model: list[str] | None = MODELS,
     dataset: list[str] | None = DATASETS,
+    service: list[str] | None = SERVICES,
     ca_file: Path | None = CA,
 ) -> None:
     """Run this machine as a node: it registers once with a join token, then keeps a
@@ -123,6 +148,7 @@ def agent(
         max_tasks=max_tasks,
         models=tuple(model or ()),
         datasets=tuple(dataset or ()),
+        services=_services(service or []),
         verify=str(ca_file) if ca_file else True,
     )
     daemon = Agent(options)

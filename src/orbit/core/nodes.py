@@ -17,6 +17,9 @@ from orbit.core.config import OFFLINE_AFTER_S
 MAX_TRANSFER_BYTES = 48 * 1024 * 1024  # `orbit nodes push` or `pull` moves one file up to this
 
 
+SERVICE_LABEL = "service/"  # + a model server's name: the label of a node that advertises it
+
+
 class NodeState(StrEnum):
     ACTIVE = "active"
     CORDONED = "cordoned"  # takes no new work; what it runs goes on

@@ -86,6 +86,14 @@ def send(
 
 def main() -> int:
     config = json.loads(os.environ["ORBIT_HTTP_REQUEST"])
+    if config.get("service"):  # one the node advertises: its agent says where
+        services = json.loads(os.environ.get("ORBIT_SERVICES") or "{}")
+        if config["service"] not in services:
+            known = ", ".join(sorted(services)) or "none"
+            print(f"orbit http: service {config['service']}: not on this node (it has: {known})",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        config["url"] = services[config["service"]] + config["path"]
     headers = {"content-type": "application/json", **config.get("headers", {})}
     for name, var in config.get("headers_from_env", {}).items():
         if var not in os.environ:

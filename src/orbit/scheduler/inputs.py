@@ -11,7 +11,7 @@ from typing import Any
 
 from orbit.core.errors import InvalidInput
 from orbit.core.models import ExecutionRequest, ResourceAlternative, Resources
-from orbit.core.nodes import NodeRecord, NodeState
+from orbit.core.nodes import SERVICE_LABEL, NodeRecord, NodeState
 from orbit.scheduler.codec import dumps, node_out
 from orbit.scheduler.model import Ask, Gpu, NodeView, Request, Running, SchedConfig, Snapshot
 from orbit.scheduler.resources import GpuAsk, canonical_model, parse_gpu
@@ -90,6 +90,29 @@ def check_request(request: ExecutionRequest, config: SchedConfig) -> tuple[Ask, 
 
 def _epoch(value: datetime | None) -> float:
     return value.timestamp() if value is not None else 0.0
+
+
+def _no_node_has(selector: tuple[tuple[str, str], ...], views: tuple[NodeView, ...]) -> str:
+    """The refusal of a request whose labels no node has together: a model server no node
+    advertises is named as such."""
+    has = {pair for v in views for pair in v.labels}
+    missing = [(k, v) for k, v in selector if (k, v) not in has]
+    services = [k.removeprefix(SERVICE_LABEL) for k, _ in missing if k.startswith(SERVICE_LABEL)]
+    if services and len(services) == len(missing):
+        names = ", ".join(services)
+        return (
+            f"task.service: no registered node advertises {names} (a node does with "
+            f"`orbit agent --service {services[0]}=URL`)"
+        )
+    wanted = ", ".join(f"{k}={v}" for k, v in (missing or selector))
+    together = "" if missing else " together"
+    return f"selector: no registered node has the labels {wanted}{together}"
+
+
+def _service_labels(info: dict[str, Any]) -> dict[str, str]:
+    """A label per model server the node advertises, for `http` tasks that ask for one."""
+    services = info.get("services") or {}
+    return {f"{SERVICE_LABEL}{name}": "yes" for name in services if isinstance(name, str)}
 
 
 def _cache_keys(submission: dict[str, Any]) -> tuple[str, ...]:
@@ -204,7 +227,7 @@ def node_view(
     return NodeView(
         id=node.id,
         name=node.name,
-        labels=tuple(sorted(node.labels.items())),
+        labels=tuple(sorted({**node.labels, **_service_labels(info)}.items())),
         state="revoked" if node.state is NodeState.REVOKED else str(node.state),
         offline_s=None if online else (ago if ago is not None else -1.0),
         max_tasks=node.max_tasks,
@@ -284,7 +307,7 @@ def never_fits(
     ):
         pass
     elif probe.selector:
-        field = "selector"
+        return _no_node_has(probe.selector, views)
     return (
         f"{field}: no registered node could ever hold {asked}; the largest, {largest.name}, has "
         f"{has}, {largest.cpus:g} CPUs, {largest.memory_gb:g} GB RAM"

@@ -204,3 +204,39 @@ def test_a_thousand_requests_through_an_agent_node_eight_at_a_time(
     got = responses(env, run_id, tmp_path / "out")
     assert sorted(r["index"] for r in got) == list(range(1000))
     assert model_server.most == 8 and model_server.served == 1000
+
+
+def test_a_service_asked_for_by_name_is_placed_on_the_node_that_advertises_it(
+    model_server: ModelServer,
+    orbit_server: Server,
+    start_agent: Callable[..., AgentProc],
+    tmp_path: Path,
+) -> None:
+    start_agent(orbit_server, "plain", max_tasks=4)
+    start_agent(
+        orbit_server, "sampler", max_tasks=4, extra=["--service", f"echo={model_server.url}/v1"]
+    )
+    wait_online(orbit_server, "plain", "sampler")
+    env = orbit_server.env()
+    task = {"service": "echo", "path": "/echo", "jsonl_file": batch(tmp_path, 20).name}
+    runs = [
+        orbit_json(env, "submit", str(write_spec(tmp_path, f"s{i}.yaml", task_type="http",
+                                                 template="pool", task=task)))["id"]
+        for i in range(3)
+    ]  # fmt: skip
+    for run_id in runs:
+        assert orbit(env, "logs", run_id, "--follow", timeout=120).returncode == 0
+        assert orbit_json(env, "status", run_id)["attempts"][-1]["handle"]["target"] == "sampler"
+    assert model_server.served == 60
+    # asked of a service no node has: refused at submit; asked where no node advertises any
+    none = write_spec(tmp_path, "none.yaml", task_type="http", template="pool",
+                      task={**task, "service": "sdxl"})  # fmt: skip
+    refused = orbit(env, "submit", str(none), check=False)
+    assert refused.returncode == 2 and refused.stderr == (
+        "orbit: error: task.service: no registered node advertises sdxl (a node does with "
+        "`orbit agent --service sdxl=URL`) (--queue-anyway queues it for nodes yet to join)\n"
+    )
+    local = write_spec(tmp_path, "local.yaml", task_type="http", task=task)
+    refused = orbit(env, "submit", str(local), check=False)
+    assert refused.returncode == 2
+    assert "task.service: only agent-pool nodes advertise model servers" in refused.stderr

@@ -21,7 +21,7 @@ from pydantic import Field, field_validator, model_validator
 
 from orbit.core.control.scheduling import Scheduling
 from orbit.core.control.views import SubmitPlan
-from orbit.core.errors import Refused
+from orbit.core.errors import InvalidInput, Refused
 from orbit.core.models import (
     ExecutionRequest,
     ExecutionTemplate,
@@ -254,6 +254,15 @@ class Submitting(Scheduling):
         common = self.tasks.common_fields(submission.task_request, source)
         template = self.templates.get(submission.template_id)
         request = resolve(template, submission.overrides)
+        needs = self.tasks.selector(submission.task_type, submission.task_request, source)
+        if needs:
+            if request.placement.kind != "agent_pool":
+                raise InvalidInput(
+                    f"{source}: task.service: only agent-pool nodes advertise model servers "
+                    f"(orbit agent --service NAME=URL), and template '{template.id}' places on "
+                    f"{request.placement.kind}: give task.url instead"
+                )
+            request = request.model_copy(update={"selector": {**request.selector, **needs}})
         self.execution.backend(request.backend_key).validate(request)
         self.check_schedulable(request, submission.queue_anyway)
         job = JobSpec(

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orbit.core.errors import InvalidInput
+from orbit.core.nodes import SERVICE_LABEL
 from orbit.core.secret_names import looks_secret
 from orbit.core.tasks.base import ShapedTask, StagedPath
 
@@ -34,7 +35,11 @@ def loopback(host: str) -> bool:
 class HttpRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(min_length=1, description="the node's own server: loopback only")
+    url: str | None = Field(default=None, description="the node's own server: loopback only")
+    # or a model server the node advertises (orbit agent --service NAME=URL), and the path
+    # under its URL: the run is placed on a node that has it
+    service: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    path: str = Field(default="/", pattern=r"^/")
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     json_body: Any = Field(default=None, alias="json", description="one request's body")
     jsonl_file: str | None = Field(default=None, description="a body per line: a batch")
@@ -48,7 +53,9 @@ class HttpRequest(BaseModel):
 
     @field_validator("url")
     @classmethod
-    def _url(cls, value: str) -> str:
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"expected http://HOST:PORT/PATH, got {value!r}")
@@ -84,6 +91,11 @@ class HttpRequest(BaseModel):
     def _one_source(self) -> HttpRequest:
         if self.json_body is not None and self.jsonl_file is not None:
             raise ValueError("give json (one request) or jsonl_file (a batch), not both")
+        if (self.url is None) == (self.service is None):
+            raise ValueError(
+                "give url (a server on the node itself) or service (one the node advertises: "
+                "orbit agent --service NAME=URL), one of the two"
+            )
         return self
 
 
@@ -91,10 +103,16 @@ class HttpTask:
     name: ClassVar[str] = "http"
     request_model: ClassVar[type[BaseModel]] = HttpRequest
 
+    def selector(self, request: HttpRequest) -> dict[str, str]:
+        """A service asked for by name: only a node advertising it will do."""
+        return {f"{SERVICE_LABEL}{request.service}": "yes"} if request.service else {}
+
     def shape(self, request: HttpRequest, base_dir: Path) -> ShapedTask:
         staged = [StagedPath(source=SCRIPT, dest="workdir/http_batch.py")]
         settings: dict[str, Any] = {
             "url": request.url,
+            "service": request.service,
+            "path": request.path,
             "method": request.method,
             "concurrency": request.concurrency,
             "timeout_s": request.timeout_s,

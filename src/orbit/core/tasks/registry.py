@@ -74,6 +74,13 @@ class TaskRegistry:
         plugin = self.plugin(task_type)
         return plugin.shape(self._request(plugin, raw, source), base_dir)
 
+    def selector(self, task_type: str, raw: dict[str, Any], source: str) -> dict[str, str]:
+        """Labels a node must have for the task (a plugin's optional `selector(request)`: the
+        `http` task asking for a model server by name), {} for most."""
+        plugin = self.plugin(task_type)
+        wants = getattr(plugin, "selector", None)
+        return dict(wants(self._request(plugin, raw, source))) if wants else {}
+
     def validate(self, task_type: str, raw: dict[str, Any], source: str) -> None:
         """What `shape` checks that needs no files: the request against the plugin's model."""
         self._request(self.plugin(task_type), raw, source)

@@ -3,6 +3,7 @@ it reconstructs an attempt's state from the bundle's runtime/ files each time.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +30,13 @@ class AttemptContext:
     # `resume_relpath` under this attempt's artifacts (the wrapper moves it: ORBIT_RESUME_FROM)
     resume_staged: str | None = None
     resume_relpath: str | None = None
+    # the model servers the node advertises (orbit agent --service): name -> URL
+    services: dict[str, str] | None = None
 
     def env(self) -> dict[str, str]:
         env = {"ORBIT_RUN_ID": self.run_id, "ORBIT_ATTEMPT_ID": self.attempt_id}
+        if self.services:
+            env["ORBIT_SERVICES"] = json.dumps(self.services, sort_keys=True)
         if self.resume_staged and self.resume_relpath:
             env["ORBIT_RESUME_STAGED"] = self.resume_staged
             env["ORBIT_RESUME_RELPATH"] = self.resume_relpath
