@@ -172,6 +172,7 @@ def _options(job: JobSpec, docker: DockerLaunch) -> list[str]:
         f"-e ORBIT_BUNDLE_DIR={root}",
         f"-e ORBIT_INPUTS_DIR={root}/inputs",
         f"-e ORBIT_ARTIFACTS_DIR={root}/artifacts",
+        "-e ORBIT_SERVICES",  # the node's model servers (orbit agent --service), where set
     ]
     options += [f"-e {q(f'{name}={value}')}" for name, value in sorted(job.env.items())]
     options += [f"-e {name}" for name in docker.env_passthrough]  # passed only where set
