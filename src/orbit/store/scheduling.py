@@ -126,20 +126,18 @@ class SchedulingMixin(NodesMixin, StoreBase):
                     "gist": d.gist,
                     "at": at,
                 }
-                if d.run_id in known:
-                    tx.execute(
-                        "UPDATE sched_decisions SET attempt_id = :att, pass_id = :pass, "
-                        "outcome = :outcome, tier = :tier, position = :pos, body = :body, "
-                        "gist = :gist, at = :at WHERE run_id = :run",
-                        values,
-                    )
-                else:
-                    tx.execute(
-                        "INSERT INTO sched_decisions (run_id, attempt_id, pass_id, outcome, "
-                        "tier, position, body, gist, at) VALUES (:run, :att, :pass, :outcome, "
-                        ":tier, :pos, :body, :gist, :at)",
-                        values,
-                    )
+                # an upsert, not "update if we saw it": another server's pass may have
+                # written this run's first decision since we read (replicas race here)
+                tx.execute(
+                    "INSERT INTO sched_decisions (run_id, attempt_id, pass_id, outcome, "
+                    "tier, position, body, gist, at) VALUES (:run, :att, :pass, :outcome, "
+                    ":tier, :pos, :body, :gist, :at) ON CONFLICT (run_id) DO UPDATE SET "
+                    "attempt_id = excluded.attempt_id, pass_id = excluded.pass_id, "
+                    "outcome = excluded.outcome, tier = excluded.tier, "
+                    "position = excluded.position, body = excluded.body, "
+                    "gist = excluded.gist, at = excluded.at",
+                    values,
+                )
             for attempt_id, (message, due) in waits.items():
                 tx.execute(
                     "UPDATE attempts SET message = :m, not_before = :due, reconcile_due_at = :due "
