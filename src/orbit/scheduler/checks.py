@@ -88,7 +88,7 @@ class Use:
     """What a node has given out during one pass: its snapshot's usage, then this pass's own
     placements on top. Only ever grows within a pass (nothing ends mid-pass)."""
 
-    __slots__ = ("cpus", "gpu_gb", "gpus", "memory_gb", "reserved_for", "tasks")
+    __slots__ = ("cpus", "gpu_gb", "gpus", "memory_gb", "reserved_for", "size", "taken", "tasks")
 
     def __init__(self, node: NodeView) -> None:
         self.tasks = len(node.running)
@@ -97,6 +97,16 @@ class Use:
         self.cpus = sum(r.cpus for r in node.running)
         self.memory_gb = sum(r.memory_gb for r in node.running)
         self.reserved_for: str | None = None
+        # how many of `gpus` are not free, kept by set_gpu: the scorers and a quick "too few
+        # free" answer read it instead of counting the GPUs again on every look
+        self.size = len(node.gpus)
+        self.taken = sum(1 for v in self.gpus.values() if v is not None)
+
+    def set_gpu(self, index: int, used: float | None) -> None:
+        """What GPU `index` has given out now (None: free), keeping `taken` right."""
+        before = self.gpus.get(index)
+        self.gpus[index] = used
+        self.taken += (used is not None) - (before is not None)
 
 
 # --- filters that need only the node (cached per pass, per shape of ask) ----------------------
@@ -203,6 +213,10 @@ def free_gpus(ask: Ask, use: Use, usable: tuple[int, ...]) -> tuple[int, ...] | 
         return ()
     share = ask.gpu_share_gb
     if not share:
+        # at most size - taken of the node's GPUs are free (fewer in `usable`): a full node
+        # is answered without walking its GPUs, the common case once a pass has filled many
+        if use.size - use.taken < count:
+            return None
         got = []
         gpus = use.gpus
         for i in usable:
@@ -247,6 +261,27 @@ def fits_now(
     if ask.disk_gb and node.disk_free_gb < ask.disk_gb:
         return None
     return got
+
+
+def busy_reason(
+    ask: Ask, req: Request, node: NodeView, use: Use, usable: tuple[int, ...]
+) -> Reason | None:
+    """check_free's reason alone (None: it fits), in the same order, without the figures: the
+    scheduler counts reasons over every node for a run that waits, and needs the figures only
+    of the few nodes a decision describes in full."""
+    if use.reserved_for is not None and use.reserved_for != req.run_id:
+        return Reason.RESERVED
+    if use.tasks >= node.max_tasks:
+        return Reason.SLOTS
+    if ask.gpu.count and free_gpus(ask, use, usable) is None:
+        return Reason.GPUS_BUSY
+    if node.cpus and use.cpus + ask.cpus > node.cpus:
+        return Reason.CPUS_BUSY
+    if node.memory_gb and use.memory_gb + ask.memory_gb > node.memory_gb:
+        return Reason.MEMORY_BUSY
+    if ask.disk_gb and node.disk_free_gb < ask.disk_gb:
+        return Reason.DISK
+    return None
 
 
 def check_free(
@@ -300,8 +335,7 @@ def check_free(
 def _fullness(ask: Ask, node: NodeView, use: Use) -> float:
     """How full the node is once the ask is placed there, by what the ask uses most of."""
     if ask.gpu.count and node.gpus:
-        taken = sum(1 for v in use.gpus.values() if v is not None)
-        return min(1.0, (taken + ask.gpu.count) / len(node.gpus))
+        return min(1.0, (use.taken + ask.gpu.count) / len(node.gpus))
     if node.cpus and ask.cpus:
         return min(1.0, (use.cpus + ask.cpus) / node.cpus)
     return min(1.0, (use.tasks + 1) / max(node.max_tasks, 1))

@@ -11,13 +11,16 @@ runs cannot starve it either.
 Cost: each distinct ask (its alternative, selector and target) is filtered against every node
 once per pass; after that a placement looks at the few nodes past a cursor that skips nodes
 full for that ask (usage only grows within a pass), and scores `score_nodes` feasible ones,
-as the Kubernetes scheduler and Nomad do rather than scoring every node."""
+as the Kubernetes scheduler and Nomad do rather than scoring every node. What depends on the
+ask alone (which nodes could serve it, which are full for it, why each cannot take it now) is
+worked out once per ask and shared by its shapes: a queue has many selectors over few asks."""
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any
 
 from orbit.scheduler.checks import (
@@ -26,6 +29,7 @@ from orbit.scheduler.checks import (
     Reason,
     Use,
     Verdict,
+    busy_reason,
     check_free,
     check_gpus,
     check_health,
@@ -38,6 +42,8 @@ from orbit.scheduler.checks import (
 from orbit.scheduler.model import Ask, NodeView, Request, Running, SchedConfig, Snapshot
 
 COMPACT_AFTER = 64  # drop nodes that no longer fit an ask from its list once this many
+FITS = "fits"  # a node's reason where it has none: it can take the ask now
+BUSY_REASONS = frozenset(r.value for r in Reason if r.kind == BUSY)  # "busy"-kind reasons
 
 
 @dataclass(frozen=True)
@@ -65,10 +71,29 @@ class Plan:
     order: list[str] = field(default_factory=list)  # run ids as the pass took them
 
 
+class _AskView:
+    """What one ask (an alternative, whoever asks) makes of the nodes for the pass, shared by
+    every shape of it: per signature why its nodes can never serve it (or the GPUs they could
+    give); the nodes that could, best first; those found full for it for good (full for any
+    run: usage only grows in a pass, and a hold for a run only adds a reason); and, once a
+    run of it waits, why each of those nodes cannot take it now, as of `epoch`."""
+
+    __slots__ = ("epoch", "fits", "full", "per_sig", "reasons")
+
+    def __init__(
+        self, per_sig: list[tuple[Verdict | None, tuple[int, ...]]], fits: list[int]
+    ) -> None:
+        self.per_sig = per_sig
+        self.fits = fits
+        self.full: set[int] = set()
+        self.reasons: dict[int, str] | None = None  # node of `fits` -> its reason, or FITS
+        self.epoch = -1
+
+
 class _Shape:
     """One ask's view of the nodes for the pass (its alternative, selector and target): the
-    nodes that could ever serve it, best first; those found full for it (usage only grows in
-    a pass, so they stay full); and, once a run of it waits, every node's verdict, kept
+    nodes that could ever serve it, best first; those this shape found full (usage only grows
+    in a pass, so they stay full); and, once a run of it waits, every node's reason, kept
     current where a node changed since."""
 
     __slots__ = (
@@ -81,6 +106,7 @@ class _Shape:
         "member",
         "record",
         "samples",
+        "start",
         "static",
         "wait",
         "wait_epoch",
@@ -90,12 +116,17 @@ class _Shape:
         self.candidates = candidates  # every node that could ever serve it, best first
         self.live = list(candidates)  # those not yet found full in this pass
         self.member = set(candidates)
-        self.dead: dict[int, tuple[Verdict | None, int]] = {}  # found full, at which epoch
+        # found full by this shape: skipped without being counted as looked at (`considered`
+        # in a decision counts the others, so this stays per shape, not per ask)
+        self.dead: set[int] = set()
         self.dead_in_live = 0  # of those, how many `live` still lists
+        # where in `live` a look starts: every node before it is dead. The fullest nodes come
+        # first (binpack) and fill first, so without it every look would walk past them again
+        self.start = 0
         self.static: Counter[str] | None = None  # the other nodes' reasons, made when asked
         self.samples: list[Verdict] = []
-        self.wait: dict[int, Verdict | None] | None = None
-        self.counts: Counter[str] = Counter()  # of `wait`'s verdicts (None: "fits")
+        self.wait: dict[int, str] | None = None  # node -> its reason (FITS) at wait_epoch
+        self.counts: Counter[str] = Counter()  # of `wait`'s reasons
         self.wait_epoch = -1
         self.record: dict[str, Any] | None = None  # the alternative's record at wait_epoch
         self.estimate: tuple[int, float | None] | None = None
@@ -123,6 +154,8 @@ class Pass:
             for name, w in config.weights.items()
             if w and (name not in ("binpack", "spread") or name == config.scorer)
         }
+        # the scorers to call, in the weights' order (the sum's order: the same float bits)
+        self.scoring = [(self.scorers[name], w) for name, w in self.weights.items()]
         self.cache_index: dict[str, list[int]] = defaultdict(list)
         self.gpus_of: Counter[tuple[str, str]] = Counter()  # (scope, name) -> GPUs held
         self.cpus_of: defaultdict[str, float] = defaultdict(float)
@@ -167,7 +200,7 @@ class Pass:
             key=lambda i: (-self._taken(i) if binpack else self._taken(i), self.nodes[i].name),
         )
         self.changed_at = [0] * len(self.nodes)  # epoch (len(changes)) of each node's last
-        self.by_ask: dict[Ask, tuple[list[tuple[Verdict | None, tuple[int, ...]]], list[int]]] = {}
+        self.by_ask: dict[Ask, _AskView] = {}
         self.by_selector: dict[tuple[tuple[str, str], ...], set[int]] = {}
         self.version = config.version()
         self.sig_sizes: Counter[int] = Counter(self.sig_of)
@@ -224,14 +257,14 @@ class Pass:
             return sum(1 for v in use.gpus.values() if v is not None) / len(node.gpus)
         return use.tasks / max(node.max_tasks, 1)
 
-    def _ask(self, ask: Ask) -> tuple[list[tuple[Verdict | None, tuple[int, ...]]], list[int]]:
+    def _ask(self, ask: Ask) -> _AskView:
         """Per signature, why its nodes can never serve the ask (or None, with the GPUs they
         could give); and the nodes that could, best first."""
         found = self.by_ask.get(ask)
         if found is None:
             per_sig = [self._static(ask, self.nodes[rep]) for rep in self.sig_rep]
             fits = [i for i in self.order if per_sig[self.sig_of[i]][0] is None]
-            found = self.by_ask[ask] = (per_sig, fits)
+            found = self.by_ask[ask] = _AskView(per_sig, fits)
         return found
 
     @staticmethod
@@ -246,7 +279,7 @@ class Pass:
         return verdict, usable
 
     def _usable(self, ask: Ask, i: int) -> tuple[int, ...]:
-        return self._ask(ask)[0][self.sig_of[i]][1]
+        return self._ask(ask).per_sig[self.sig_of[i]][1]
 
     def _selected(self, selector: tuple[tuple[str, str], ...]) -> set[int]:
         nodes = self.by_selector.get(selector)
@@ -263,7 +296,7 @@ class Pass:
         shape = self.shapes.get(key)
         if shape is not None:
             return shape
-        candidates = self._ask(ask)[1]
+        candidates = self._ask(ask).fits
         if req.target:
             target = req.target
             candidates = [i for i in candidates if target in (self.nodes[i].name, self.nodes[i].id)]
@@ -284,7 +317,7 @@ class Pass:
             return shape.static
         if self.filters:
             return self._never_one_by_one(shape, ask, req)
-        per_sig = self._ask(ask)[0]
+        per_sig = self._ask(ask).per_sig
         static: Counter[str] = Counter()
         chosen = self._selected(req.selector) if req.selector else None
         if req.target:
@@ -408,34 +441,57 @@ class Pass:
         window: list[tuple[int, tuple[int, ...]]] = []
         seen: set[int] = set()
         looked = 0
-        epoch = len(self.changes)
-        usable = self._ask(ask)[0]
+        view = self._ask(ask)
+        usable, full = view.per_sig, view.full
         sig_of, nodes, uses, dead = self.sig_of, self.nodes, self.uses, shape.dead
-        for i in shape.live:
+        run_id = req.run_id
+        start = shape.start
+        front = True  # every node before this one is dead for the shape
+        for i in islice(shape.live, start, None):
             if len(window) >= want:
                 break
             if i in dead:
+                if front:
+                    start += 1
                 continue
             looked += 1
             use = uses[i]
-            gpus = fits_now(ask, req, nodes[i], use, usable[sig_of[i]][1])
+            held = use.reserved_for
+            if i in full or (held is not None and held != run_id):
+                # found full for the ask (by any shape of it), or held for another run: no
+                # room, the answer fits_now would give, without walking the node's GPUs
+                gpus = None
+            else:
+                gpus = fits_now(ask, req, nodes[i], use, usable[sig_of[i]][1])
             if gpus is not None:
                 window.append((i, gpus))
                 seen.add(i)
-            elif use.reserved_for is None or use.tasks >= nodes[i].max_tasks:
+                front = False
+            elif held is None or use.tasks >= nodes[i].max_tasks:
                 # not held for a run (that is not for every run): full, and nothing frees up
-                # within a pass, so full for good; why is made if a run of it waits
-                dead[i] = (None, epoch)
+                # within a pass, so full for good, for every shape of the ask; why is made if
+                # a run of it waits. Held for a run, it is looked at again (and counted) on
+                # each look, as it always was
+                full.add(i)
+                dead.add(i)
                 shape.dead_in_live += 1
+                if front:
+                    start += 1
+            else:
+                front = False
+        shape.start = start
         if shape.dead_in_live > COMPACT_AFTER and shape.dead_in_live * 4 > len(shape.live):
             shape.live = [i for i in shape.live if i not in dead]
             shape.dead_in_live = 0
+            shape.start = 0
         if self.weights.get("cached") and req.cache_keys:
             for key in req.cache_keys:
                 for i in self.cache_index.get(key, ()):
                     if i in seen or i not in shape.member or i in dead:
                         continue
                     looked += 1
+                    if i in full:
+                        continue
                     gpus = fits_now(ask, req, nodes[i], uses[i], usable[sig_of[i]][1])
                     if gpus is not None:
                         window.append((i, gpus))
@@ -448,7 +504,8 @@ class Pass:
 
     def _score(self, ask: Ask, req: Request, i: int) -> float:
         node, use = self.nodes[i], self.uses[i]
-        total = sum(w * self.scorers[s](ask, req, node, use) for s, w in self.weights.items())
+        # sum() as before: the same additions in the same order, so the same float
+        total = sum(w * scorer(ask, req, node, use) for scorer, w in self.scoring)
         return round(float(total), 9)
 
     def _take(self, i: int, ask: Ask, req: Request, gpus: tuple[int, ...]) -> None:
@@ -456,7 +513,7 @@ class Pass:
         use.tasks += 1
         for g in gpus:
             used = use.gpus.get(g)
-            use.gpus[g] = 0.0 if not ask.gpu_share_gb else (used or 0.0) + ask.gpu_share_gb
+            use.set_gpu(g, 0.0 if not ask.gpu_share_gb else (used or 0.0) + ask.gpu_share_gb)
         use.cpus += ask.cpus
         use.memory_gb += ask.memory_gb
         self.gpus_of["user", req.user] += len(gpus)
@@ -472,49 +529,82 @@ class Pass:
 
     def _why(self, shape: _Shape, ask: Ask, req: Request) -> dict[str, Any]:
         """Counts per reason over every node for one alternative, and the nodes nearest to
-        fitting in full. A node's verdict is made again only where the node changed since it
-        was made; the record is made again only where one did."""
+        fitting in full. A node's reason is made again only where the node changed since it
+        was made (and once for all shapes of the ask); the record is made again only where
+        one did; the figures are made only for the nodes the record describes in full."""
         epoch = len(self.changes)
-        per_sig = self._ask(ask)[0]
+        now = self._reasons(self._ask(ask), ask)
         if shape.wait is None:
-            wait: dict[int, Verdict | None] = {}
-            for i in shape.candidates:
-                wait[i] = self._busy(ask, i, per_sig)
-            shape.wait = wait
-            shape.counts = Counter(_reason(v) for v in wait.values())
+            shape.wait = {i: now[i] for i in shape.candidates}
+            shape.counts = Counter(shape.wait.values())
         elif shape.wait_epoch != epoch:
-            for i in set(self.changes[shape.wait_epoch :]):
-                if i in shape.member:
-                    shape.counts[_reason(shape.wait[i])] -= 1
-                    shape.wait[i] = self._busy(ask, i, per_sig)
-                    shape.counts[_reason(shape.wait[i])] += 1
+            wait, counts = shape.wait, shape.counts
+            for i in self._changed_since(shape.wait_epoch, shape.candidates, shape.member):
+                counts[wait[i]] -= 1
+                wait[i] = reason = now[i]
+                counts[reason] += 1
         if shape.record is not None and shape.wait_epoch == epoch:
             return dict(shape.record)
         shape.wait_epoch = epoch
-        counts: Counter[str] = Counter(self._never(shape, ask, req))
-        counts.update({r: n for r, n in shape.counts.items() if r != "fits" and n > 0})
+        counts = Counter(self._never(shape, ask, req))
+        counts.update({r: n for r, n in shape.counts.items() if r != FITS and n > 0})
         top: list[Verdict] = []
         for i in shape.candidates:
             if len(top) >= self.config.top_nodes:
                 break
-            verdict = shape.wait[i]
-            if verdict is not None:
-                top.append(verdict)
+            if shape.wait[i] != FITS:
+                verdict = self._busy(ask, i)  # the node is as `wait` saw it: the same verdict
+                if verdict is not None:
+                    top.append(verdict)
         top += shape.samples[: self.config.top_nodes - len(top)]
         out: dict[str, Any] = {
             "ask": ask.text(),
             "counts": dict(sorted(counts.items())),
             "nodes": [v.record() for v in top],
         }
-        if shape.counts.get("fits", 0) > 0:
-            out["fits"] = shape.counts["fits"]  # fewer than a gang needs
+        if shape.counts.get(FITS, 0) > 0:
+            out["fits"] = shape.counts[FITS]  # fewer than a gang needs
         shape.record = out
         return dict(out)
 
-    def _busy(
-        self, ask: Ask, i: int, per_sig: list[tuple[Verdict | None, tuple[int, ...]]] | None = None
-    ) -> Verdict | None:
-        usable = (per_sig or self._ask(ask)[0])[self.sig_of[i]][1]
+    def _reasons(self, view: _AskView, ask: Ask) -> dict[int, str]:
+        """Why each node that could ever serve the ask cannot take it now (FITS: it can), for
+        anyone (a hold for a run counts against every run here). Made once per ask, not per
+        shape, and made again only for the nodes changed since."""
+        epoch = len(self.changes)
+        if view.reasons is not None and view.epoch == epoch:
+            return view.reasons
+        if view.reasons is None:
+            todo: list[int] | set[int] = view.fits
+            view.reasons = {}
+        else:
+            todo = self._changed_since(view.epoch, view.fits, view.reasons)
+        reasons, per_sig, sig_of, nodes, uses = (
+            view.reasons,
+            view.per_sig,
+            self.sig_of,
+            self.nodes,
+            self.uses,
+        )
+        for i in todo:
+            reason = busy_reason(ask, _NOBODY, nodes[i], uses[i], per_sig[sig_of[i]][1])
+            reasons[i] = FITS if reason is None else reason.value
+        view.epoch = epoch
+        return reasons
+
+    def _changed_since(
+        self, epoch: int, nodes: list[int], member: set[int] | dict[int, str]
+    ) -> list[int] | set[int]:
+        """Which of `nodes` (`member`: the same, to look up) changed since `epoch`: from the
+        changes or from the nodes, whichever is shorter to go through (the same either way)."""
+        if len(self.changes) - epoch < len(nodes):
+            return {i for i in self.changes[epoch:] if i in member}
+        changed_at = self.changed_at
+        return [i for i in nodes if changed_at[i] > epoch]
+
+    def _busy(self, ask: Ask, i: int) -> Verdict | None:
+        """_now's verdict in full, with its figures: for the few nodes a record describes."""
+        usable = self._usable(ask, i)
         return check_free(ask, _NOBODY, self.nodes[i], self.uses[i], usable)[0]
 
     def _estimate(self, req: Request) -> float | None:
@@ -537,10 +627,8 @@ class Pass:
     def _soonest(self, shape: _Shape) -> float | None:
         found = [
             end
-            for i, verdict in (shape.wait or {}).items()
-            if verdict is not None
-            and (end := self.ends[i]) is not None
-            and verdict.reason.kind == BUSY
+            for i, reason in (shape.wait or {}).items()
+            if reason in BUSY_REASONS and (end := self.ends[i]) is not None
         ]
         return min(found) if found else None
 
@@ -551,12 +639,12 @@ class Pass:
             return None
         ask = req.alternatives[0]
         shape = self.shape(ask, req)
+        now = self._reasons(self._ask(ask), ask)
         for i in shape.candidates:
             use = self.uses[i]
             if use.reserved_for is not None:
                 continue
-            verdict = self._busy(ask, i)
-            if verdict is not None and verdict.reason.kind == BUSY:
+            if now[i] in BUSY_REASONS:
                 use.reserved_for = req.run_id
                 self._changed(i)
                 return self.nodes[i].name
@@ -666,10 +754,6 @@ class Pass:
 _NOBODY = Request(run_id="", attempt_id="", alternatives=(), submitted_at=0.0)
 
 
-def _reason(verdict: Verdict | None) -> str:
-    return "fits" if verdict is None else verdict.reason.value
-
-
 def _fewest(
     ask: Ask, req: Request, node: NodeView, use: Use, usable: tuple[int, ...], pool: list[Running]
 ) -> list[Running] | None:
@@ -679,7 +763,7 @@ def _fewest(
     trial = Use(node)
     trial.reserved_for = None
     trial.tasks, trial.cpus, trial.memory_gb = use.tasks, use.cpus, use.memory_gb
-    trial.gpus = dict(use.gpus)
+    trial.gpus, trial.taken = dict(use.gpus), use.taken
     for n, victim in enumerate(pool, start=1):
         trial.tasks -= 1
         trial.cpus -= victim.cpus
@@ -687,10 +771,10 @@ def _fewest(
         for g in victim.gpus:
             used = trial.gpus.get(g)
             if not victim.gpu_share_gb or used is None:
-                trial.gpus[g] = None
+                trial.set_gpu(g, None)
             else:
                 left = used - victim.gpu_share_gb
-                trial.gpus[g] = left if left > 1e-9 else None
+                trial.set_gpu(g, left if left > 1e-9 else None)
         if check_free(ask, req, node, trial, usable)[0] is None:
             return pool[:n]
     return None
