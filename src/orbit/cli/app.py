@@ -17,6 +17,7 @@ from orbit.cli import (
     agent,
     audit,
     catalog,
+    clusters,
     forensics,
     hosts,
     logs,
@@ -38,6 +39,7 @@ app.add_typer(catalog.templates_app, name="templates")
 app.add_typer(catalog.experiments_app, name="experiments")
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(hosts.hosts_app, name="hosts")
+app.add_typer(clusters.clusters_app, name="clusters")
 app.add_typer(nodes.nodes_app, name="nodes")
 app.command()(sched.explain)
 app.command()(sched.queue)

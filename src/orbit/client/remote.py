@@ -25,6 +25,7 @@ from pydantic import BaseModel, TypeAdapter
 from orbit import __version__
 from orbit.core.audit_chain import ChainCheck
 from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
+from orbit.core.clusters import ClusterRecord, ClusterSpec
 from orbit.core.control.views import (
     Explanation,
     HostCheck,
@@ -304,6 +305,24 @@ class RemoteControl(WaitsForRuns):
 
     def remove_host(self, name: str) -> list[str]:
         response = self._send("DELETE", f"/hosts/{_part(name)}")
+        return list(response.json()["stopped_attempts"])
+
+    # -- Slurm clusters --------------------------------------------------------------------
+    def add_cluster(self, spec: ClusterSpec, *, check: bool = True) -> ClusterRecord:
+        body = {"spec": spec.model_dump(mode="json", exclude_unset=True), "check": check}
+        return self._post(ClusterRecord, "/clusters", body)
+
+    def list_clusters(self) -> list[ClusterRecord]:
+        return self._list(ClusterRecord, "/clusters")
+
+    def get_cluster(self, name: str) -> ClusterRecord:
+        return self._get(ClusterRecord, f"/clusters/{_part(name)}")
+
+    def check_cluster(self, name: str) -> ClusterRecord:
+        return self._post(ClusterRecord, f"/clusters/{_part(name)}/check")
+
+    def remove_cluster(self, name: str) -> list[str]:
+        response = self._send("DELETE", f"/clusters/{_part(name)}")
         return list(response.json()["stopped_attempts"])
 
     # -- users and tokens ------------------------------------------------------------------

@@ -24,6 +24,7 @@ from starlette.background import BackgroundTask
 
 from orbit.agent.protocol import MAX_LABELS
 from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
+from orbit.core.clusters import ClusterRecord, ClusterSpec
 from orbit.core.control.service import CoreControlService
 from orbit.core.control.submit import ShapedWire
 from orbit.core.control.views import (
@@ -104,6 +105,11 @@ class OverridesBody(Body):
 
 class NewHost(Body):
     spec: HostSpec
+    check: bool = True
+
+
+class NewCluster(Body):
+    spec: ClusterSpec
     check: bool = True
 
 
@@ -487,6 +493,33 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
         who.require("admin")
         with who.acting() as svc:
             return Removed(removed=name, stopped_attempts=svc.remove_host(name))
+
+    # -- Slurm clusters --------------------------------------------------------------------
+    @router.get("/clusters", response_model=list[ClusterRecord], tags=["clusters"])
+    def list_clusters(who: me) -> list[ClusterRecord]:
+        return service.list_clusters()
+
+    @router.post("/clusters", response_model=ClusterRecord, status_code=201, tags=["clusters"])
+    def add_cluster(who: me, body: NewCluster) -> ClusterRecord:
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.add_cluster(body.spec, check=body.check)
+
+    @router.get("/clusters/{name}", response_model=ClusterRecord, tags=["clusters"])
+    def get_cluster(who: me, name: str) -> ClusterRecord:
+        return service.get_cluster(name)
+
+    @router.post("/clusters/{name}/check", response_model=ClusterRecord, tags=["clusters"])
+    def check_cluster(who: me, name: str) -> ClusterRecord:
+        who.require("admin")
+        with who.acting() as svc:
+            return svc.check_cluster(name)
+
+    @router.delete("/clusters/{name}", response_model=Removed, tags=["clusters"])
+    def remove_cluster(who: me, name: str) -> Removed:
+        who.require("admin")
+        with who.acting() as svc:
+            return Removed(removed=name, stopped_attempts=svc.remove_cluster(name))
 
     # -- users and tokens ------------------------------------------------------------------
     @router.get("/users", response_model=list[UserRecord], tags=["users"])

@@ -25,6 +25,12 @@ def unknown(name: str) -> NotFound:
     return NotFound(f"unknown host '{name}' (see 'orbit hosts list')")
 
 
+def is_cluster(row: Row) -> bool:
+    """A Slurm cluster shares the table (orbit.store.cluster_table): its spec says so."""
+    spec = read_json(row["spec"])
+    return isinstance(spec, dict) and spec.get("kind") == "slurm"
+
+
 def host_record(row: Row) -> HostRecord:
     facts = read_json(row["facts"])
     return HostRecord(
@@ -61,7 +67,7 @@ class HostTable:
     def find(self, name: str) -> HostRecord | None:
         with self._store._read() as tx:
             row = tx.one(f"SELECT {HOST_COLUMNS} FROM hosts WHERE name = :name", {"name": name})
-        return None if row is None else host_record(row)
+        return None if row is None or is_cluster(row) else host_record(row)
 
     def get(self, name: str) -> HostRecord:
         found = self.find(name)
@@ -72,7 +78,7 @@ class HostTable:
     def all(self) -> list[HostRecord]:
         with self._store._read() as tx:
             rows = tx.all(f"SELECT {HOST_COLUMNS} FROM hosts ORDER BY name")
-        return [host_record(r) for r in rows]
+        return [host_record(r) for r in rows if not is_cluster(r)]
 
     def set_facts(self, name: str, facts: HostFacts, actor: str) -> HostRecord:
         with self._store._write() as tx:
@@ -107,6 +113,7 @@ class HostTable:
         return {r["id"] for r in rows}
 
     def remove(self, name: str, actor: str) -> None:
+        self.get(name)  # never a cluster of the same table
         with self._store._write() as tx:
             if tx.execute("DELETE FROM hosts WHERE name = :name", {"name": name}) != 1:
                 raise unknown(name)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from orbit.core.control.accounts import Accounts
 from orbit.core.control.base import current_actor
+from orbit.core.control.clusters import Clusters
 from orbit.core.control.host_registry import HostRegistry
 from orbit.core.control.nodes import Nodes
 from orbit.core.control.reading import Reading
@@ -37,7 +38,7 @@ def _default_ssh_options() -> SshOptions:
     return SshOptions()
 
 
-class CoreControlService(Reading, Accounts, Nodes):
+class CoreControlService(Reading, Accounts, Nodes, Clusters):
     def __init__(
         self,
         store: Store,

@@ -95,6 +95,19 @@ class ExecutionService:
                 directory(), options_for(settings), plane=plane_id(settings.work_dir)
             )
 
+        def slurm_host_process() -> ExecutionBackend:
+            from orbit.core.execution.backends.slurm_host_process import SlurmHostProcessBackend
+            from orbit.core.execution.docker.host import plane_id
+            from orbit.core.execution.ssh.transport import options_for
+            from orbit.store.cluster_table import ClusterTable
+
+            store = getattr(hosts, "_store", None)  # the clusters share the hosts' table
+            if store is None:
+                raise NoBackend("Slurm clusters need the control plane's store")
+            return SlurmHostProcessBackend(
+                ClusterTable(store), options_for(settings), plane=plane_id(settings.work_dir)
+            )
+
         def agent_pool(launch_mode: str) -> Callable[[], ExecutionBackend]:
             def make() -> ExecutionBackend:
                 from orbit.core.execution.backends.agent_pool import AgentPoolBackend
@@ -122,6 +135,7 @@ class ExecutionService:
                 "local_docker": local_docker,
                 "ssh_host_process": ssh_host_process,
                 "ssh_docker": ssh_docker,
+                "slurm_host_process": slurm_host_process,
                 "agent_pool_host_process": agent_pool("host_process"),
                 "agent_pool_docker": agent_pool("docker"),
             }

@@ -1,0 +1,143 @@
+"""What `orbit clusters check` reads from Slurm: nodes (`sinfo --json` where the version has it,
+else `scontrol -o show node`), partitions (`scontrol -o show partition`) and the version. The
+parsers are pure; `probe` runs the commands."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from orbit.core.clusters import ClusterFacts, SlurmNode, SlurmPartition
+from orbit.core.execution.slurm.shell import ClusterShell
+
+
+def parse_gres(text: str) -> dict[str, int]:
+    """`gpu:a100:2(S:0-1),gpu:v100:1,shard:8` -> {"a100": 2, "v100": 1}; `gpu:4` -> {"": 4}."""
+    gpus: dict[str, int] = {}
+    for item in re.sub(r"\([^)]*\)", "", text or "").split(","):
+        parts = item.strip().split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        count = parts[-1]
+        kind = parts[1] if len(parts) > 2 else ""
+        if count.isdigit():
+            gpus[kind] = gpus.get(kind, 0) + int(count)
+    return gpus
+
+
+def parse_duration(text: str) -> int | None:
+    """Slurm's time limits: `UNLIMITED`/`infinite` -> None; `[D-]HH:MM:SS`, `MM:SS`, `MM`."""
+    text = text.strip()
+    if not text or text.upper() in ("UNLIMITED", "INFINITE", "NONE", "N/A"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 1:
+        seconds = parts[0] * 60
+    elif len(parts) == 2:
+        seconds = (parts[0] * 60 + parts[1]) if not days else (parts[0] * 3600 + parts[1] * 60)
+    else:
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return seconds + (int(days) * 86400 if days else 0)
+
+
+def key_values(line: str) -> dict[str, str]:
+    """One `scontrol -o` line: `Key=Value Key2=Value with spaces ...`."""
+    found = {}
+    for match in re.finditer(r"(\S+?)=(.*?)(?=\s+\S+?=|$)", line.strip()):
+        found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """`node[01-03,07],gpu1` -> node01, node02, node03, node07, gpu1."""
+    names: list[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", text or ""):
+        stem, ranges = match.group(1), match.group(2)
+        if not ranges:
+            names.append(stem)
+            continue
+        for part in ranges.split(","):
+            first, _, last = part.partition("-")
+            for i in range(int(first), int(last or first) + 1):
+                names.append(f"{stem}{i:0{len(first)}d}")
+    return tuple(n for n in names if n and n != "(null)")
+
+
+def parse_partitions(text: str) -> tuple[SlurmPartition, ...]:
+    found = []
+    for line in text.splitlines():
+        kv = key_values(line)
+        if "PartitionName" not in kv:
+            continue
+        accounts = kv.get("AllowAccounts", "ALL")
+        found.append(
+            SlurmPartition(
+                name=kv["PartitionName"],
+                state=kv.get("State", "UNKNOWN"),
+                default=kv.get("Default") == "YES",
+                nodes=expand_hostlist(kv.get("Nodes", "")),
+                max_time_s=parse_duration(kv.get("MaxTime", "UNLIMITED")),
+                allow_accounts=None if accounts == "ALL" else tuple(accounts.split(",")),
+            )
+        )
+    return tuple(found)
+
+
+def parse_nodes_json(text: str) -> tuple[SlurmNode, ...]:
+    data: dict[str, Any] = json.loads(text)
+    return tuple(
+        SlurmNode(
+            name=str(n["name"]),
+            state=str(n.get("state", "unknown")).upper(),
+            cpus=int(n.get("cpus") or 0),
+            memory_mb=int(n.get("real_memory") or 0),
+            gpus=parse_gres(str(n.get("gres") or "")),
+            partitions=tuple(n.get("partitions") or ()),
+        )
+        for n in data.get("nodes", [])
+    )
+
+
+def parse_nodes_text(text: str) -> tuple[SlurmNode, ...]:
+    found = []
+    for line in text.splitlines():
+        kv = key_values(line)
+        if "NodeName" not in kv:
+            continue
+        found.append(
+            SlurmNode(
+                name=kv["NodeName"],
+                state=kv.get("State", "UNKNOWN").split("+")[0],
+                cpus=int(kv.get("CPUTot", "0") or 0),
+                memory_mb=int(kv.get("RealMemory", "0") or 0),
+                gpus=parse_gres(kv.get("Gres", "")),
+                partitions=tuple(p for p in kv.get("Partitions", "").split(",") if p),
+            )
+        )
+    return tuple(found)
+
+
+def probe(shell: ClusterShell, work_dir: str) -> ClusterFacts:
+    """Ask the cluster what it has now; also makes the work dir's layout there."""
+    version = shell.output(["sinfo", "--version"]).split()[-1]
+    nodes_json = shell.run(["sinfo", "--json"])
+    if nodes_json.returncode == 0 and nodes_json.stdout.lstrip().startswith("{"):
+        nodes, source = parse_nodes_json(nodes_json.stdout), "sinfo --json"
+    else:  # before 21.08, or built without the JSON plugins
+        nodes, source = (
+            parse_nodes_text(shell.output(["scontrol", "-o", "show", "node"])),
+            "scontrol",
+        )
+    partitions = parse_partitions(shell.output(["scontrol", "-o", "show", "partition"]))
+    work = shell.hostside("stage-check", work_dir, "-")
+    return ClusterFacts(
+        checked_at=datetime.now(UTC),
+        version=version,
+        source=source,
+        partitions=partitions,
+        nodes=nodes,
+        work_dir=str(work["work"]) if "work" in work else None,
+    )

@@ -1,0 +1,182 @@
+"""The request as Slurm sees it: the refusals of what the cluster's last check says it cannot
+serve, and the readable sbatch script that runs the bundle's own wrapper. Pure: no I/O."""
+
+from __future__ import annotations
+
+import math
+import shlex
+
+from orbit.core.clusters import ClusterFacts, ClusterRecord, SlurmPartition
+from orbit.core.errors import Refused
+from orbit.core.models import ExecutionRequest
+
+SCRIPT = "scripts/slurm.sbatch"
+# a TERM that comes this close to the time limit is Slurm's warning of it (--signal), not a kill
+LIMIT_MARGIN_S = 30
+
+
+def partition_for(cluster: ClusterRecord) -> SlurmPartition | None:
+    facts = cluster.facts
+    return facts.partition(cluster.spec.partition) if facts is not None else None
+
+
+def gpu_type_for(facts: ClusterFacts, partition: SlurmPartition, wanted: str | None) -> str:
+    """The GRES type that serves `wanted` on the partition's nodes ('' for any)."""
+    if not wanted:
+        return ""
+    kinds = {k for n in facts.nodes_of(partition) for k in n.gpus if k}
+    for kind in sorted(kinds):
+        if kind.lower() == wanted.lower() or wanted.lower() in kind.lower():
+            return kind
+    return ""
+
+
+def check_request(cluster: ClusterRecord, request: ExecutionRequest) -> None:
+    """Refuse, before anything is staged, what the cluster's last check says it cannot run."""
+    facts = cluster.facts
+    if facts is None:
+        return  # never checked: Slurm will say, at sbatch
+    when = f"(orbit clusters check {cluster.name}, {facts.checked_at:%Y-%m-%d %H:%M} UTC)"
+    wanted = cluster.spec.partition
+    partition = facts.partition(wanted)
+    if partition is None:
+        known = ", ".join(p.name for p in facts.partitions) or "none"
+        raise Refused(
+            f"cluster '{cluster.name}' has no partition {wanted or '(default)'} {when}; "
+            f"it has: {known}"
+        )
+    where = f"cluster '{cluster.name}' partition {partition.name}"
+    nodes = facts.nodes_of(partition)
+    res = request.resources
+    if request.num_nodes > 1:
+        raise Refused(
+            f"num_nodes {request.num_nodes}: multi-node runs on Slurm are not supported yet "
+            "(one node per run)"
+        )
+    if request.num_nodes > len(nodes):
+        raise Refused(
+            f"{where} has {len(nodes)} node(s) {when} and the request asks for "
+            f"num_nodes {request.num_nodes}"
+        )
+    if res.gpu_count:
+        if res.gpu_type:
+            kind = gpu_type_for(facts, partition, res.gpu_type)
+            if not kind:
+                kinds = sorted({k or "untyped" for n in nodes for k in n.gpus}) or ["no GPUs"]
+                raise Refused(
+                    f"{where} has {', '.join(kinds)}, not resources.gpu_type {res.gpu_type} {when}"
+                )
+            most = max((n.gpus.get(kind, 0) for n in nodes), default=0)
+        else:
+            most = max((sum(n.gpus.values()) for n in nodes), default=0)
+        if res.gpu_count > most:
+            raise Refused(
+                f"{where}: resources.gpu_count {res.gpu_count} per node requested, its nodes "
+                f"have at most {most} {when}"
+            )
+    most_cpus = max((n.cpus for n in nodes), default=0)
+    if res.cpu_count > most_cpus:
+        raise Refused(
+            f"{where}: resources.cpu_count {res.cpu_count} requested, its nodes have at most "
+            f"{most_cpus} {when}"
+        )
+    most_mb = max((n.memory_mb for n in nodes), default=0)
+    if res.memory_gb * 1024 > most_mb:
+        raise Refused(
+            f"{where}: resources.memory_gb {res.memory_gb:g} requested, its nodes have at most "
+            f"{most_mb / 1024:.1f} GB {when}"
+        )
+    limit = partition.max_time_s
+    if request.max_runtime_s and limit is not None and request.max_runtime_s > limit:
+        raise Refused(
+            f"{where}: max_runtime_s {request.max_runtime_s:g} is above its time limit of "
+            f"{limit}s {when}"
+        )
+    accounts = partition.allow_accounts
+    if accounts is not None and cluster.spec.account not in accounts:
+        raise Refused(
+            f"{where} allows accounts {', '.join(accounts)} only, not "
+            f"{cluster.spec.account or '(none given)'} {when}"
+        )
+
+
+def time_limit_min(request: ExecutionRequest) -> int | None:
+    """Slurm counts time limits in whole minutes: max_runtime_s, rounded up."""
+    return math.ceil(request.max_runtime_s / 60) if request.max_runtime_s else None
+
+
+def sbatch_script(
+    cluster: ClusterRecord,
+    request: ExecutionRequest,
+    *,
+    run_id: str,
+    attempt_id: str,
+    location: str,
+    env: dict[str, str],
+) -> str:
+    """scripts/slurm.sbatch of one attempt: #SBATCH lines from the request, then the bundle's
+    own wrapper in the foreground. Slurm's warning of the time limit (--signal=B:TERM) is told
+    apart from any other TERM (scancel from outside, a preemption) by when it comes."""
+    spec, res = cluster.spec, request.resources
+    partition = partition_for(cluster)
+    q = shlex.quote
+    lines = [
+        "#!/bin/bash",
+        f"# ORBIT run {run_id}, attempt {attempt_id}: generated from the run's request, kept in",
+        "# the attempt's copy of the bundle. It runs the bundle's own runtime wrapper, which",
+        "# writes runtime/ and artifacts/ as on any other placement.",
+        f"#SBATCH --job-name=orbit-{attempt_id}",
+        f"#SBATCH --comment=orbit:run={run_id},attempt={attempt_id}",
+        f"#SBATCH --chdir={location}",
+        f"#SBATCH --output={location}/runtime/slurm-%j.out",
+        f"#SBATCH --nodes={request.num_nodes}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    part = spec.partition or (partition.name if partition is not None else None)
+    if spec.partition:
+        lines.append(f"#SBATCH --partition={spec.partition}")
+    if spec.account:
+        lines.append(f"#SBATCH --account={spec.account}")
+    if res.cpu_count:
+        lines.append(f"#SBATCH --cpus-per-task={res.cpu_count}")
+    if res.memory_gb:
+        lines.append(f"#SBATCH --mem={math.ceil(res.memory_gb * 1024)}M")
+    if res.gpu_count:
+        kind = ""
+        if cluster.facts is not None and partition is not None:
+            kind = gpu_type_for(cluster.facts, partition, res.gpu_type)
+        lines.append(f"#SBATCH --gres=gpu:{kind + ':' if kind else ''}{res.gpu_count}")
+    minutes = time_limit_min(request)
+    if minutes is not None:
+        lines.append(f"#SBATCH --time={minutes}")
+    grace = max(1, math.ceil(request.stop_grace_s))
+    lines.append(f"#SBATCH --signal=B:TERM@{grace + LIMIT_MARGIN_S}")
+    lines.append("#SBATCH --requeue" if request.preemptible else "#SBATCH --no-requeue")
+    exports = " ".join(f"{k}={q(v)}" for k, v in sorted(env.items()))
+    limit_s = minutes * 60 if minutes is not None else 0
+    lines += [
+        "",
+        f"bundle={q(location)}",
+        f"export {exports} ORBIT_SLURM_PARTITION={q(part or '')}",
+        "start=$(date +%s)",
+        f"limit_s={limit_s}",
+        "",
+        "on_term() {",
+        "  # the time limit's warning: the wrapper ends the attempt as max_runtime, not preempted",
+        f'  if [ "$limit_s" -gt 0 ] && [ $(( $(date +%s) - start )) -ge $(( limit_s - '
+        f"{grace + 2 * LIMIT_MARGIN_S} )) ] \\",
+        '     && [ ! -e "$bundle/runtime/stop_request.json" ]; then',
+        '    printf \'{"reason": "max_runtime", "message": "Slurm time limit"}\\n\' \\',
+        '      > "$bundle/runtime/stop_request.json"',
+        "  fi",
+        '  kill -TERM "$pid" 2>/dev/null',
+        "}",
+        "trap on_term TERM",
+        "",
+        f'{q(spec.python)} -S "$bundle/scripts/orbit_wrapper.py" --bundle "$bundle" &',
+        "pid=$!",
+        'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
+        'wait "$pid"',
+        "",
+    ]
+    return "\n".join(lines)
