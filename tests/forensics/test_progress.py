@@ -38,9 +38,36 @@ def test_ms_swift_lines_give_step_max_steps_loss_and_epoch() -> None:
     )
     found = parse_tail("artifacts/logging.jsonl", tail)
     assert found == Progress(
-        file="artifacts/logging.jsonl", step=10, max_steps=100, loss=1.2, epoch=0.1
+        file="artifacts/logging.jsonl",
+        step=10,
+        max_steps=100,
+        loss=1.2,
+        epoch=0.1,
+        remaining="90s",
     )
-    assert found.describe() == "step 10/100, epoch 0.1, loss 1.2"
+    assert found.describe() == "step 10/100, epoch 0.1, loss 1.2, 90s left"
+
+
+# as ms-swift 4.6.0 wrote them (examples/swift-sft); memory(GiB) is there on a GPU
+SWIFT_460 = b"""\
+{"loss": 5.88599253, "grad_norm": 1.19006693, "learning_rate": 9.33e-05, "token_acc": 0.0, \
+"epoch": 0.08333333, "global_step/max_steps": "2/12", "elapsed_time": "1s", \
+"remaining_time": "7s", "memory(GiB)": 3.41, "train_speed(s/it)": 0.713928}
+{"train_runtime": "7.866", "train_samples_per_second": "3.051", "train_steps_per_second": \
+"1.526", "train_loss": "5.887", "epoch": "0.5", "global_step/max_steps": "12/12", \
+"elapsed_time": "8s", "remaining_time": "0s", "train_speed(s/it)": "0.6554"}
+"""
+
+
+def test_ms_swift_460_gives_step_loss_learning_rate_memory_and_time_left() -> None:
+    mid = parse_tail("f", SWIFT_460.splitlines()[0])
+    assert mid is not None
+    assert mid.describe() == (
+        "step 2/12, epoch 0.0833333, loss 5.886, lr 9.33e-05, 3.41 GiB, 7s left"
+    )
+    end = parse_tail("f", SWIFT_460)  # the summary line's figures are strings: its step holds
+    assert end is not None
+    assert (end.step, end.max_steps, end.loss, end.remaining) == (12, 12, 5.88599253, "0s")
 
 
 def test_hf_trainer_lines_give_step_and_loss() -> None:
@@ -51,7 +78,7 @@ def test_hf_trainer_lines_give_step_and_loss() -> None:
     found = parse_tail("f", tail)
     assert found is not None
     assert (found.step, found.max_steps, found.loss, found.epoch) == (5, None, 2.25, 0.62)
-    assert found.describe() == "step 5, epoch 0.62, loss 2.25"
+    assert found.describe() == "step 5, epoch 0.62, loss 2.25, lr 4e-05"
     global_step = parse_tail("f", jsonl({"global_step": 7, "max_steps": 20, "train_loss": 0.5}))
     assert global_step is not None
     assert (global_step.step, global_step.max_steps, global_step.loss) == (7, 20, 0.5)

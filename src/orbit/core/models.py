@@ -255,6 +255,15 @@ class PrecheckSpec(Record):
 
     interpreter: str = "python3"
     critical_imports: tuple[str, ...] = ()
+    optional_imports: tuple[str, ...] = ()  # recorded; absent ones are said, not fatal
+
+    @model_serializer(mode="wrap")
+    def _none_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """No optional imports, no key: job.json (so a bundle's digest) stays as it was."""
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("optional_imports"):
+            data.pop("optional_imports", None)
+        return data
 
 
 class JobSpec(Record):

@@ -18,6 +18,10 @@ class Progress(Record):
     max_steps: int | None = None
     loss: float | None = None
     epoch: float | None = None
+    # what ms-swift adds: learning_rate, memory(GiB), remaining_time (its own words: "1m 5s")
+    learning_rate: float | None = None
+    memory_gib: float | None = None
+    remaining: str | None = None
 
     def describe(self) -> str:
         parts = []
@@ -27,6 +31,12 @@ class Progress(Record):
             parts.append(f"epoch {self.epoch:g}")
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4g}")
+        if self.learning_rate is not None:
+            parts.append(f"lr {self.learning_rate:.3g}")
+        if self.memory_gib is not None:
+            parts.append(f"{self.memory_gib:g} GiB")
+        if self.remaining:
+            parts.append(f"{self.remaining} left")
         return ", ".join(parts)
 
 
@@ -34,6 +44,10 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def _text(value: Any) -> str | None:
+    return value.strip() or None if isinstance(value, str) else None
 
 
 def _step(record: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -72,6 +86,9 @@ def parse_tail(file: str, tail: bytes) -> Progress | None:
                 max_steps=max_steps,
                 loss=loss,
                 epoch=_number(record.get("epoch")),
+                learning_rate=_number(record.get("learning_rate")),
+                memory_gib=_number(record.get("memory(GiB)")),
+                remaining=_text(record.get("remaining_time")),
             )
         if latest.loss is None and loss is not None:  # eval lines carry no training loss
             latest = latest.model_copy(update={"loss": loss})

@@ -430,14 +430,28 @@ if __name__ == "__main__":
 
 
 _STEP = re.compile(r"(\d+)(?:\.[A-Za-z0-9]+)?$")
+_SWIFT_RUN = re.compile(r"^v(\d+)-")  # ms-swift's output_dir/vN-DATE-TIME/checkpoint-N
+
+
+def _newest_swift_runs(artifacts: str) -> list[str]:
+    """In each folder of `artifacts` that holds ms-swift run folders, the newest that has a
+    checkpoint: the highest vN by number (v10 after v9; a failed start leaves an empty one)."""
+    found: dict[str, tuple[int, str]] = {}
+    for run in glob.glob(os.path.join(glob.escape(artifacts), "*", "v*-*")):
+        m = _SWIFT_RUN.match(os.path.basename(run))
+        if m and glob.glob(os.path.join(glob.escape(run), "checkpoint-*")):
+            parent = os.path.dirname(run)
+            found[parent] = max(found.get(parent, (-1, "")), (int(m.group(1)), run))
+    return [run for _, run in found.values()]
 
 
 def newest_checkpoint(artifacts: str) -> str | None:
     """The newest checkpoint an attempt left under its artifacts folder, as a path relative to
     it, by ORBIT's convention: an entry of `checkpoints/` (a file or a folder), or a folder
     named `checkpoint-*` up to two levels down (HF Trainer's and ms-swift's
-    `output_dir/checkpoint-500`). Newest: the highest step number in the name, then the
-    latest change; None without one."""
+    `output_dir/checkpoint-500`), or a `checkpoint-*` of the newest ms-swift run folder
+    (`checkpoints/vN-DATE-TIME/checkpoint-500`). Newest: the highest step number in the
+    name, then the latest change; None without one."""
     found: list[tuple[int, float, str]] = []
 
     def consider(path: str) -> None:
@@ -449,7 +463,12 @@ def newest_checkpoint(artifacts: str) -> str | None:
             found.append((int(m.group(1)) if m else -1, os.stat(path).st_mtime, path))
 
     for entry in glob.glob(os.path.join(glob.escape(artifacts), "checkpoints", "*")):
-        consider(entry)
+        if not (_SWIFT_RUN.match(os.path.basename(entry)) and os.path.isdir(entry)):
+            consider(entry)
+    for run in _newest_swift_runs(artifacts):
+        for entry in glob.glob(os.path.join(glob.escape(run), "checkpoint-*")):
+            if os.path.isdir(entry):
+                consider(entry)
     for depth in ("*", os.path.join("*", "*")):
         pattern = os.path.join(glob.escape(artifacts), depth)
         for entry in glob.glob(pattern):

@@ -209,7 +209,9 @@ def check_fork(path: str, inputs: str) -> dict[str, Any]:
 
 
 def run(job: dict[str, Any], inputs: str) -> tuple[dict[str, Any], int]:
-    imports = [check_import(n) for n in job.get("precheck", {}).get("critical_imports", [])]
+    spec = job.get("precheck", {})
+    imports = [check_import(n) for n in spec.get("critical_imports", [])]
+    optional = [check_import(n) for n in spec.get("optional_imports", [])]
     forks = [check_fork(p, inputs) for p in find_fork_manifests(inputs)]
     uname = platform.uname()
     report = {
@@ -227,6 +229,7 @@ def run(job: dict[str, Any], inputs: str) -> tuple[dict[str, Any], int]:
             "prefix": sys.prefix,
         },
         "critical_imports": imports,
+        "optional_imports": optional,
         "forks": forks,
         "gpus": gpus(),
         "distributions": installed_distributions(),
@@ -251,6 +254,14 @@ def human(report: dict[str, Any]) -> str:
             lines.append(f"ok       {item['name']} {item['version'] or '?'} from {item['path']}")
         else:
             lines.append(f"MISSING  {item['name']}: {item['error']}")
+    absent = []
+    for item in report.get("optional_imports", []):
+        if item["ok"]:
+            lines.append(f"ok       {item['name']} {item['version'] or '?'} from {item['path']}")
+        else:
+            absent.append(item["name"])
+    if absent:  # said once, not per import: an optional one is not a failure
+        lines.append(f"absent   {', '.join(absent)} (optional: not importable here)")
     for fork in report["forks"]:
         state = "ok      " if fork["ok"] else "MISMATCH"
         detail = fork.get("error") or (

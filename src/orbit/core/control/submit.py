@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -32,7 +32,7 @@ from orbit.core.models import (
     Text,
 )
 from orbit.core.records import RunRecord
-from orbit.core.tasks.base import CommonTaskFields, ShapedTask
+from orbit.core.tasks.base import IMPORT_NAME, CommonTaskFields, ShapedTask
 
 if TYPE_CHECKING:
     from orbit.core.execution.bundle import FrozenBundle
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ImportName = Annotated[str, Field(pattern=IMPORT_NAME, max_length=256)]
 
 
 class ShapedWire(Strict):
@@ -51,6 +52,8 @@ class ShapedWire(Strict):
     workdir: str = Field(default="workdir", min_length=1, max_length=256)
     interpreter: str = Field(default="python3", min_length=1, max_length=4096)
     shell_command: str | None = None
+    critical_imports: tuple[ImportName, ...] = ()
+    optional_imports: tuple[ImportName, ...] = ()
 
     @field_validator("workdir")
     @classmethod
@@ -263,6 +266,7 @@ class Submitting(Scheduling):
                     f"{request.placement.kind}: give task.url instead"
                 )
             request = request.model_copy(update={"selector": {**request.selector, **needs}})
+        self.tasks.check_resources(submission.task_type, submission.task_request, source, request)
         self.execution.backend(request.backend_key).validate(request)
         self.check_schedulable(request, submission.queue_anyway)
         job = JobSpec(
@@ -275,7 +279,11 @@ class Submitting(Scheduling):
             resources=request.resources,
             stop_grace_s=request.stop_grace_s,
             precheck=PrecheckSpec(
-                interpreter=shaped.interpreter, critical_imports=tuple(common.critical_imports)
+                interpreter=shaped.interpreter,
+                critical_imports=tuple(
+                    dict.fromkeys([*shaped.critical_imports, *common.critical_imports])
+                ),
+                optional_imports=shaped.optional_imports,
             ),
             task_request={**shaped.request, **common.model_dump(exclude_defaults=True)},
         )

@@ -32,6 +32,10 @@ class ShapedTask:
     # a command in shell form: the launch mode picks its shell (orbit.core.execution.launch_modes
     # .task_entrypoint); `entrypoint` is then its host-process form, `bash -c COMMAND`
     shell_command: str | None = None
+    # the precheck gates the task on these (beside the request's own critical_imports), and
+    # records the optional ones, saying once which are absent
+    critical_imports: tuple[str, ...] = ()
+    optional_imports: tuple[str, ...] = ()
 
 
 class CommonTaskFields(BaseModel):

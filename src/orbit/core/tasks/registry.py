@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from orbit.core.errors import InvalidInput, NotFound, describe_validation_error
+from orbit.core.models import ExecutionRequest
 from orbit.core.tasks.base import COMMON_KEYS, IMPORT_NAME, CommonTaskFields, ShapedTask, TaskPlugin
 
 ENTRY_POINT_GROUP = "orbit.tasks"
@@ -24,8 +25,10 @@ def _discover() -> dict[str, Loader]:
     from orbit.core.tasks.command import CommandTask
     from orbit.core.tasks.http import HttpTask
     from orbit.core.tasks.python import PythonTask
+    from orbit.core.tasks.swift import SwiftTask
 
     found: dict[str, Loader] = {"command": CommandTask, "python": PythonTask, "http": HttpTask}
+    found["swift"] = SwiftTask
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         builtin = found.get(ep.name)
         if (
@@ -80,6 +83,18 @@ class TaskRegistry:
         plugin = self.plugin(task_type)
         wants = getattr(plugin, "selector", None)
         return dict(wants(self._request(plugin, raw, source))) if wants else {}
+
+    def check_resources(
+        self, task_type: str, raw: dict[str, Any], source: str, request: ExecutionRequest
+    ) -> None:
+        """What needs the placement (the template with its overrides): a plugin's optional
+        `check_placement(request, execution_request)`, with its alternatives as they are (the
+        `torchrun` task's processes per node against each one's GPUs, the `swift` task's GRPO
+        batch over its processes)."""
+        plugin = self.plugin(task_type)
+        placement = getattr(plugin, "check_placement", None)
+        if placement is not None:
+            placement(self._request(plugin, raw, source), request)
 
     def validate(self, task_type: str, raw: dict[str, Any], source: str) -> None:
         """What `shape` checks that needs no files: the request against the plugin's model."""
