@@ -193,10 +193,6 @@ class SlurmHostProcessBackend:
         shell = self._shell(handle)
         job_id = str(handle.data["job_id"])
         job = jobs.look(shell, job_id)
-        if job is not None and job.pending:
-            if job.reason in ("", "None"):  # not looked at by the scheduler yet
-                return RunStatus(state=RunState.SUBMITTED)
-            return RunStatus(state=RunState.PROVISIONING, message=job.describe_pending())
         found = shell.hostside("probe", handle.location, handle.attempt_id)
         if found.get("missing"):
             return RunStatus(
@@ -206,6 +202,11 @@ class SlurmHostProcessBackend:
             )
         status = parse_json(found.get("status"))
         result = parse_json(found.get("result"))
+        if job is not None and job.pending and status is None:  # never started (a requeued
+            # job that did start has its files: it is ended below, not shown pending again)
+            if job.reason in ("", "None"):  # not looked at by the scheduler yet
+                return RunStatus(state=RunState.SUBMITTED)
+            return RunStatus(state=RunState.PROVISIONING, message=job.describe_pending())
         alive = bool(found.get("alive"))
         if result is None and not alive and job is not None and job.active:
             return RunStatus(state=RunState.STARTING)  # the job runs; the wrapper is on its way
