@@ -92,6 +92,7 @@ class AgentOptions:
     models: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
     services: tuple[tuple[str, str], ...] = ()  # model servers here: (name, URL)
+    address: str = ""  # where peers reach this node (a gang's master), else its hostname
     verify: bool | str = True  # TLS: True, False, or a CA bundle's path
     poll_wait_s: float = 25.0
     workers: int = 8
@@ -198,6 +199,7 @@ class Agent:
             datasets=self.o.datasets,
             faults=faults,
             services=dict(self.o.services),
+            address=self.o.address,
         )
 
     # --- HTTP --------------------------------------------------------------------------------
@@ -511,6 +513,7 @@ class Agent:
             resume_staged=str(staged) if staged else None,
             resume_relpath=start.resume.relpath if staged and start.resume else None,
             services=dict(self.o.services),
+            gang=start.gang.model_dump() if start.gang else None,
         )
         cpus = self._cpus_for(request.resources.cpu_count, start.attempt_id)
         before = os.sched_getaffinity(0)

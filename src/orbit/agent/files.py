@@ -43,6 +43,11 @@ class FileState:
             self.sealed = True
 
 
+# a JSON file the wrapper is writing (runtime.wrapper.write_json: name.tmp-PID, then renamed):
+# sent, it would stay in the control plane's copy after the rename, an artifact of nobody's
+WRAPPER_TMP = re.compile(r"\.json\.tmp-\d+$")
+
+
 def unsendable(relpath: str) -> str | None:
     """Why a file's name cannot travel in a report (the protocol's paths are UTF-8, at most
     1,000 characters), or None. Such a file stays on the node, said once in the agent's log,
@@ -78,7 +83,7 @@ def listing(folder: Path) -> list[tuple[str, os.stat_result]]:
         for dirpath, _dirs, names in os.walk(root):
             for name in names:
                 path = Path(dirpath) / name
-                if is_scratch(path):
+                if is_scratch(path) or WRAPPER_TMP.search(name):
                     continue
                 try:
                     st = path.lstat()

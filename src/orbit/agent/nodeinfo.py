@@ -203,6 +203,7 @@ def collect(
     datasets: Sequence[str] = (),
     faults: Mapping[int, str] | None = None,
     services: Mapping[str, str] | None = None,
+    address: str = "",
 ) -> NodeInfo:
     """The node's facts; `faults` are GPU faults seen meanwhile (orbit.agent.xids)."""
     gpus, source = accelerators()
@@ -215,6 +216,7 @@ def collect(
     return NodeInfo(
         agent_version=__version__,
         hostname=socket.gethostname(),
+        address=address or socket.gethostname(),
         accelerators=gpus,
         accelerator_source=source,
         cpus=len(os.sched_getaffinity(0)),

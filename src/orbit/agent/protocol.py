@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # 2: accelerators carry their health; a start may carry a resume and carries its max_tasks
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 PREFIX = "/api/v1/agent"
 VERSION_HEADER = "X-Orbit-Agent-Protocol"
 REGISTER_PATH = PREFIX + "/register"
@@ -74,6 +74,8 @@ class NodeInfo(Message):
     agent_version: str
     protocol: int = PROTOCOL_VERSION
     hostname: str = ""
+    # where the node's peers reach it (orbit agent --address): a gang's rank 0 is its master
+    address: str = Field(default="", max_length=255)
     accelerators: tuple[Accelerator, ...] = ()
     accelerator_source: str = ""  # how they were found ("nvml", "nvml: not found", ...)
     cpus: int = Field(default=0, ge=0)
@@ -167,6 +169,16 @@ class Resume(Message):
     files: tuple[tuple[str, int], ...] = ()  # (artifacts/..., size)
 
 
+class Gang(Message):
+    """A start's place in a gang (a run across several nodes, num_nodes): the task gets it as
+    ORBIT_NODE_RANK, ORBIT_NUM_NODES, ORBIT_MASTER_ADDR and ORBIT_MASTER_PORT."""
+
+    rank: int = Field(ge=0)
+    num_nodes: int = Field(ge=2)
+    master_addr: str = Field(min_length=1, max_length=255)
+    master_port: int = Field(ge=1, le=65535)
+
+
 class StartAttempt(Message):
     kind: Literal["start"] = "start"
     run_id: str
@@ -179,6 +191,7 @@ class StartAttempt(Message):
     resume: Resume | None = None  # go on from an earlier attempt's checkpoint
     # the node's max_tasks the placement was checked against (newer than a heartbeat's)
     max_tasks: int | None = Field(default=None, ge=0)
+    gang: Gang | None = None  # one node of a run across several
 
 
 class CancelAttempt(Message):

@@ -95,6 +95,13 @@ SERVICES = typer.Option(
     "vllm=http://127.0.0.1:8000 (repeat): `http` tasks asking for `service: NAME` are placed "
     "on a node that has it and sent to its URL.",
 )
+ADDRESS = typer.Option(
+    None,
+    "--address",
+    metavar="HOST",
+    help="Where the other nodes reach this one (an IP or a name they resolve; default: its "
+    "hostname): a run across several nodes (num_nodes) meets at its rank 0's address.",
+)
 CA = typer.Option(
     None, "--ca-file", metavar="PEM", help="Trust this CA for the server's certificate."
 )
@@ -112,6 +119,7 @@ def agent(
     model: list[str] | None = MODELS,
     dataset: list[str] | None = DATASETS,
     service: list[str] | None = SERVICES,
+    address: str | None = ADDRESS,
     ca_file: Path | None = CA,
 ) -> None:
     """Run this machine as a node: it registers once with a join token, then keeps a
@@ -149,6 +157,7 @@ def agent(
         models=tuple(model or ()),
         datasets=tuple(dataset or ()),
         services=_services(service or []),
+        address=address or "",
         verify=str(ca_file) if ca_file else True,
     )
     daemon = Agent(options)

@@ -85,6 +85,11 @@ def check_request(request: ExecutionRequest, config: SchedConfig) -> tuple[Ask, 
     asks = asks_of(request.resources)
     tier_of(request, config)
     selector_of(request)
+    if request.num_nodes > 1 and request.target not in (None, "", "pool"):
+        raise InvalidInput(
+            f"num_nodes: {request.num_nodes} nodes cannot all be target '{request.target}' "
+            "(pin one node with target, or choose several with selector)"
+        )
     return asks
 
 
@@ -180,7 +185,9 @@ def running_of(row: dict[str, Any], config: SchedConfig, eta: float | None = Non
         attempt_id=row["id"],
         run_id=row["run_id"],
         tier=len(config.tiers) - 1 if rank is None else rank,
-        preemptible=request.preemptible,
+        # a gang's ranks are not victims: the pass weighs one node's work at a time, and
+        # stopping one rank stops the gang on every node
+        preemptible=request.preemptible and request.num_nodes == 1,
         gpus=tuple(int(i) for i in placed.get("indices", ())),
         gpu_share_gb=float(placed.get("memory_gb", 0.0) or 0.0),
         cpus=float(placed.get("cpus", res.cpu_count if not res.any_of else 0)),
@@ -293,8 +300,14 @@ def never_fits(
         target=request.target if request.target not in (None, "", "pool") else None,
     )
     checker = Pass(Snapshot("submit", at.timestamp(), views), config)
-    if any(checker.shape(ask, probe).candidates for ask in probe.alternatives):
+    most = max(len(checker.shape(ask, probe).candidates) for ask in probe.alternatives)
+    if most >= request.num_nodes:
         return None
+    if most:  # some node could, but fewer than the gang needs
+        return (
+            f"num_nodes: {request.num_nodes} nodes asked for at once, but only {most} "
+            f"registered node(s) could ever hold {'; '.join(a.text() for a in probe.alternatives)}"
+        )
     largest = max(views, key=lambda v: (len(v.gpus), v.cpus, v.memory_gb, v.name))
     models = sorted({g.model for g in largest.gpus})
     has = f"{len(largest.gpus)} GPU(s)" + (f" ({', '.join(models)})" if models else "")

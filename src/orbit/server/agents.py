@@ -286,6 +286,8 @@ class Gateway:
             context, run.bundle_digest, request, tuple(gpus.get("indices", ()))
         )
         body["fence"] = int(placed["fence"])
+        if gpus.get("gang"):  # one node of a gang: its rank and where the gang meets
+            body["gang"] = gpus["gang"]
         self.store.enqueue_command(node.id, body, attempt_id)
 
     # --- commands ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from orbit.core.models import RunState
 from orbit.core.nodes import JoinTokenRecord, NodeRecord, NodeState
 from orbit.store.audit import append_event
 from orbit.store.base import StoreBase, new_id, utcnow
-from orbit.store.runs import wake_waiting_for_nodes
+from orbit.store.runs import ACTIVE_IN, wake_waiting_for_nodes
 from orbit.store.sql import Conflict, Row, Tx, read_json, read_time, read_time_required
 
 NODE_COLUMNS = (
@@ -25,7 +25,6 @@ NODE_COLUMNS = (
 )
 JOIN_COLUMNS = "id, labels, created_at, created_by, expires_at, revoked_at, uses"
 ACTIVE_STATES = tuple(s.value for s in RunState if not s.terminal)
-ACTIVE_IN = "(" + ", ".join(f"'{s}'" for s in ACTIVE_STATES) + ")"
 
 
 def join_record(row: Row) -> JoinTokenRecord:
@@ -354,16 +353,8 @@ class NodesMixin(StoreBase):
                 tx.execute("SELECT id FROM attempts WHERE id = :a FOR UPDATE", {"a": attempt_id})
             if tx.scalar("SELECT node_id FROM attempts WHERE id = :a", {"a": attempt_id}):
                 raise Refused(f"attempt {attempt_id} is already placed on a node")
-            node = tx.one("SELECT state, max_tasks FROM nodes WHERE id = :n", {"n": node_id})
-            if node is None or node["state"] != "active":
-                return None
-            max_tasks = int(node["max_tasks"])
-            busy = tx.scalar(
-                f"SELECT count(*) FROM attempts WHERE node_id = :n AND state IN {ACTIVE_IN} "
-                "AND id <> :a",
-                {"n": node_id, "a": attempt_id},
-            )
-            if busy >= max_tasks or not _gpus_free(tx, node_id, attempt_id, gpus):
+            max_tasks = _room(tx, node_id, attempt_id, gpus)
+            if max_tasks is None:
                 return None
             fence = (
                 int(
@@ -400,6 +391,90 @@ class NodesMixin(StoreBase):
                 gpus=list(gpus.get("indices", ())),
             )
         return fence, command_id
+
+    def assign_gang(
+        self,
+        attempt_id: str,
+        ranks: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        actor: str,
+    ) -> list[str] | None:
+        """Place a gang, all of it or none, in one transaction: rank 0 on the attempt itself,
+        each other rank on a member attempt made here (`<attempt>.r<rank>`, following its
+        leader's state), each node checked as assign_attempt checks one; `ranks` gives each
+        rank's (node id, GPUs, start command). Every start carries fence 1 and its node's
+        max_tasks. The attempt ids by rank, or None if a node has no room (the next pass
+        places it again). Refused for an attempt already placed."""
+        try:
+            return self._assign_gang(attempt_id, ranks, actor)
+        except _NoRoom:
+            return None
+
+    def _assign_gang(
+        self,
+        attempt_id: str,
+        ranks: list[tuple[str, dict[str, Any], dict[str, Any]]],
+        actor: str,
+    ) -> list[str]:
+        with self._write() as tx:
+            if tx.dialect == "postgresql":
+                for node_id in sorted({n for n, _, _ in ranks}):  # one order: no deadlock
+                    tx.execute("SELECT id FROM nodes WHERE id = :id FOR UPDATE", {"id": node_id})
+                tx.execute("SELECT id FROM attempts WHERE id = :a FOR UPDATE", {"a": attempt_id})
+            leader = tx.one(
+                "SELECT run_id, number, node_id, backend_key, target FROM attempts WHERE id = :a",
+                {"a": attempt_id},
+            )
+            if leader is None:
+                raise NotFound(f"unknown attempt '{attempt_id}'")
+            if leader["node_id"]:
+                raise Refused(f"attempt {attempt_id} is already placed on a node")
+            ids = [attempt_id] + [f"{attempt_id}.r{rank}" for rank in range(1, len(ranks))]
+            now = utcnow()
+            names = []
+            for rank, (node_id, gpus, start) in enumerate(ranks):
+                max_tasks = _room(tx, node_id, attempt_id, gpus)
+                if max_tasks is None:
+                    raise _NoRoom  # rolls back the ranks placed so far: all or nothing
+                member = ids[rank]
+                if rank:
+                    tx.execute(
+                        "INSERT INTO attempts (id, run_id, number, rank, gang_of, state, target, "
+                        'backend_key, "trigger", cancel_requested, created_at, updated_at) '
+                        "VALUES (:id, :run, :number, :rank, :leader, :state, :target, :backend, "
+                        "'gang', :no, :now, :now)",
+                        {
+                            "id": member,
+                            "run": leader["run_id"],
+                            "number": leader["number"],
+                            "rank": rank,
+                            "leader": attempt_id,
+                            "state": RunState.SUBMITTED.value,
+                            "target": leader["target"],
+                            "backend": leader["backend_key"],
+                            "no": False,
+                            "now": now,
+                        },
+                    )
+                tx.execute(
+                    "UPDATE attempts SET node_id = :n, fence = 1, node_gpus = :g, "
+                    "node_claimed_at = NULL, reconcile_due_at = :now WHERE id = :a",
+                    {"n": node_id, "g": gpus, "a": member, "now": now},
+                )
+                body = {**start, "attempt_id": member, "fence": 1, "max_tasks": max_tasks}
+                self._enqueue(tx, node_id, body, attempt_id=member)
+                names.append(tx.scalar("SELECT name FROM nodes WHERE id = :n", {"n": node_id}))
+            append_event(
+                tx,
+                actor,
+                "attempt.placed",
+                run_id=leader["run_id"],
+                attempt_id=attempt_id,
+                node=names[0],
+                fence=1,
+                gpus=list(ranks[0][1].get("indices", ())),
+                gang=[{"rank": r, "attempt": ids[r], "node": names[r]} for r in range(len(ranks))],
+            )
+        return ids
 
     def claim_start(self, node_id: str, attempt_id: str, fence: int) -> tuple[bool, str]:
         """The fencing check an agent makes before it starts an attempt: granted to the node
@@ -549,6 +624,26 @@ class NodesMixin(StoreBase):
         if row is None:
             raise NotFound(f"unknown command '{command_id}'")
         return None if row["done_at"] is None else (read_json(row["result"]) or {})
+
+
+class _NoRoom(Exception):
+    """A gang's node had no room: its transaction is rolled back."""
+
+
+def _room(tx: Tx, node_id: str, attempt_id: str, gpus: dict[str, Any]) -> int | None:
+    """The node's max_tasks if it takes work and has a slot and the GPUs for the attempt
+    (`gpus`, as placed) now, else None."""
+    node = tx.one("SELECT state, max_tasks FROM nodes WHERE id = :n", {"n": node_id})
+    if node is None or node["state"] != "active":
+        return None
+    max_tasks = int(node["max_tasks"])
+    busy = tx.scalar(
+        f"SELECT count(*) FROM attempts WHERE node_id = :n AND state IN {ACTIVE_IN} AND id <> :a",
+        {"n": node_id, "a": attempt_id},
+    )
+    if busy >= max_tasks or not _gpus_free(tx, node_id, attempt_id, gpus):
+        return None
+    return max_tasks
 
 
 def _gpus_free(tx: Tx, node_id: str, attempt_id: str, gpus: dict[str, Any]) -> bool:

@@ -76,7 +76,7 @@ def runs_filter(
         placeholders, values = expand("state", sorted(s.value for s in states))
         params.update(values)
         joins = (
-            " JOIN attempts a ON a.run_id = r.id AND a.number = "
+            " JOIN attempts a ON a.run_id = r.id AND a.rank = 0 AND a.number = "
             "(SELECT max(b.number) FROM attempts b WHERE b.run_id = r.id)"
         )
         clauses.append(f"a.state IN ({placeholders})")
@@ -127,7 +127,7 @@ class RunQueriesMixin(StoreBase):
         attempts: dict[str, list[AttemptRecord]] = {r["id"]: [] for r in rows}
         for a in tx.all(
             f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run_id IN ({placeholders}) "
-            "ORDER BY run_id, number",
+            "AND gang_of IS NULL ORDER BY run_id, number",
             params,
         ):
             attempts[a["run_id"]].append(attempt_record(a))

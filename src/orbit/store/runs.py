@@ -16,6 +16,8 @@ from orbit.store.base import utcnow
 from orbit.store.run_queries import RunQueriesMixin
 from orbit.store.sql import Conflict, Row, Tx, expand
 
+ACTIVE_IN = "(" + ", ".join(f"'{s.value}'" for s in RunState if not s.terminal) + ")"
+
 # who claims an attempt for launching, and until when the claim holds without a renewal
 Lease = tuple[str, datetime]
 
@@ -159,7 +161,7 @@ class RunsMixin(RunQueriesMixin):
         try:
             with self._write() as tx:
                 last = tx.one(
-                    "SELECT number, state FROM attempts WHERE run_id = :run_id "
+                    "SELECT number, state FROM attempts WHERE run_id = :run_id AND rank = 0 "
                     "ORDER BY number DESC LIMIT 1",
                     {"run_id": run_id},
                 )
@@ -246,6 +248,14 @@ class RunsMixin(RunQueriesMixin):
             append_event(
                 tx, actor, "attempt.state", run_id=row["run_id"], attempt_id=attempt_id, **data
             )
+            if to.terminal:
+                # a gang's members end with it: their nodes' slots free, and an agent still
+                # running one is told to stop at its next report or sync
+                tx.execute(
+                    f"UPDATE attempts SET {assignments} WHERE gang_of = :id AND state IN "
+                    f"{ACTIVE_IN}",
+                    {**values, "id": attempt_id},
+                )
             if retry is not None and to.terminal and not row["cancel_requested"]:
                 self._open_retry(tx, row, attempt_id, retry)
             if to.terminal and row["node_id"] is not None:
@@ -446,8 +456,9 @@ class RunsMixin(RunQueriesMixin):
         lock = " FOR UPDATE SKIP LOCKED" if self.dialect == "postgresql" else ""
         with self._write() as tx:
             rows = tx.all(
+                # a gang's members are looked at through their leader
                 f"SELECT id, run_id FROM attempts WHERE state IN ({placeholders}) "
-                "AND (reconcile_due_at IS NULL OR reconcile_due_at <= :at) "
+                "AND gang_of IS NULL AND (reconcile_due_at IS NULL OR reconcile_due_at <= :at) "
                 f"ORDER BY reconcile_due_at IS NOT NULL, reconcile_due_at, id LIMIT :limit{lock}",
                 {**states, "at": at, "limit": limit},
             )
@@ -486,7 +497,9 @@ class RunsMixin(RunQueriesMixin):
         ids, params = expand("id", attempt_ids)
         with self._write() as tx:
             return tx.execute(
-                f"UPDATE attempts SET reconcile_due_at = :at WHERE id IN ({ids}) "
+                # a gang member's news is its leader's (members are looked at through it)
+                f"UPDATE attempts SET reconcile_due_at = :at WHERE (id IN ({ids}) OR id IN "
+                f"(SELECT gang_of FROM attempts WHERE id IN ({ids}))) AND gang_of IS NULL "
                 "AND (reconcile_due_at IS NULL OR reconcile_due_at <= :unless_after)",
                 {**params, "at": at, "unless_after": unless_after},
             )

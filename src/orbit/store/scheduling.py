@@ -15,7 +15,8 @@ from orbit.core.models import RunState
 from orbit.core.nodes import NodeRecord
 from orbit.store.audit import append_event
 from orbit.store.base import StoreBase, utcnow
-from orbit.store.nodes import ACTIVE_IN, NODE_COLUMNS, NodesMixin
+from orbit.store.nodes import NODE_COLUMNS, NodesMixin
+from orbit.store.runs import ACTIVE_IN
 from orbit.store.sql import Row
 
 PASS_KEEP = timedelta(days=7)  # a pass no decision refers to is kept this long (simulate)

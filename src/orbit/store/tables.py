@@ -69,7 +69,11 @@ class AttemptRow(Base):
     node_claimed_at: Mapped[datetime | None]
     node_gpus: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     preempted_by: Mapped[str | None] = mapped_column(String(48))  # the run it was stopped for
-    __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", unique=True),)
+    # a gang's member (one per node but rank 0's): its leader attempt and its node's rank.
+    # Members follow their leader's state; only leaders are listed, reconciled and retried
+    gang_of: Mapped[str | None] = mapped_column(String(48), index=True)
+    rank: Mapped[int] = mapped_column(Integer, server_default="0")
+    __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", "rank", unique=True),)
 
 
 class HostRow(Base):

@@ -89,11 +89,6 @@ class Scheduling(Lifecycle):
             return
         config = self.scheduler_config()
         check_request(request, config)
-        if request.num_nodes > 1:
-            raise Refused(
-                "num_nodes: a run across several nodes (a gang) is planned by the scheduler but "
-                "not yet started by agent pools; ask for 1"
-            )
         if queue_anyway:
             return
         from orbit.scheduler.inputs import never_fits
@@ -226,7 +221,7 @@ class Scheduling(Lifecycle):
         backend = self.execution.backend(attempt.backend_key)
         if resume_from and not getattr(backend, "earlier_files_in", lambda _: True)(resume_from):
             return  # its checkpoint is still on its way: the report that it is in asks again
-        where = {
+        where: dict[str, Any] = {
             "resume_from": resume_from,
             "node_id": node_id,
             "node": name,
@@ -235,6 +230,10 @@ class Scheduling(Lifecycle):
             "cpus": ask.cpus,
             "memory_gb": ask.memory_gb,
         }
+        if len(placement.nodes) > 1:  # a gang: every rank's node, rank 0 first
+            where["gang"] = [
+                {"node_id": n, "node": m, "gpus": list(g)} for n, m, g in placement.nodes
+            ]
         self._launch(run, attempt, self._request_for(run, attempt), placement=where)
 
     # --- reading decisions -------------------------------------------------------------------

@@ -8,6 +8,7 @@ its node as a local run does on this machine."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +47,9 @@ def wake(node_id: str) -> None:
 class NodeDirectory(Protocol):
     def list_nodes(self) -> list[NodeRecord]: ...
     def get_node(self, ref: str) -> NodeRecord: ...
+    def assign_gang(
+        self, attempt_id: str, ranks: list[tuple[str, dict[str, Any], dict[str, Any]]], actor: str
+    ) -> list[str] | None: ...
     def assign_attempt(
         self,
         attempt_id: str,
@@ -116,6 +120,8 @@ class AgentPoolBackend:
         where = attempt.placement
         if where is None:
             raise NoNodeFree("waiting for the scheduler")
+        if len(where.get("gang") or ()) > 1:
+            return self._launch_gang(bundle, request, attempt, where)
         node_id = str(where["node_id"])
         try:
             node = self.nodes.get_node(node_id)
@@ -124,16 +130,7 @@ class AgentPoolBackend:
                 f"node '{where.get('node')}' was removed before the placement"
             ) from None
         indices = [int(i) for i in where.get("gpus", ())]
-        gpus: dict[str, Any] = {
-            "indices": indices,
-            "memory_gb": float(where.get("gpu_share_gb") or 0.0),
-            "gpu_gb": {
-                str(a.get("index")): float(a.get("memory_mb", 0)) / 1024
-                for a in node.info.get("accelerators", ())
-            },
-            "cpus": float(where.get("cpus") or 0.0),
-            "memory_gb_ram": float(where.get("memory_gb") or 0.0),
-        }
+        gpus = _given(node, indices, where)
         start = start_body(attempt, bundle.digest, request, indices)
         if where.get("resume_from"):
             start["resume"] = self.resume_from(str(where["resume_from"]))
@@ -162,6 +159,71 @@ class AgentPoolBackend:
             attempt_id=attempt.attempt_id,
             location=str(self.artifacts_dir / attempt.attempt_id),
             data={"node_id": node.id, "fence": fence, "gpus": indices},
+        )
+
+    def _launch_gang(
+        self,
+        bundle: FrozenBundle,
+        request: ExecutionRequest,
+        attempt: AttemptContext,
+        where: dict[str, Any],
+    ) -> RunHandle:
+        """A run across several nodes: every rank placed at once or none (store.assign_gang),
+        rank 0 on the attempt itself and each other on a member attempt. They meet at rank
+        0's node (its --address, else its hostname) on a port made from the attempt's id."""
+        ranks = list(where["gang"])
+        nodes = []
+        for rank in ranks:
+            try:
+                nodes.append(self.nodes.get_node(str(rank["node_id"])))
+            except OrbitError:
+                raise NoNodeFree(
+                    f"node '{rank.get('node')}' was removed before the placement"
+                ) from None
+        info = nodes[0].info
+        gang = {
+            "num_nodes": len(ranks),
+            "master_addr": str(info.get("address") or info.get("hostname") or nodes[0].name),
+            "master_port": master_port(attempt.attempt_id),
+        }
+        placed: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+        for n, (rank, node) in enumerate(zip(ranks, nodes, strict=True)):
+            indices = [int(i) for i in rank.get("gpus", ())]
+            gpus = {**_given(node, indices, where), "gang": {**gang, "rank": n}}
+            start = start_body(attempt, bundle.digest, request, indices)
+            start["gang"] = gpus["gang"]
+            if n == 0 and where.get("resume_from"):
+                start["resume"] = self.resume_from(str(where["resume_from"]))
+            placed.append((node.id, gpus, start))
+        try:
+            ids = self.nodes.assign_gang(attempt.attempt_id, placed, actor="orbit")
+        except Refused:
+            existing = self.locate(request, attempt)
+            if existing is None:
+                raise
+            return existing
+        if ids is None:
+            raise NoNodeFree(
+                "a node of the gang ("
+                + ", ".join(n.name for n in nodes)
+                + ") filled up or stopped taking work before the plan was committed"
+            )
+        for node in nodes:
+            wake(node.id)
+        return RunHandle(
+            backend_key=self.key,
+            target=nodes[0].name,
+            attempt_id=attempt.attempt_id,
+            location=str(self.artifacts_dir / attempt.attempt_id),
+            data={
+                "node_id": nodes[0].id,
+                "fence": 1,
+                "gpus": placed[0][1]["indices"],
+                "gang": [
+                    {"rank": n, "attempt": ids[n], "node_id": node.id, "node": node.name}
+                    for n, node in enumerate(nodes)
+                ],
+            },
         )
 
     def resume_from(self, earlier: str) -> dict[str, Any] | None:
@@ -220,6 +282,27 @@ class AgentPoolBackend:
     # --- looking ---------------------------------------------------------------------------
 
     def status(self, handle: RunHandle) -> RunStatus:
+        """The attempt's state from its files; a gang's from every rank's: it fails as soon
+        as one rank fails (saying which, on which node) and succeeds once all have."""
+        first = self._status(handle)
+        members = _members(handle, self.artifacts_dir)
+        if not members:
+            return first
+        statuses = [first] + [self._status(m) for m in members]
+        for rank, status in enumerate(statuses):
+            if status.state.terminal and status.state is not RunState.SUCCEEDED:
+                node = (members[rank - 1] if rank else handle).target
+                why = f"rank {rank} (node '{node}'): {status.message or status.state.value}"
+                return status.model_copy(update={"message": why})
+        if all(s.state is RunState.SUCCEEDED for s in statuses):
+            return first
+        if first.state.terminal:  # rank 0 is done: the gang runs until the others are
+            return first.model_copy(
+                update={"state": RunState.RUNNING, "finished_at": None, "exit_code": None}
+            )
+        return first
+
+    def _status(self, handle: RunHandle) -> RunStatus:
         folder = Path(handle.location)
         runtime = folder / "runtime"
         # agent.json first: a report writes the files, then agent.json (alive: false), so a
@@ -274,6 +357,11 @@ class AgentPoolBackend:
     # --- acting ------------------------------------------------------------------------------
 
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
+        for member in _members(handle, self.artifacts_dir):
+            self._cancel(member, reason)
+        self._cancel(handle, reason)
+
+    def _cancel(self, handle: RunHandle, reason: FailureReason) -> None:
         node_id = str(handle.data.get("node_id", ""))
         body = {
             "kind": "cancel",
@@ -294,7 +382,22 @@ class AgentPoolBackend:
         folder = Path(handle.location)
         if not read_agent_state(folder).get("complete"):
             self._ask_for_everything(handle, folder)
-        return copy_artifacts(folder / "artifacts", dest, skip=is_scratch)
+        got = copy_artifacts(folder / "artifacts", dest, skip=is_scratch)
+        for rank, member in enumerate(_members(handle, self.artifacts_dir), start=1):
+            # a gang's other ranks: each under nodes/RANK/, as each node wrote them
+            where = Path(member.location)
+            if not read_agent_state(where).get("complete"):
+                self._ask_for_everything(member, where)
+            more = copy_artifacts(where / "artifacts", dest / "nodes" / str(rank), skip=is_scratch)
+            got = got.model_copy(
+                update={
+                    "files": got.files + more.files,
+                    "bytes": got.bytes + more.bytes,
+                    "verified": got.verified and more.verified,
+                    "problems": got.problems + tuple(f"rank {rank}: {p}" for p in more.problems),
+                }
+            )
+        return got
 
     def _ask_for_everything(self, handle: RunHandle, folder: Path) -> None:
         """Large files wait on the node until collect asks: ask, and wait for them."""
@@ -323,6 +426,42 @@ class AgentPoolBackend:
         from orbit.core.errors import Unreachable
 
         raise Unreachable(f"node '{handle.target}' did not upload within {COLLECT_WAIT_S:.0f}s")
+
+
+def master_port(attempt_id: str) -> int:
+    """The port a gang meets on at its rank 0: one of 29500-39499 by the attempt's id, the
+    same however often it is asked (a restarted launcher, a requeued start)."""
+    digest = hashlib.sha256(attempt_id.encode()).digest()
+    return 29500 + int.from_bytes(digest[:4], "big") % 10000
+
+
+def _given(node: NodeRecord, indices: list[int], where: dict[str, Any]) -> dict[str, Any]:
+    """What a placement gives an attempt on `node` (attempts.node_gpus)."""
+    return {
+        "indices": indices,
+        "memory_gb": float(where.get("gpu_share_gb") or 0.0),
+        "gpu_gb": {
+            str(a.get("index")): float(a.get("memory_mb", 0)) / 1024
+            for a in node.info.get("accelerators", ())
+        },
+        "cpus": float(where.get("cpus") or 0.0),
+        "memory_gb_ram": float(where.get("memory_gb") or 0.0),
+    }
+
+
+def _members(handle: RunHandle, artifacts_dir: Path) -> list[RunHandle]:
+    """A gang's ranks but 0 (an attempt of one node has none), as handles of their own."""
+    return [
+        RunHandle(
+            backend_key=handle.backend_key,
+            target=str(m["node"]),
+            attempt_id=str(m["attempt"]),
+            location=str(artifacts_dir / str(m["attempt"])),
+            data={"node_id": m["node_id"], "fence": 1},
+        )
+        for m in handle.data.get("gang") or ()
+        if m.get("rank")
+    ]
 
 
 def _lost(handle: RunHandle, why: str) -> RunStatus:

@@ -32,9 +32,16 @@ class AttemptContext:
     resume_relpath: str | None = None
     # the model servers the node advertises (orbit agent --service): name -> URL
     services: dict[str, str] | None = None
+    # one node of a gang (num_nodes > 1): rank, num_nodes, master_addr, master_port
+    gang: dict[str, Any] | None = None
 
     def env(self) -> dict[str, str]:
         env = {"ORBIT_RUN_ID": self.run_id, "ORBIT_ATTEMPT_ID": self.attempt_id}
+        if self.gang:
+            env["ORBIT_NODE_RANK"] = str(self.gang["rank"])
+            env["ORBIT_NUM_NODES"] = str(self.gang["num_nodes"])
+            env["ORBIT_MASTER_ADDR"] = str(self.gang["master_addr"])
+            env["ORBIT_MASTER_PORT"] = str(self.gang["master_port"])
         if self.services:
             env["ORBIT_SERVICES"] = json.dumps(self.services, sort_keys=True)
         if self.resume_staged and self.resume_relpath:

@@ -173,6 +173,8 @@ def _options(job: JobSpec, docker: DockerLaunch) -> list[str]:
         f"-e ORBIT_INPUTS_DIR={root}/inputs",
         f"-e ORBIT_ARTIFACTS_DIR={root}/artifacts",
         "-e ORBIT_SERVICES",  # the node's model servers (orbit agent --service), where set
+        # a gang's rendezvous (num_nodes > 1), where set
+        "-e ORBIT_NODE_RANK -e ORBIT_NUM_NODES -e ORBIT_MASTER_ADDR -e ORBIT_MASTER_PORT",
     ]
     options += [f"-e {q(f'{name}={value}')}" for name, value in sorted(job.env.items())]
     options += [f"-e {name}" for name in docker.env_passthrough]  # passed only where set
