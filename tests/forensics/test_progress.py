@@ -68,6 +68,10 @@ def test_ms_swift_460_gives_step_loss_learning_rate_memory_and_time_left() -> No
     end = parse_tail("f", SWIFT_460)  # the summary line's figures are strings: its step holds
     assert end is not None
     assert (end.step, end.max_steps, end.loss, end.remaining) == (12, 12, 5.88599253, "0s")
+    # the closing line of a run: global_step and the whole log history, no max_steps
+    closing = {"global_step": 12, "train_loss": 5.839, "log_history": [{"loss": 5.8, "step": 12}]}
+    last = parse_tail("f", SWIFT_460 + jsonl(closing))
+    assert last is not None and (last.step, last.max_steps, last.loss) == (12, 12, 5.839)
 
 
 def test_hf_trainer_lines_give_step_and_loss() -> None:

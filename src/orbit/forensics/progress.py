@@ -92,7 +92,10 @@ def parse_tail(file: str, tail: bytes) -> Progress | None:
             )
         if latest.loss is None and loss is not None:  # eval lines carry no training loss
             latest = latest.model_copy(update={"loss": loss})
-        if latest.loss is not None:
+        if latest.max_steps is None and max_steps and max_steps >= (latest.step or 0):
+            # ms-swift's closing line (global_step, its whole log_history) says no max_steps
+            latest = latest.model_copy(update={"max_steps": max_steps})
+        if latest.loss is not None and (latest.max_steps is not None or latest.step is None):
             break
     return latest
 
