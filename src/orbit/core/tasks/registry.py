@@ -26,8 +26,10 @@ def _discover() -> dict[str, Loader]:
     from orbit.core.tasks.http import HttpTask
     from orbit.core.tasks.python import PythonTask
     from orbit.core.tasks.swift import SwiftTask
+    from orbit.core.tasks.torchrun import TorchrunTask
 
     found: dict[str, Loader] = {"command": CommandTask, "python": PythonTask, "http": HttpTask}
+    found["torchrun"] = TorchrunTask
     found["swift"] = SwiftTask
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         builtin = found.get(ep.name)
