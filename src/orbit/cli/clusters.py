@@ -10,7 +10,7 @@ from orbit.cli.common import JSON, console, err, print_json, service
 from orbit.cli.text import paint
 
 if TYPE_CHECKING:
-    from orbit.core.clusters import ClusterFacts, ClusterRecord
+    from orbit.core.clusters import ClusterCheck, ClusterFacts, ClusterRecord, SlurmOrphan
 
 clusters_app = typer.Typer(
     help="Slurm clusters that runs can target: add one, then submit with --template slurm "
@@ -206,18 +206,70 @@ def clusters_show(name: str = NAME, as_json: bool = JSON) -> None:
         show_cluster(cluster)
 
 
+WHY = {
+    "unknown": "this control plane has no such attempt",
+    "ended": "its attempt has ended",
+    "other_plane": "another control plane's: left alone",
+}
+
+
+def show_orphans(checked: ClusterCheck) -> None:
+    from orbit.cli import render
+
+    if not checked.orphans:
+        console.print("ORBIT jobs in Slurm that this control plane does not know: none")
+        return
+    table = render.table("JOB", "STATE", "RUN", "ATTEMPT", "WHY", "CANCELLED")
+    for o in checked.orphans:
+        table.add_row(
+            o.job_id, o.state, o.run_id, o.attempt_id, WHY[o.why], "yes" if o.cancelled else "no"
+        )
+    console.print(
+        f"ORBIT jobs in Slurm that this control plane does not know: {len(checked.orphans)}"
+    )
+    console.print(table)
+    if not checked.swept and any(o.why != "other_plane" for o in checked.orphans):
+        console.print(f"cancel them with: orbit clusters check {checked.cluster.name} --sweep")
+
+
+def orphan_json(orphan: SlurmOrphan) -> dict[str, Any]:
+    return orphan.model_dump(mode="json")
+
+
 @clusters_app.command("check")
-def clusters_check(name: str = NAME, as_json: bool = JSON) -> None:
-    """Ask Slurm again (sinfo, scontrol) and record partitions, nodes, GRES, limits, version.
+def clusters_check(
+    name: str = NAME,
+    sweep: bool = typer.Option(
+        False,
+        "--sweep",
+        help="Cancel this control plane's ORBIT jobs in Slurm that no live attempt owns.",
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Ask Slurm again (sinfo, scontrol) and record partitions, nodes, GRES, limits, version;
+    list ORBIT's jobs in its queue that the control plane does not know.
 
     Submissions are refused against what it records: a GPU type no node of the partition
-    has, more GPUs per node than any node has, a time above the partition's limit.
+    has, more GPUs per node than any node has, a time above the partition's limit. ORBIT's
+    jobs are those with both its marks (job name orbit-ATTEMPT, comment orbit:run=...);
+    no other job is listed or touched, and the listed ones are cancelled only with --sweep.
     """
-    cluster = service().check_cluster(name)
+    checked = service().check_cluster(name, sweep=sweep)
     if as_json:
-        print_json(cluster_json(cluster))
+        print_json(
+            {
+                **cluster_json(checked.cluster),
+                "orphans": [orphan_json(o) for o in checked.orphans],
+                "swept": checked.swept,
+                "sweep_error": checked.sweep_error,
+            }
+        )
     else:
-        show_cluster(cluster)
+        show_cluster(checked.cluster)
+        show_orphans(checked)
+    if checked.sweep_error:
+        err.print(f"orbit: the sweep failed: {checked.sweep_error}")
+        raise typer.Exit(1)
 
 
 @clusters_app.command("remove")

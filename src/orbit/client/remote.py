@@ -25,7 +25,7 @@ from pydantic import BaseModel, TypeAdapter
 from orbit import __version__
 from orbit.core.audit_chain import ChainCheck
 from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
-from orbit.core.clusters import ClusterRecord, ClusterSpec
+from orbit.core.clusters import ClusterCheck, ClusterRecord, ClusterSpec
 from orbit.core.control.views import (
     Explanation,
     HostCheck,
@@ -318,8 +318,8 @@ class RemoteControl(WaitsForRuns):
     def get_cluster(self, name: str) -> ClusterRecord:
         return self._get(ClusterRecord, f"/clusters/{_part(name)}")
 
-    def check_cluster(self, name: str) -> ClusterRecord:
-        return self._post(ClusterRecord, f"/clusters/{_part(name)}/check")
+    def check_cluster(self, name: str, *, sweep: bool = False) -> ClusterCheck:
+        return self._post(ClusterCheck, f"/clusters/{_part(name)}/check", {"sweep": sweep})
 
     def remove_cluster(self, name: str) -> list[str]:
         response = self._send("DELETE", f"/clusters/{_part(name)}")

@@ -102,3 +102,28 @@ class ClusterRecord(Record):
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+class SlurmOrphan(Record):
+    """A job in Slurm carrying ORBIT's marks (job name `orbit-ATTEMPT`, comment
+    `orbit:run=RUN,attempt=ATTEMPT[,plane=PLANE]`) that no live attempt of this control plane
+    owns. `why`: `unknown` (this control plane has no such attempt), `ended` (its attempt has
+    ended, the job has not), `other_plane` (another control plane's: listed, never cancelled)."""
+
+    job_id: str
+    state: str
+    run_id: str
+    attempt_id: str
+    plane: str | None = None
+    why: Literal["unknown", "ended", "other_plane"]
+    cancelled: bool = False
+
+
+class ClusterCheck(Record):
+    """What `clusters check` found: the cluster's facts now, and the ORBIT jobs in its queue
+    that this control plane does not recognize (cancelled where the check swept)."""
+
+    cluster: ClusterRecord
+    orphans: tuple[SlurmOrphan, ...] = ()
+    swept: bool = False
+    sweep_error: str | None = None

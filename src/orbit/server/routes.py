@@ -24,7 +24,7 @@ from starlette.background import BackgroundTask
 
 from orbit.agent.protocol import MAX_LABELS
 from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord
-from orbit.core.clusters import ClusterRecord, ClusterSpec
+from orbit.core.clusters import ClusterCheck, ClusterRecord, ClusterSpec
 from orbit.core.control.service import CoreControlService
 from orbit.core.control.submit import ShapedWire
 from orbit.core.control.views import (
@@ -111,6 +111,10 @@ class NewHost(Body):
 class NewCluster(Body):
     spec: ClusterSpec
     check: bool = True
+
+
+class CheckCluster(Body):
+    sweep: bool = False  # cancel this control plane's ORBIT jobs that no live attempt owns
 
 
 class NewUser(Body):
@@ -509,11 +513,11 @@ def make_router(service: CoreControlService, config: ServerConfig, metrics: Metr
     def get_cluster(who: me, name: str) -> ClusterRecord:
         return service.get_cluster(name)
 
-    @router.post("/clusters/{name}/check", response_model=ClusterRecord, tags=["clusters"])
-    def check_cluster(who: me, name: str) -> ClusterRecord:
+    @router.post("/clusters/{name}/check", response_model=ClusterCheck, tags=["clusters"])
+    def check_cluster(who: me, name: str, body: CheckCluster | None = None) -> ClusterCheck:
         who.require("admin")
         with who.acting() as svc:
-            return svc.check_cluster(name)
+            return svc.check_cluster(name, sweep=body.sweep if body else False)
 
     @router.delete("/clusters/{name}", response_model=Removed, tags=["clusters"])
     def remove_cluster(who: me, name: str) -> Removed:

@@ -67,3 +67,22 @@ def test_what_the_wrapper_knew_is_kept_over_slurms_word() -> None:
     assert kept == cancelled
     exited = RunStatus(state=RunState.FAILED, reason=FailureReason.TASK_EXIT_NONZERO)
     assert SlurmHostProcessBackend._slurm_reason(exited, SlurmJob("9", "FAILED"), True) == exited
+
+
+def test_only_jobs_with_both_orbit_marks_that_agree_are_read_as_orbits() -> None:
+    from orbit.core.execution.slurm.orphans import comment, parse_marked
+
+    ours = comment("r1", "a1", "p1")
+    text = "\n".join(
+        [
+            f"11|RUNNING|{ours}|orbit-a1",
+            "12|PENDING|orbit:run=r2,attempt=a2|orbit-a2",  # before planes were marked
+            "13|RUNNING|(null)|orbit-a3",  # ORBIT's name, no comment
+            f"14|RUNNING|{ours}|orbit-other",  # the marks disagree
+            f"15|RUNNING|{ours} extra|orbit-a1",
+            "16|RUNNING|orbit:run=r|x,attempt=a|orbit-a",  # a comment holding the separator
+            "17|RUNNING||my job",
+        ]
+    )
+    found = [(j.job_id, j.state, j.run_id, j.attempt_id, j.plane) for j in parse_marked(text)]
+    assert found == [("11", "RUNNING", "r1", "a1", "p1"), ("12", "PENDING", "r2", "a2", None)]

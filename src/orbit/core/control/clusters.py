@@ -1,12 +1,20 @@
-"""The clusters part of the control service: register Slurm clusters, check what they offer,
-forget them. A cluster is checked (sinfo, scontrol) before it is recorded, unless asked not to."""
+"""The clusters part of the control service: register Slurm clusters, check what they offer
+and which ORBIT jobs in their queues no live attempt owns (cancelled only when asked: a
+sweep), forget them. A cluster is checked (sinfo, scontrol) before it is recorded, unless asked
+not to."""
 
 from __future__ import annotations
 
-from orbit.core.clusters import ClusterFacts, ClusterRecord, ClusterSpec
+from typing import TYPE_CHECKING
+
+from orbit.core.clusters import ClusterCheck, ClusterFacts, ClusterRecord, ClusterSpec, SlurmOrphan
 from orbit.core.control.base import ServiceBase
+from orbit.core.errors import NotFound, OrbitError
 from orbit.core.models import RunState
 from orbit.store.cluster_table import ClusterTable, already_exists
+
+if TYPE_CHECKING:
+    from orbit.core.execution.backends.slurm_host_process import SlurmHostProcessBackend
 
 
 class Clusters(ServiceBase):
@@ -36,9 +44,68 @@ class Clusters(ServiceBase):
     def get_cluster(self, name: str) -> ClusterRecord:
         return self.clusters.get(name)
 
-    def check_cluster(self, name: str) -> ClusterRecord:
+    def check_cluster(self, name: str, *, sweep: bool = False) -> ClusterCheck:
+        """Ask Slurm again and record what the cluster offers; list this login's ORBIT jobs
+        in its queue that no live attempt owns, and with `sweep` cancel those of this control
+        plane (another control plane's are only listed)."""
         cluster = self.clusters.get(name)
-        return self.clusters.set_facts(name, self.probe_cluster(cluster.spec), self.actor)
+        cluster = self.clusters.set_facts(name, self.probe_cluster(cluster.spec), self.actor)
+        backend = self._slurm_backend()
+        orphans = self._orphans(backend, cluster)
+        if not sweep:
+            return ClusterCheck(cluster=cluster, orphans=tuple(orphans))
+        doomed = [o for o in orphans if o.why != "other_plane"]
+        try:
+            backend.cancel_jobs(cluster, [o.job_id for o in doomed])
+        except OrbitError as exc:
+            return ClusterCheck(
+                cluster=cluster, orphans=tuple(orphans), swept=True, sweep_error=str(exc)
+            )
+        if doomed:
+            self.store.record_event(
+                self.actor,
+                "cluster.swept",
+                cluster=name,
+                jobs=[o.job_id for o in doomed],
+                attempts=sorted({o.attempt_id for o in doomed}),
+            )
+        cancelled = [o.model_copy(update={"cancelled": o in doomed}) for o in orphans]
+        return ClusterCheck(cluster=cluster, orphans=tuple(cancelled), swept=True)
+
+    def _slurm_backend(self) -> SlurmHostProcessBackend:
+        from orbit.core.execution.backends.slurm_host_process import SlurmHostProcessBackend
+
+        backend = self.execution.backend("slurm_host_process")
+        assert isinstance(backend, SlurmHostProcessBackend)
+        return backend
+
+    def _orphans(
+        self, backend: SlurmHostProcessBackend, cluster: ClusterRecord
+    ) -> list[SlurmOrphan]:
+        live = self.clusters.active_attempts()  # anywhere: one cluster may have two names
+        found = []
+        for job in backend.marked_jobs(cluster):
+            if job.plane and backend.plane and job.plane != backend.plane:
+                why = "other_plane"
+            elif job.attempt_id in live:
+                continue
+            else:
+                try:
+                    self.store.get_attempt(job.attempt_id)
+                    why = "ended"
+                except NotFound:
+                    why = "unknown"
+            found.append(
+                SlurmOrphan(
+                    job_id=job.job_id,
+                    state=job.state,
+                    run_id=job.run_id,
+                    attempt_id=job.attempt_id,
+                    plane=job.plane,
+                    why=why,
+                )
+            )
+        return found
 
     def remove_cluster(self, name: str) -> list[str]:
         """Forget a cluster; returns the runs still active there (their handles keep how to

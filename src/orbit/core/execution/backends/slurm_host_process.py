@@ -23,6 +23,7 @@ from orbit.core.execution.backends.local_host_process import LocalHostProcessBac
 from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.execution.slurm import jobs
+from orbit.core.execution.slurm.orphans import SQUEUE, MarkedJob, parse_marked
 from orbit.core.execution.slurm.script import SCRIPT, check_request, sbatch_script
 from orbit.core.execution.slurm.shell import ClusterShell, login_spec, slurm_message
 from orbit.core.execution.ssh.transport import SshOptions
@@ -89,6 +90,7 @@ class SlurmHostProcessBackend:
                 attempt_id=attempt.attempt_id,
                 location=location,
                 env=env,
+                plane=self.plane,
             )
             shell.write(f"{location}/{SCRIPT}", script.encode())
         except Unreachable as exc:
@@ -170,6 +172,16 @@ class SlurmHostProcessBackend:
         handle = self._handle(cluster.spec, attempt.attempt_id, location, work)
         data = {**handle.data, "job_id": ids[0], "stop_grace_s": request.stop_grace_s}
         return handle.model_copy(update={"data": data})
+
+    # --- the cluster's queue -----------------------------------------------------------------
+
+    def marked_jobs(self, cluster: ClusterRecord) -> list[MarkedJob]:
+        """This login's jobs in the cluster's queue that carry ORBIT's marks."""
+        return parse_marked(ClusterShell(cluster.spec, self.options).output(SQUEUE))
+
+    def cancel_jobs(self, cluster: ClusterRecord, job_ids: list[str]) -> None:
+        if job_ids:
+            ClusterShell(cluster.spec, self.options).output(["scancel", *job_ids])
 
     def _work(self, shell: ClusterShell) -> str:
         return shell.spec.work_dir if shell.ssh is not None else local_work_dir(shell.spec)

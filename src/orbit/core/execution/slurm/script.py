@@ -8,6 +8,7 @@ import shlex
 
 from orbit.core.clusters import ClusterFacts, ClusterRecord, SlurmPartition
 from orbit.core.errors import Refused
+from orbit.core.execution.slurm.orphans import comment
 from orbit.core.models import ExecutionRequest
 
 SCRIPT = "scripts/slurm.sbatch"
@@ -113,6 +114,7 @@ def sbatch_script(
     attempt_id: str,
     location: str,
     env: dict[str, str],
+    plane: str = "",
 ) -> str:
     """scripts/slurm.sbatch of one attempt: #SBATCH lines from the request, then the bundle's
     own wrapper in the foreground. Slurm's warning of the time limit (--signal=B:TERM) is told
@@ -126,7 +128,7 @@ def sbatch_script(
         "# the attempt's copy of the bundle. It runs the bundle's own runtime wrapper, which",
         "# writes runtime/ and artifacts/ as on any other placement.",
         f"#SBATCH --job-name=orbit-{attempt_id}",
-        f"#SBATCH --comment=orbit:run={run_id},attempt={attempt_id}",
+        f"#SBATCH --comment={comment(run_id, attempt_id, plane)}",
         f"#SBATCH --chdir={location}",
         f"#SBATCH --output={location}/runtime/slurm-%j.out",
         f"#SBATCH --nodes={request.num_nodes}",
