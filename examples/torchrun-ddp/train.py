@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--batch", type=int, default=32, help="samples per rank and step")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to watch it")
+    parser.add_argument("--width", type=int, default=0, help="hidden units: an MLP, to load a GPU")
     args = parser.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -36,7 +37,12 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank} of {world} on {device} ({dist.get_backend()})", flush=True)
 
-    model = DistributedDataParallel(torch.nn.Linear(1, 1).to(device))
+    net = torch.nn.Linear(1, 1)
+    if args.width:
+        hidden = [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+        net = torch.nn.Sequential(torch.nn.Linear(1, args.width), torch.nn.ReLU(), *hidden,
+                                  torch.nn.Linear(args.width, 1))  # fmt: skip
+    model = DistributedDataParallel(net.to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     out = Path(os.environ.get("ORBIT_ARTIFACTS_DIR", "artifacts"))
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -62,10 +68,10 @@ def main() -> None:
         if step % 20 == 0 or step == args.steps:
             print(f"step {step}/{args.steps}: loss {mean:.5f}", flush=True)
         time.sleep(args.sleep)
-    weight, bias = model.module.weight.item(), model.module.bias.item()
     if rank == 0:
         torch.save(model.module.state_dict(), out / "checkpoints" / f"step-{args.steps}.pt")
-        print(f"done: w={weight:.3f} b={bias:.3f}", flush=True)
+        fitted = f"w={net.weight.item():.3f} b={net.bias.item():.3f}" if not args.width else ""
+        print(f"done: loss {mean:.5f} {fitted}".rstrip(), flush=True)
     dist.destroy_process_group()
 
 

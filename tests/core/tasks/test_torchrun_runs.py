@@ -56,7 +56,7 @@ def test_two_process_ddp_runs_locally_each_rank_kept_apart(tmp_path: Path) -> No
     followed = orbit(env, "logs", run_id, "--follow", check=False, timeout=300)
     assert followed.returncode == 0, followed.stdout[-3000:]
     assert "[rank1]: rank 1 of 2 on cpu (gloo)" in followed.stdout
-    assert "[rank0]: done: w=" in followed.stdout
+    assert "[rank0]: done: loss" in followed.stdout
     status = orbit_json(env, "status", run_id)
     assert status["state"] == "succeeded"
     assert (status["progress"]["step"], status["progress"]["max_steps"]) == (30, 30)
@@ -64,7 +64,7 @@ def test_two_process_ddp_runs_locally_each_rank_kept_apart(tmp_path: Path) -> No
     rank0 = (artifacts / "ranks" / "0.log").read_text()
     rank1 = (artifacts / "ranks" / "1.log").read_text()
     assert "rank 0 of 2" in rank0 and "rank 1 of 2" not in rank0
-    assert "rank 1 of 2" in rank1 and "done: w=" not in rank1
+    assert "rank 1 of 2" in rank1 and "done: loss" not in rank1
     assert (artifacts / "checkpoints" / "step-30.pt").is_file()
 
 
