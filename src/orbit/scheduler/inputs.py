@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from orbit.core.errors import InvalidInput
+from orbit.core.hosts import HostRecord
 from orbit.core.models import ExecutionRequest, ResourceAlternative, Resources
 from orbit.core.nodes import SERVICE_LABEL, NodeRecord, NodeState
 from orbit.scheduler.codec import dumps, node_out
@@ -57,6 +58,26 @@ def _alternative(base: Ask, alt: ResourceAlternative, field: str) -> Ask:
         memory_gb=float(alt.memory_gb if alt.memory_gb is not None else base.memory_gb),
         disk_gb=float(alt.disk_gb if alt.disk_gb is not None else base.disk_gb),
     )
+
+
+OVERFLOW_KINDS = ("ssh", "targon_rental")  # where a pool run may overflow: registered SSH hosts
+
+
+def overflow_of(request: ExecutionRequest) -> tuple[str, ...]:
+    """The placements a pool run may overflow to when the pool cannot take it now (the
+    template's placement.overflow), () for none."""
+    raw = getattr(request.placement, "overflow", None) or ()
+    if (
+        isinstance(raw, str)
+        or not isinstance(raw, list | tuple)
+        or not all(isinstance(k, str) and k in OVERFLOW_KINDS for k in raw)
+    ):
+        raise InvalidInput(
+            f"template '{request.template_id}': placement.overflow: expected a list of "
+            f"placement kinds from {', '.join(OVERFLOW_KINDS)} (registered SSH hosts), "
+            f"got {raw!r}"
+        )
+    return tuple(raw)
 
 
 def selector_of(request: ExecutionRequest) -> dict[str, str]:
@@ -264,6 +285,65 @@ def snapshot_of(
     views = tuple(node_view(n, at, tuple(by_node.get(n.id, ())), offline_after_s) for n in nodes)
     digest = hashlib.sha256(dumps([node_out(v) for v in views])).hexdigest()[:12]
     return Snapshot(version=digest, at=round(at.timestamp(), 3), nodes=views)
+
+
+HOST_PREFIX = "host/"  # a registered SSH host's node id in a snapshot: host/NAME
+
+
+def hosts_snapshot(
+    hosts: list[HostRecord],
+    on_hosts: list[dict[str, Any]],
+    at: datetime,
+    config: SchedConfig,
+) -> Snapshot:
+    """Registered SSH hosts as nodes (kind ssh), for runs that overflow onto them: what each
+    has by its last `orbit hosts check` (a host never checked offers nothing), a slot per GPU
+    (one without GPUs: one slot), and the attempts on it that have not ended holding their
+    share. An attempt sent there directly says how many GPUs, not which: it is given the
+    lowest free ones."""
+    by_host: dict[str, list[dict[str, Any]]] = {}
+    for row in on_hosts:
+        by_host.setdefault(str(row["target"]), []).append(row)
+    views = []
+    for host in hosts:
+        facts = host.facts
+        if facts is None:
+            continue
+        gpus = [
+            Gpu(
+                index=g.index,
+                model=canonical_model(g.name, float(g.memory_mib or 0)) or g.name,
+                memory_gb=round(float(g.memory_mib or 0) / 1024, 1),
+            )
+            for g in facts.gpus
+        ]
+        running = []
+        taken: set[int] = set()
+        for row in by_host.get(host.name, ()):
+            run = running_of(row, config)
+            if not run.gpus and not _json(row["node_gpus"]):
+                want = asks_of(ExecutionRequest.model_validate(_json(row["request"])).resources)
+                free = [g.index for g in gpus if g.index not in taken]
+                run = replace(run, gpus=tuple(free[: want[0].gpu.count]))
+            taken.update(run.gpus)
+            running.append(run)
+        used = {i: 0.0 for i in taken}
+        views.append(
+            NodeView(
+                id=HOST_PREFIX + host.name,
+                name=host.name,
+                labels=(),
+                state="active",
+                offline_s=None,
+                max_tasks=max(1, len(gpus)),
+                gpus=tuple(replace(g, used_gb=used.get(g.index)) for g in gpus),
+                disk_free_gb=round((facts.disk_free_bytes or 0) / 1024**3, 1),
+                running=tuple(running),
+                kind="ssh",
+            )
+        )
+    digest = hashlib.sha256(dumps([node_out(v) for v in views])).hexdigest()[:12]
+    return Snapshot(version=digest, at=round(at.timestamp(), 3), nodes=tuple(views))
 
 
 def _json(value: Any) -> Any:

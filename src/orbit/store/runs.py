@@ -14,7 +14,7 @@ from orbit.store import base
 from orbit.store.audit import append_event
 from orbit.store.base import utcnow
 from orbit.store.run_queries import RunQueriesMixin
-from orbit.store.sql import Conflict, Row, Tx, expand
+from orbit.store.sql import Conflict, Row, Tx, expand, read_json
 
 ACTIVE_IN = "(" + ", ".join(f"'{s.value}'" for s in RunState if not s.terminal) + ")"
 
@@ -268,12 +268,21 @@ class RunsMixin(RunQueriesMixin):
         append_event(
             tx, retry.actor, "run.auto_retry", run_id=run_id, attempt_id=attempt_id, **retry.event
         )
+        target, backend_key = ended["target"], ended["backend_key"]
+        if not backend_key.startswith("agent_pool"):
+            # one that overflowed from its pool onto an SSH host is retried as its run asks
+            # (the scheduler may place it in the pool, or on another host), not on that host
+            request = read_json(tx.scalar("SELECT request FROM runs WHERE id = :r", {"r": run_id}))
+            kinds = (request or {}).get("placement", {}), (request or {}).get("launch_mode", {})
+            if kinds[0].get("kind") == "agent_pool":
+                target = (request or {}).get("target")
+                backend_key = f"agent_pool_{kinds[1].get('kind')}"
         new_id = self._add_attempt(
             tx,
             run_id,
             ended["number"] + 1,
-            ended["target"],
-            ended["backend_key"],
+            target,
+            backend_key,
             "auto_retry",
             retry.actor,
         )

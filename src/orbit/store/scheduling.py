@@ -76,6 +76,45 @@ class SchedulingMixin(NodesMixin, StoreBase):
             )
         return SchedRows(nodes, placed, pending)
 
+    def on_hosts(self) -> list[Row]:
+        """Attempts on registered SSH hosts that have not ended (their host in `target`), with
+        their run's request: what counts against a host when runs overflow onto it."""
+        with self._read() as tx:
+            return tx.all(
+                "SELECT a.id, a.run_id, a.target, a.node_gpus, a.started_at, a.created_at, "
+                f"a.preempted_by, {_RUN_FIELDS} FROM attempts a JOIN runs r ON r.id = a.run_id "
+                "JOIN experiments e ON e.id = r.experiment_id "
+                f"WHERE a.state IN {ACTIVE_IN} AND a.target IS NOT NULL "
+                "AND (a.backend_key LIKE 'ssh%' OR a.backend_key LIKE 'targon_rental%') "
+                "ORDER BY a.id"
+            )
+
+    def overflow_attempt(self, attempt_id: str, backend_key: str, host: str) -> bool:
+        """An agent-pool attempt the scheduler placed on an SSH host instead (the pool was
+        full): from now on it is that host's, launched and looked at by its backend. False if
+        it was launched, placed or claimed meanwhile."""
+        with self._write() as tx:
+            moved = tx.execute(
+                # due a look now: its wait for the pool put its next look minutes off
+                "UPDATE attempts SET backend_key = :key, target = :host, not_before = NULL, "
+                "reconcile_due_at = NULL, message = NULL WHERE id = :id "
+                "AND state = 'prepared' AND handle IS NULL AND node_id IS NULL "
+                "AND lease_owner IS NULL",
+                {"key": backend_key, "host": host, "id": attempt_id},
+            )
+            if moved == 1:
+                run_id = tx.scalar("SELECT run_id FROM attempts WHERE id = :a", {"a": attempt_id})
+                append_event(
+                    tx,
+                    "orbit",
+                    "attempt.overflowed",
+                    run_id=run_id,
+                    attempt_id=attempt_id,
+                    host=host,
+                    backend=backend_key,
+                )
+        return moved == 1
+
     def save_pass(
         self,
         pass_id: str,

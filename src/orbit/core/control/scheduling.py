@@ -23,13 +23,21 @@ from orbit.core.control.lifecycle import NODE_WAIT_S, Lifecycle, now
 from orbit.core.control.views import Explanation, QueueEntry, QuotaView, Simulation
 from orbit.core.errors import InvalidInput, NotFound, OrbitError, Refused
 from orbit.core.models import ExecutionRequest, FailureReason
+from orbit.core.models import Placement as Placement_
 from orbit.forensics.progress import PROGRESS_GLOB, latest_progress
 from orbit.scheduler.checks import site_checks
 from orbit.scheduler.codec import dumps, pass_in, pass_out
 from orbit.scheduler.config import config_from_dict, config_to_dict, load_config
 from orbit.scheduler.explain import one_line
-from orbit.scheduler.inputs import check_request, eta_from_progress, request_of, snapshot_of
-from orbit.scheduler.model import Quota, SchedConfig
+from orbit.scheduler.inputs import (
+    check_request,
+    eta_from_progress,
+    hosts_snapshot,
+    overflow_of,
+    request_of,
+    snapshot_of,
+)
+from orbit.scheduler.model import Quota, Request, SchedConfig
 from orbit.scheduler.plan import Placement, Plan, Preemption, schedule
 from orbit.store.base import new_id
 from orbit.store.scheduling import DecisionRow, unpack
@@ -38,6 +46,10 @@ from orbit.store.sql import read_json
 ETA_EVERY_S = 30.0  # how often a running attempt's progress is read for estimated starts
 PASSES_IN_A_ROW = 3  # a pass asked for during a pass runs after it, at most this many more
 _VOLATILE = ("waited_s", "snapshot", "config")  # what every pass changes
+
+
+def _request_of_row(row: dict[str, Any]) -> ExecutionRequest:
+    return ExecutionRequest.model_validate(read_json(row["request"]))
 
 
 def gist(record: dict[str, Any]) -> str:
@@ -143,7 +155,69 @@ class Scheduling(Lifecycle):
             self._preempt(preemption, at)
         for placement in plan.placements:
             self._launch_placed(placement)
+        self._overflow(rows.pending, queue, plan, at, config)
         return plan
+
+    def _overflow(
+        self,
+        pending: list[dict[str, Any]],
+        queue: list[Request],
+        plan: Plan,
+        at: datetime,
+        config: SchedConfig,
+    ) -> None:
+        """In-house first, rentals when the pool is full: a run whose template names overflow
+        placements (placement.overflow: [ssh]) and that the pool pass left waiting (not for
+        its quota; a gang stays in the pool) gets a second pass over the registered SSH
+        hosts, with what runs on them. What it places there is kept as a pass of its own (so
+        explain --replay makes it again) and launched on that host; the others keep the pool
+        pass's decision."""
+        wants = {row["id"] for row in pending if overflow_of(_request_of_row(row))}
+        if not wants:
+            return
+        waiting = []
+        for req in queue:
+            record = plan.decisions.get(req.run_id)
+            if (
+                req.attempt_id in wants
+                and req.num_nodes == 1
+                and record is not None
+                and record["outcome"] == "waiting"
+                and not any("quota" in t for t in record.get("alternatives", ()))
+            ):
+                waiting.append(req)
+        if not waiting:
+            return
+        snapshot = hosts_snapshot(self.hosts.all(), self.store.on_hosts(), at, config)
+        if not snapshot.nodes:
+            return
+        second = schedule(snapshot, waiting, config, *site_checks(config))
+        placed = Plan(
+            decisions={p.run_id: second.decisions[p.run_id] for p in second.placements},
+            placements=second.placements,
+        )
+        if not placed.placements:
+            return
+        self._keep(placed, at, config, dumps(pass_out(snapshot, waiting)))
+        for placement in placed.placements:
+            self._launch_overflow(placement)
+
+    def _launch_overflow(self, placement: Placement) -> None:
+        """Launch a run the overflow pass placed on an SSH host: the attempt becomes that
+        host's (its backend and target), then goes the way any SSH launch goes."""
+        try:
+            run = self.store.get_run(placement.run_id)
+        except NotFound:
+            return
+        attempt = run.current
+        if attempt.id != placement.attempt_id or attempt.handle is not None:
+            return
+        _, host, _ = placement.nodes[0]
+        request = self._request_for(run, attempt)
+        request = request.model_copy(update={"placement": Placement_(kind="ssh"), "target": host})
+        if not self.store.overflow_attempt(attempt.id, request.backend_key, host):
+            return  # placed, launched or claimed meanwhile
+        self._launch(run, self.store.get_attempt(attempt.id), request)
 
     def _etas(self, placed: list[dict[str, Any]], at: datetime) -> dict[str, float]:
         """When each running attempt will likely end by its progress (its logging.jsonl), for

@@ -101,9 +101,10 @@ class AgentPoolBackend:
     # --- launching -------------------------------------------------------------------------
 
     def validate(self, request: ExecutionRequest) -> None:
-        from orbit.scheduler.inputs import asks_of, selector_of
+        from orbit.scheduler.inputs import asks_of, overflow_of, selector_of
 
         selector_of(request)
+        overflow_of(request)
         asks_of(request.resources)
         upload = getattr(request.placement, "upload_large", True)
         if not isinstance(upload, bool):

@@ -1,0 +1,103 @@
+"""One dispatcher for owned and rented machines: a pool run whose template allows it
+(`placement: {kind: agent_pool, overflow: [ssh]}`) goes to the in-house pool first and, when the
+pool cannot take it now, to a registered SSH host, with what already runs there counted against
+the host. End to end: a real `orbit server`, a real `orbit agent`, a real sshd on loopback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.agent.test_pool_runs import ended, run_of
+from tests.agents import AgentProc, wait_online
+from tests.helpers import eventually, orbit, orbit_json, write_spec
+from tests.orbit_server import Server
+from tests.sshd import SshdFactory
+
+OVERFLOW = {
+    "id": "pool-or-rental",
+    "description": "The in-house pool; a registered SSH host when the pool is full.",
+    "placement": {"kind": "agent_pool", "selector": {}, "overflow": ["ssh"]},
+    "launch_mode": {"kind": "host_process"},
+    "defaults": {"target": None, "detach": True, "resources": {"gpu_count": 0}},
+    "allow_overrides": ["resources", "runtime_env"],
+}
+
+
+def submit(server: Server, folder: Path, command: str, template: str) -> str:
+    spec = write_spec(
+        folder,
+        name=f"spec-{time.monotonic_ns()}.yaml",
+        template=template,
+        task={"command": command},
+    )
+    return str(orbit_json(server.env(), "submit", str(spec))["id"])
+
+
+def where(server: Server, run_id: str) -> tuple[str, str] | None:
+    handle = run_of(server, run_id)["attempts"][-1]["handle"]
+    return (handle["backend_key"], handle["target"]) if handle else None
+
+
+def test_a_pool_run_overflows_to_an_ssh_host_only_when_the_pool_is_full(
+    start_server: Callable[..., Server],
+    start_agent: Callable[..., AgentProc],
+    sshd_factory: SshdFactory,
+    tmp_path: Path,
+) -> None:
+    box = sshd_factory(alias="box")
+    env = {"ORBIT_SSH_CONFIG": str(sshd_factory.config)}
+    server = start_server(env=env)
+    templates = server.home / "templates"
+    templates.mkdir(parents=True, exist_ok=True)
+    (templates / "pool-or-rental.yaml").write_text(yaml.safe_dump(OVERFLOW), encoding="utf-8")
+    orbit(server.env(), "hosts", "add", "box", "--ssh", box.alias, "--work-dir", str(box.work_root))
+    start_agent(server, "inhouse", max_tasks=1)
+    wait_online(server, "inhouse")
+    gate = tmp_path / "gate"  # the tasks hold their slots until it exists
+
+    def held(name: str) -> str:
+        return f"echo {name} on $(hostname); while [ ! -e {gate} ]; do sleep 0.2; done"
+
+    # the pool has a free slot: the first run takes it, in-house
+    first = submit(server, tmp_path, held("first"), "pool-or-rental")
+    eventually(lambda: where(server, first), timeout=60)
+    assert where(server, first) == ("agent_pool_host_process", "inhouse")
+    # the pool is full: the second overflows to the SSH host (one slot: it has no GPU)
+    second = submit(server, tmp_path, held("second"), "pool-or-rental")
+    eventually(lambda: where(server, second), timeout=60)
+    assert where(server, second) == ("ssh_host_process", "box")
+    # both full: a third with overflow waits, counted against the host's slot; a plain pool
+    # run never goes to the host, whatever the pool's load
+    third = submit(server, tmp_path, held("third"), "pool-or-rental")
+    plain = submit(server, tmp_path, "echo plain", "pool")
+    time.sleep(3)  # several passes: neither is placed
+    assert where(server, third) is None and where(server, plain) is None
+    explained = orbit(server.env(), "explain", second).stdout
+    assert "box" in explained, explained
+    replayed = orbit(server.env(), "explain", second, "--replay").stdout
+    assert "identical" in replayed, replayed
+
+    gate.touch()
+    names = {first: "first", second: "second", third: "third", plain: "plain"}
+    runs: dict[str, Any] = {}
+    for run_id, name in names.items():
+        try:
+            runs[run_id] = ended(server, run_id, timeout=120)
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}\n{server.output()[-4000:]}") from None
+    for run_id, run in runs.items():
+        assert run["attempts"][-1]["state"] == "succeeded", (run_id, run["attempts"][-1])
+    assert orbit(server.env(), "logs", second).stdout.startswith("second on ")
+    # the audit says it overflowed, from which pool to which host
+    events = orbit_json(server.env(), "audit", "--run", second)
+    assert any(e["action"] == "attempt.overflowed" and e["data"]["host"] == "box" for e in events)
+    # the host's slot, freed by the second, went to the third or the pool's did
+    assert where(server, third) in {
+        ("ssh_host_process", "box"),
+        ("agent_pool_host_process", "inhouse"),
+    }
