@@ -299,3 +299,31 @@ def test_the_precheck_records_swifts_stack_and_gates_grpo_on_what_swift_does_not
     assert grpo.state is RunState.FAILED
     assert grpo.current.reason is FailureReason.DEPENDENCY_MISSING
     assert grpo.current.message == "missing dependencies: msgspec, math_verify"
+
+
+def test_a_model_path_missing_on_this_machine_is_refused_for_a_local_run(tmp_path: Path) -> None:
+    from orbit.core.models import ExecutionRequest, LaunchMode, Placement, Resources
+
+    def check(model: str, kind: str) -> None:
+        execution = ExecutionRequest(
+            template_id="t",
+            placement=Placement(kind=kind),
+            launch_mode=LaunchMode(kind="host_process"),
+            target=None,
+            detach=True,
+            resources=Resources(gpu_count=0),
+            runtime_env={},
+            stop_grace_s=10,
+        )
+        request = {"mode": "sft", "model": model, "dataset": ["d"]}
+        TaskRegistry().check_resources("swift", request, "spec.yaml", execution)
+
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(InvalidInput) as exc:
+        check(missing, "local")
+    assert str(exc.value) == (
+        f"task.model: no such path on this machine, where a local run reads it: {missing}"
+    )
+    check(str(tmp_path), "local")  # there: fine
+    check(missing, "agent_pool")  # a node's path is the node's to find
+    check("Qwen/Qwen2.5-0.5B", "local")  # a hub id

@@ -234,3 +234,36 @@ def test_two_process_ddp_runs_on_an_agent_node(
     artifacts = collected(env, run_id, tmp_path / "out")
     assert "rank 1 of 2" in (artifacts / "ranks" / "1.log").read_text()
     assert "rank 0 of 2" in (artifacts / "ranks" / "0.log").read_text()
+
+
+def test_ddp_across_two_agent_nodes_of_a_gang(
+    orbit_server: Server, start_agent: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    """num_nodes 2 on a pool: one worker on each of two real agents, meeting at the gang's
+    rendezvous (rank 0's --address and the gang's port) for one DDP job of world size 2."""
+    agents = [
+        start_agent(orbit_server, name, max_tasks=1, extra=["--address", "127.0.0.1"])
+        for name in ("left", "right")
+    ]
+    wait_online(orbit_server, "left", "right")
+    env = orbit_server.env()
+    spec = write_spec(
+        tmp_path,
+        task_type="torchrun",
+        template="pool",
+        task=ddp_task(nproc_per_node=1, join_timeout_s=60),
+        overrides={"num_nodes": 2},
+    )
+    run_id = orbit_json(env, "submit", str(spec))["id"]
+    followed = orbit(env, "logs", run_id, "--follow", check=False, timeout=300)
+    logs = [a.output()[-2000:] for a in agents]
+    assert followed.returncode == 0, (followed.stdout[-3000:], logs)
+    assert "rank 0 of 2 on cpu (gloo)" in followed.stdout  # rank 0's node: the run's log
+    assert "[rank0]: done: loss" in followed.stdout
+    status = orbit_json(env, "status", run_id)
+    assert status["state"] == "succeeded"
+    dest = tmp_path / "out"
+    orbit(env, "collect", run_id, "--dest", str(dest))
+    # the other node's worker, brought back under nodes/1/: rank 1 of the same world
+    other = "".join(p.read_text() for p in (dest / "nodes" / "1").rglob("ranks/*.log"))
+    assert "rank 1 of 2 on cpu (gloo)" in other, other[-2000:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -194,7 +195,14 @@ class SwiftTask:
 
     def check_placement(self, request: SwiftRequest, execution: ExecutionRequest) -> None:
         """What needs the placement's size: GRPO's generation batch, one training process per
-        GPU on each node (one on CPU)."""
+        GPU on each node (one on CPU); and on this machine (a local placement), a model given
+        as an absolute path must be there (a hub id or a path on another node is its to find)."""
+        model = os.path.expanduser(request.model)
+        here = execution.placement.kind == "local" and os.path.isabs(model)
+        if here and not os.path.exists(model):
+            raise InvalidInput(
+                f"task.model: no such path on this machine, where a local run reads it: {model}"
+            )
         if request.rlhf_type == "grpo":
             processes = max(1, gpu_count(execution.resources)) * execution.num_nodes
             check_generation_batch(request, argument_names(request.version), processes)
