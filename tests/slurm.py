@@ -103,6 +103,27 @@ class SlurmCluster:
                 raise AssertionError(f"slurm: {what} did not happen\n{logs}")
             time.sleep(0.1)
 
+    def restart_controller(self, while_down: Callable[[], None] = lambda: None) -> None:
+        """Stop slurmctld (its state saved, as at any restart), call `while_down`, start it
+        again from its state, and wait until it answers and the node is back."""
+        old = next(p for p in self.procs if "slurmctld" in str(p.args))
+        old.send_signal(signal.SIGTERM)
+        old.wait(30)
+        self.procs.remove(old)
+        while_down()
+        self._daemon(["slurmctld", "-D", "-f", str(self.conf)], "slurmctld")
+        self.procs.insert(1, self.procs.pop())  # stopped in order: slurmd, slurmctld, munged
+        self.wait(
+            "scontrol ping UP", lambda: "UP" in self.run("scontrol", "ping", check=False).stdout
+        )
+        self.wait("the node back", lambda: self.node_state() in ("idle", "mixed", "allocated"))
+
+    def node_state(self) -> str:
+        return self.run("sinfo", "-h", "-n", "localhost", "-o", "%T").stdout.strip()
+
+    def set_node(self, state: str, reason: str = "orbit test") -> None:
+        self.run("scontrol", "update", "nodename=localhost", f"state={state}", f"reason={reason}")
+
     def cancel_all(self) -> None:
         """Every job of this private cluster (only tests submit to it), then an empty queue."""
         self.run("scancel", "--quiet", "--user=root", check=False)
@@ -111,7 +132,7 @@ class SlurmCluster:
     # --- start and stop -------------------------------------------------------------------
 
     def _daemon(self, argv: list[str], name: str) -> subprocess.Popen[bytes]:
-        out = (self.root / "log" / f"{name}.out").open("wb")
+        out = (self.root / "log" / f"{name}.out").open("ab")
         proc = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
@@ -261,4 +282,6 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """The session's cluster, its queue empty before and after each test."""
     slurm_cluster.cancel_all()
     yield slurm_cluster
+    if slurm_cluster.node_state() not in ("idle", "mixed", "allocated"):  # a test set it down
+        slurm_cluster.set_node("resume")
     slurm_cluster.cancel_all()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orbit.core.execution.slurm.shell import ClusterShell
+from orbit.core.errors import Unreachable
+from orbit.core.execution.slurm.shell import ClusterShell, slurm_message
 from orbit.core.models import FailureReason, RunState
 
 PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
@@ -69,8 +70,14 @@ def parse_sacct(job_id: str, text: str) -> SlurmJob | None:
 
 
 def look(shell: ClusterShell, job_id: str) -> SlurmJob | None:
-    """The job as Slurm has it now; None when neither squeue nor sacct knows it any more."""
+    """The job as Slurm has it now; None when neither squeue nor sacct knows it any more.
+    Raises Unreachable when slurmctld does not answer (restarting, say): not knowing is not
+    the job's end, and the attempt keeps its state as on a host that does not answer."""
     done = shell.run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T|%r|%S"])
+    if done.returncode != 0 and "invalid job id" not in done.stderr.lower():
+        raise Unreachable(
+            f"{shell.where}: squeue failed: {slurm_message(done.stderr) or 'no message'}"
+        )
     found = parse_squeue(job_id, done.stdout) if done.returncode == 0 else None
     if found is not None:
         return found

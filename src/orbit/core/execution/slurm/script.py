@@ -12,7 +12,8 @@ from orbit.core.execution.slurm.orphans import comment
 from orbit.core.models import ExecutionRequest
 
 SCRIPT = "scripts/slurm.sbatch"
-# a TERM that comes this close to the time limit is Slurm's warning of it (--signal), not a kill
+# Slurm sends its warning of the time limit (--signal) up to this much off the time asked for:
+# its limits are looked at on a timer
 LIMIT_MARGIN_S = 30
 
 
@@ -101,9 +102,22 @@ def check_request(cluster: ClusterRecord, request: ExecutionRequest) -> None:
         )
 
 
-def time_limit_min(request: ExecutionRequest) -> int | None:
-    """Slurm counts time limits in whole minutes: max_runtime_s, rounded up."""
-    return math.ceil(request.max_runtime_s / 60) if request.max_runtime_s else None
+def signal_lead_s(request: ExecutionRequest) -> int:
+    """How long before Slurm's time limit it warns the batch shell (--signal=B:TERM@lead): the
+    stop grace and a margin, so the wrapper has ended the task before the hard kill."""
+    return max(1, math.ceil(request.stop_grace_s)) + LIMIT_MARGIN_S
+
+
+def time_limit_min(request: ExecutionRequest, partition_max_s: int | None = None) -> int | None:
+    """Slurm's limit in whole minutes: max_runtime_s, then the warning's lead and Slurm's
+    margin, so that the warning never comes before max_runtime_s (a limit of max_runtime_s
+    itself would stop a run up to lead + margin seconds early); never above the partition's."""
+    if not request.max_runtime_s:
+        return None
+    minutes = math.ceil((request.max_runtime_s + signal_lead_s(request) + LIMIT_MARGIN_S) / 60)
+    if partition_max_s is not None:
+        minutes = min(minutes, max(1, partition_max_s // 60))
+    return minutes
 
 
 def sbatch_script(
@@ -148,25 +162,25 @@ def sbatch_script(
         if cluster.facts is not None and partition is not None:
             kind = gpu_type_for(cluster.facts, partition, res.gpu_type)
         lines.append(f"#SBATCH --gres=gpu:{kind + ':' if kind else ''}{res.gpu_count}")
-    minutes = time_limit_min(request)
+    minutes = time_limit_min(request, partition.max_time_s if partition is not None else None)
     if minutes is not None:
         lines.append(f"#SBATCH --time={minutes}")
-    grace = max(1, math.ceil(request.stop_grace_s))
-    lines.append(f"#SBATCH --signal=B:TERM@{grace + LIMIT_MARGIN_S}")
+    lines.append(f"#SBATCH --signal=B:TERM@{signal_lead_s(request)}")
     lines.append("#SBATCH --requeue" if request.preemptible else "#SBATCH --no-requeue")
     exports = " ".join(f"{k}={q(v)}" for k, v in sorted(env.items()))
-    limit_s = minutes * 60 if minutes is not None else 0
+    max_s = math.ceil(request.max_runtime_s) if request.max_runtime_s else 0
     lines += [
         "",
         f"bundle={q(location)}",
         f"export {exports} ORBIT_SLURM_PARTITION={q(part or '')}",
         "start=$(date +%s)",
-        f"limit_s={limit_s}",
+        f"max_s={max_s}",
         "",
         "on_term() {",
-        "  # the time limit's warning: the wrapper ends the attempt as max_runtime, not preempted",
-        f'  if [ "$limit_s" -gt 0 ] && [ $(( $(date +%s) - start )) -ge $(( limit_s - '
-        f"{grace + 2 * LIMIT_MARGIN_S} )) ] \\",
+        "  # the time limit's warning (it comes past max_runtime_s, give or take Slurm's margin):",
+        "  # the wrapper ends the attempt as max_runtime; any earlier TERM is a preemption",
+        f'  if [ "$max_s" -gt 0 ] && [ $(( $(date +%s) - start )) -ge $(( max_s - '
+        f"{LIMIT_MARGIN_S} )) ] \\",
         '     && [ ! -e "$bundle/runtime/stop_request.json" ]; then',
         '    printf \'{"reason": "max_runtime", "message": "Slurm time limit"}\\n\' \\',
         '      > "$bundle/runtime/stop_request.json"',
