@@ -1,0 +1,94 @@
+"""The login-node case: a Slurm cluster reached only through SSH (`orbit clusters add --ssh`),
+against the real private Slurm (tests/slurm.py) behind a real sshd on loopback (tests/sshd.py):
+every Slurm command, the staging (rsync), the logs and collect go through the login node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.core.execution.backends.test_slurm_host_process import job_id
+from tests.helpers import orbit, orbit_json, write_spec
+from tests.slurm import GPU_TYPE, SlurmCluster
+from tests.sshd import SshdFactory
+
+
+def test_a_run_through_the_login_node_succeeds_is_collected_and_cached(
+    env: dict[str, str], sshd_factory: SshdFactory, slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    login = sshd_factory(alias="login")
+    work = login.work_root / "orbit"
+    added = orbit_json(
+        env,
+        "clusters", "add", "hpc", "--ssh", login.alias, "--work-dir", str(work),
+        "--slurm-conf", str(slurm.conf),
+    )  # fmt: skip
+    assert added["spec"]["ssh"]["ssh"] == login.alias
+    assert [n["gpus"] for n in added["facts"]["nodes"]] == [{GPU_TYPE: 2}]
+    assert added["facts"]["work_dir"] == str(work)
+    shown = orbit(env, "clusters", "list").stdout
+    assert "hpc" in shown and login.alias in shown
+
+    def submit() -> dict[str, Any]:
+        folder = tmp_path / "job"
+        folder.mkdir(exist_ok=True)
+        path = write_spec(
+            folder,
+            template="slurm",
+            task={"command": 'echo "job=$SLURM_JOB_ID"; echo payload > "$ORBIT_ARTIFACTS_DIR/d"'},
+            overrides={"target": "hpc", "resources": {"gpu_count": 1}},
+        )
+        return dict(orbit_json(env, "submit", str(path)))
+
+    run = submit()
+    data = run["attempts"][0]["handle"]["data"]
+    assert data["host"]["ssh"] == login.alias  # logs and files are read over SSH
+    assert data["staged_bytes"] > 0 and data["bundle_cached"] is False
+    followed = orbit(env, "logs", run["id"], "--follow", timeout=180)
+    assert f"job={job_id(run)}" in followed.stdout
+    assert orbit_json(env, "status", run["id"])["state"] == "succeeded"
+    assert slurm.job_state(job_id(run)) == "COMPLETED"
+    location = Path(run["attempts"][0]["handle"]["location"])
+    assert location.is_relative_to(work)  # the login node's work dir, which the node shares
+    assert "#SBATCH --gres=gpu:1" in (location / "scripts" / "slurm.sbatch").read_text()
+    dest = tmp_path / "collected"
+    collected = orbit_json(env, "collect", run["id"], "--dest", str(dest))
+    assert collected["verified"] is True and (dest / "d").read_text() == "payload\n"
+    # the same bundle again: the cluster's copy serves, nothing moves
+    again = submit()["attempts"][0]["handle"]["data"]
+    assert again["bundle_cached"] is True and again["staged_bytes"] == 0
+    checked = orbit_json(env, "clusters", "check", "hpc", "--sweep")
+    assert checked["orphans"] == [] and checked["sweep_error"] is None
+
+
+def test_a_login_node_that_does_not_answer_is_an_unreachable_host(
+    env: dict[str, str], sshd_factory: SshdFactory, slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    login = sshd_factory(alias="login")
+    orbit_json(
+        env,
+        "clusters", "add", "hpc", "--ssh", login.alias, "--work-dir", str(login.work_root),
+        "--slurm-conf", str(slurm.conf),
+    )  # fmt: skip
+    login.stop()
+    folder = tmp_path / "job"
+    folder.mkdir()
+    path = write_spec(
+        folder,
+        template="slurm",
+        task={"command": "true"},
+        overrides={"target": "hpc"},
+        retry={"max_retries": 0},
+    )
+    # as with an SSH host that is away: the attempt waits for it, spending no retry
+    run = orbit_json(env, "submit", str(path))
+    attempt = run["attempts"][0]
+    assert (attempt["state"], attempt["reason"]) == ("prepared", "host_unreachable"), attempt
+    assert attempt["handle"] is None and slurm.queue() == []
+    assert "waiting for its host" in orbit(env, "status", run["id"]).stdout
+    checked = orbit(env, "clusters", "check", "hpc", check=False)
+    assert checked.returncode != 0 and len(checked.stderr.strip().splitlines()) == 1
+    login.start()
+    orbit(env, "logs", run["id"], "--follow", timeout=180)
+    done = orbit_json(env, "runs", "show", run["id"])
+    assert [a["state"] for a in done["attempts"]] == ["succeeded"]
