@@ -19,13 +19,17 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "orbit" / "core" / "tasks" / "swift_args"
-# defaults the shape checks need (GRPO's generation batch)
-DEFAULTS = (
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "steps_per_generation",
-    "num_generations",
-)
+# defaults the shape checks and the launcher need, per mode: GRPO's generation batch, and the
+# port `swift rollout` serves on (the node's --service URL names it)
+DEFAULTS = {
+    "rlhf": (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "steps_per_generation",
+        "num_generations",
+    ),
+    "rollout": ("port",),
+}
 
 
 def argument_classes() -> dict[str, type]:
@@ -38,13 +42,15 @@ def argument_classes() -> dict[str, type]:
         import swift.llm as found  # type: ignore[no-redef]
 
         sft = found.TrainArguments
-    return {
+    classes = {
         "sft": sft,
         "pt": getattr(found, "PretrainArguments", sft),
         "rlhf": found.RLHFArguments,
         "infer": found.InferArguments,
         "eval": found.EvalArguments,
+        "rollout": getattr(found, "RolloutArguments", None),  # GRPO's vLLM server, 3.5 on
     }
+    return {mode: cls for mode, cls in classes.items() if cls is not None}
 
 
 def rlhf_types(cls: type) -> list[str]:
@@ -56,15 +62,16 @@ def main() -> int:
     swift_version = version("ms-swift")
     classes = argument_classes()
     modes = {mode: sorted(f.name for f in dataclasses.fields(cls)) for mode, cls in classes.items()}
-    defaults: dict[str, Any] = {}
-    for field in dataclasses.fields(classes["rlhf"]):
-        if field.name in DEFAULTS and field.default is not dataclasses.MISSING:
-            defaults[field.name] = field.default
+    defaults: dict[str, dict[str, Any]] = {}
+    for mode, names in DEFAULTS.items():
+        for field in dataclasses.fields(classes[mode]) if mode in classes else ():
+            if field.name in names and field.default is not dataclasses.MISSING:
+                defaults.setdefault(mode, {})[field.name] = field.default
     data = {
         "version": swift_version,
         "made_by": "tools/swift_args.py",
         "rlhf_types": rlhf_types(classes["rlhf"]),
-        "defaults": {"rlhf": defaults},
+        "defaults": defaults,
         "modes": modes,
     }
     OUT.mkdir(parents=True, exist_ok=True)

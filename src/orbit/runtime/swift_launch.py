@@ -10,6 +10,10 @@ What ms-swift gets wrong on a shared box, set here per attempt, from the attempt
   --vllm_server_group_port  free (GRPO's weight sync with a rollout server; default 51216)
   --output_dir          $ORBIT_ARTIFACTS_DIR/checkpoints unless the request names one
   --resume_from_checkpoint  the newest checkpoint-N of ORBIT_RESUME_FROM (an earlier attempt's)
+  --vllm_server_host/_port  GRPO's rollout server: from an env var, or the URL of a service the
+                        node advertises (ORBIT_SERVICES, set by `orbit agent --service NAME=URL`)
+  --port                `swift rollout`'s, checked free (ms-swift would move to the next free
+                        one, away from the URL the node advertises)
 
 The request, shaped before freezing, is in ORBIT_SWIFT. Standard library only.
 """
@@ -22,10 +26,17 @@ import re
 import shutil
 import socket
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 RUN_FOLDER = re.compile(r"^v(\d+)-")  # ms-swift's output_dir/vN-DATE-TIME
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+HOST_PORT = re.compile(r"^(?:https?://)?\[?([^\]/]+?)\]?:(\d+)/?$")  # a rollout server's URL
+
+
+def refuse(line: str) -> NoReturn:
+    """What the request asks for is not on this node: one line, exit 2 (before swift starts)."""
+    print(f"orbit: {line}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def free_port() -> int:
@@ -119,19 +130,39 @@ def _logged(run: str) -> str | None:
 
 
 def endpoint(vllm: dict[str, Any], env: dict[str, str]) -> list[str]:
-    """Server mode: where the rollout server is (its env var may be set by a second run),
-    and a free port of this node for the weight sync."""
+    """Server mode: where the rollout server is (its env var may be set by a second run, or
+    it is a service this node advertises), and a free port of this node for the weight sync."""
     if vllm.get("mode") != "server":
         return []
-    argv = []
-    name = vllm.get("endpoint_env")
-    if name and not vllm.get("server_host"):
-        value = env.get(name, "")
-        m = re.match(r"^(?:https?://)?\[?([^\]/]+?)\]?:(\d+)/?$", value)
+    argv: list[str] = []
+    name, service = vllm.get("endpoint_env"), vllm.get("service")
+    where, value = "", None
+    if service:
+        services = json.loads(env.get("ORBIT_SERVICES") or "{}")
+        if service not in services:
+            known = ", ".join(sorted(services)) or "none"
+            refuse(f"task.vllm.service: {service} is not advertised on this node (it has: {known})")
+        where, value = f"task.vllm.service: {service}", services[service]
+    elif name and not vllm.get("server_host"):
+        where, value = f"task.vllm.endpoint_env: ${name}", env.get(name, "")
+    if value is not None:
+        m = HOST_PORT.match(value)
         if not m:
-            sys.exit(f"orbit: task.vllm.endpoint_env: ${name} is {value!r}, not http://HOST:PORT")
+            refuse(f"{where} is {value!r}, not http://HOST:PORT")
         argv += ["--vllm_server_host", m.group(1), "--vllm_server_port", m.group(2)]
     return [*argv, "--vllm_server_group_port", str(free_port())]
+
+
+def rollout_port(settings: dict[str, Any], argv: list[str]) -> list[str]:
+    """`swift rollout`'s port, given if args did not, and free: ms-swift would take the next
+    free one instead, which the node's --service URL does not name."""
+    port = int(settings["port"])
+    try:
+        with socket.socket() as s:
+            s.bind(("", port))
+    except OSError:
+        refuse(f"task.args.port: {port} is in use on this node (swift rollout would move off it)")
+    return [] if "--port" in argv else ["--port", str(port)]
 
 
 def swift_program() -> str:
@@ -166,6 +197,8 @@ def command(settings: dict[str, Any], env: dict[str, str]) -> list[str]:
             argv += ["--resume_from_checkpoint", checkpoint]
         elif resume and not given:
             print(f"orbit: no checkpoint-N in {resume}: starting afresh", flush=True)
+    if settings["subcommand"] == "rollout":  # a server: no output_dir in ms-swift's rollout
+        argv += rollout_port(settings, argv)
     return argv + endpoint(settings.get("vllm") or {}, env)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from orbit.core.control.service import CoreControlService
 from orbit.core.errors import InvalidInput
 from orbit.core.models import FailureReason, RunState
+from orbit.core.nodes import SERVICE_LABEL
 from orbit.core.tasks import TaskRegistry
 from orbit.core.tasks.swift import LAUNCHER
 from orbit.runtime import hostside
@@ -110,12 +112,50 @@ def test_grpo_becomes_swift_rlhf_with_its_type_and_vllm() -> None:
         ({"mode": "sft", "model": "m"}, "dataset"),
         ({**GRPO, "args": {"num_generations": 4}}, "task.args.reward_funcs"),
         ({**GRPO, "vllm": {"mode": "server"}}, "task.vllm"),
+        ({**GRPO, "vllm": {"mode": "server", "service": "r", "endpoint_env": "U"}}, "task.vllm"),
+        ({"mode": "rollout", "model": "m", "output_dir": "o"}, "output_dir"),
+        ({"mode": "rollout", "model": "m", "vllm": {"mode": "colocate"}}, "task.vllm"),
+        ({"mode": "rollout", "model": "m", "args": {"num_generations": 4}}, "`swift rollout`"),
+        ({"mode": "rollout", "model": "m", "args": {"port": "8000"}}, "task.args.port"),
     ],
 )
 def test_bad_requests_are_refused_in_one_line_naming_the_field(
     request_: dict[str, Any], names: str
 ) -> None:
     assert names in refusal(request_)
+
+
+ROLLOUT: dict[str, Any] = {
+    "mode": "rollout",
+    "model": "Qwen/Qwen2.5-0.5B-Instruct",
+    "args": {"vllm_tensor_parallel_size": 1, "vllm_enable_lora": True},
+}
+
+
+def test_rollout_becomes_swift_rollout_on_ms_swifts_port_with_vllm_critical() -> None:
+    shaped = shape(ROLLOUT)
+    found = json.loads(shaped.env["ORBIT_SWIFT"])
+    assert (found["subcommand"], found["port"]) == ("rollout", 8000)  # ms-swift's default
+    assert found["argv"] == [
+        "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--vllm_tensor_parallel_size", "1",
+        "--vllm_enable_lora", "true",
+    ]  # fmt: skip
+    assert "vllm" in shaped.critical_imports and "vllm" not in shaped.optional_imports
+    assert settings({**ROLLOUT, "args": {"port": 8011}})["port"] == 8011
+
+
+def test_grpo_asks_for_a_node_advertising_its_rollout_service() -> None:
+    def selector(vllm: dict[str, Any]) -> dict[str, str]:
+        return TaskRegistry().selector("swift", {**GRPO, "vllm": vllm}, "spec.yaml")
+
+    assert selector({"mode": "server", "service": "rollout"}) == {f"{SERVICE_LABEL}rollout": "yes"}
+    assert selector({"mode": "server", "endpoint_env": "ROLLOUT_URL"}) == {}
+    assert selector({"mode": "colocate"}) == {}
+    # the service is the rollout endpoint: server mode takes it as one
+    assert settings({**GRPO, "vllm": {"mode": "server", "service": "rollout"}})["vllm"] == {
+        "mode": "server",
+        "service": "rollout",
+    }
 
 
 def test_an_unknown_argument_is_refused_with_the_nearest_known_names() -> None:
@@ -172,7 +212,9 @@ echo "env CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} NPROC_PER_NODE=${NP
 """
 
 
-def launch(tmp_path: Path, request: dict[str, Any], **env: str) -> tuple[list[str], dict[str, str]]:
+def run_launcher(
+    tmp_path: Path, request: dict[str, Any], **env: str
+) -> subprocess.CompletedProcess[str]:
     """Run the launcher as the wrapper would, with a fake `swift` first on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -186,9 +228,12 @@ def launch(tmp_path: Path, request: dict[str, Any], **env: str) -> tuple[list[st
         "ORBIT_ARTIFACTS_DIR": str(tmp_path / "artifacts"),
         **env,
     }
-    done = subprocess.run(
-        [sys.executable, str(LAUNCHER)], env=full, capture_output=True, text=True, check=True
-    )
+    return subprocess.run([sys.executable, str(LAUNCHER)], env=full, capture_output=True, text=True)
+
+
+def launch(tmp_path: Path, request: dict[str, Any], **env: str) -> tuple[list[str], dict[str, str]]:
+    done = run_launcher(tmp_path, request, **env)
+    assert done.returncode == 0, done.stderr
     lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in done.stdout.splitlines()}
     pairs = dict(item.split("=", 1) for item in lines["env"].split(" "))
     return lines["argv"].split(" "), pairs
@@ -239,6 +284,50 @@ def test_server_mode_finds_the_rollout_server_in_an_env_var_and_a_free_group_por
     first = int(given["--vllm_server_group_port"])
     again, _ = launch(tmp_path, request, ROLLOUT_URL="http://127.0.0.1:8011")
     assert first > 0 and again[again.index("--vllm_server_group_port") + 1].isdigit()
+
+
+def test_server_mode_finds_the_rollout_server_among_the_nodes_services(tmp_path: Path) -> None:
+    request = {**GRPO, "vllm": {"mode": "server", "service": "rollout"}}
+    services = {"rollout": "http://127.0.0.1:8011", "sdxl": "http://127.0.0.1:7860"}
+    argv, _ = launch(tmp_path, request, ORBIT_SERVICES=json.dumps(services))
+    given = dict(itertools.pairwise(argv))
+    assert (given["--vllm_server_host"], given["--vllm_server_port"]) == ("127.0.0.1", "8011")
+    assert given["--vllm_server_group_port"].isdigit()
+    # not advertised here: one line naming the field, exit 2, before swift starts
+    for advertised, has in (({"sdxl": services["sdxl"]}, "sdxl"), (None, "none")):
+        extra = {"ORBIT_SERVICES": json.dumps(advertised)} if advertised else {}
+        done = run_launcher(tmp_path, request, **extra)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == (
+            f"orbit: task.vllm.service: rollout is not advertised on this node (it has: {has})\n"
+        )
+
+
+def test_the_launcher_serves_rollout_on_its_port_with_the_attempts_gpus(tmp_path: Path) -> None:
+    port = free_port()
+    argv, env = launch(tmp_path, {**ROLLOUT, "args": {"port": port}}, ORBIT_GPUS="3")
+    assert argv[:2] == ["rollout", "--model"] and "--output_dir" not in argv
+    assert argv.count("--port") == 1 and argv[argv.index("--port") + 1] == str(port)
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    # ms-swift's default port not in args: the launcher gives it
+    shaped = {**settings(ROLLOUT), "port": port}
+    argv, _ = launch(tmp_path, ROLLOUT, ORBIT_SWIFT=json.dumps(shaped))
+    assert argv[-2:] == ["--port", str(port)]
+    # taken: ms-swift would serve on the next free port, not the one the node advertises
+    with socket.socket() as taken:
+        taken.bind(("", port))
+        taken.listen()
+        done = run_launcher(tmp_path, {**ROLLOUT, "args": {"port": port}})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"orbit: task.args.port: {port} is in use on this node (swift rollout would move off it)\n"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def swift_run(output_dir: Path, version: int, steps: list[int], link: int | None = None) -> Path:

@@ -1,4 +1,5 @@
-"""`swift`: ms-swift's own command lines (`swift sft`, `swift rlhf --rlhf_type grpo`, ...),
+"""`swift`: ms-swift's own command lines (`swift sft`, `swift rlhf --rlhf_type grpo`,
+`swift rollout`, ...),
 checked before anything is frozen against the argument names of the ms-swift version the
 request declares (lists shipped in swift_args/, made by tools/swift_args.py from the real
 package's argument dataclasses). On the node, orbit/runtime/swift_launch.py (staged into the
@@ -14,10 +15,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from orbit.core.errors import InvalidInput
 from orbit.core.models import ExecutionRequest, Resources
+from orbit.core.nodes import SERVICE_LABEL
 from orbit.core.tasks.base import ShapedTask, StagedPath
 from orbit.core.tasks.command import stage_folder
 
@@ -27,6 +29,10 @@ DEFAULT_VERSION = "4.6.0"
 # given as the request's own fields, never in args: ORBIT shapes or sets them
 OWN_FIELDS = ("model", "dataset", "output_dir", "rlhf_type", "tuner_type", "train_type")
 ORBIT_SETS = ("vllm_server_group_port", "use_vllm", "vllm_mode")
+ROLLOUT_HAS_NO = {
+    "output_dir": "`swift rollout` writes no output_dir: it serves on args.port",
+    "vllm": "for the GRPO trainer (mode rlhf); `swift rollout` is the vLLM server itself",
+}
 CRITICAL = ("swift", "torch", "transformers", "peft", "trl")
 OPTIONAL = ("deepspeed", "vllm", "flash_attn")
 
@@ -38,27 +44,32 @@ class VllmSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["colocate", "server"]
-    # server mode: the rollout server (`swift rollout`) the trainer talks to, given here or
-    # in an env var on the node (http://HOST:PORT or HOST:PORT): a second run may set it
+    # server mode: the rollout server (`swift rollout`) the trainer talks to, given here, in
+    # an env var on the node (http://HOST:PORT or HOST:PORT), or as a service the node
+    # advertises (orbit agent --service NAME=URL): the run is placed on such a node
     server_host: str | None = None
     server_port: int | None = Field(default=None, ge=1, le=65535)
     endpoint_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    service: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
     @model_validator(mode="after")
     def _endpoint(self) -> VllmSettings:
-        given = (self.server_host and self.server_port) or self.endpoint_env
+        given = (self.server_host and self.server_port) or self.endpoint_env or self.service
         if self.mode == "server" and not given:
             raise ValueError(
-                "mode server needs the rollout server: server_host and server_port, or "
-                "endpoint_env naming the env var on the node that holds http://HOST:PORT"
+                "mode server needs the rollout server: server_host and server_port, "
+                "endpoint_env naming the env var on the node that holds http://HOST:PORT, or "
+                "service naming one the node advertises (orbit agent --service NAME=URL)"
             )
+        if self.service and (self.server_host or self.server_port or self.endpoint_env):
+            raise ValueError("give service or server_host/server_port/endpoint_env, not both")
         return self
 
 
 class SwiftRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["sft", "rlhf", "pt", "infer", "eval"]
+    mode: Literal["sft", "rlhf", "pt", "infer", "eval", "rollout"]
     rlhf_type: str | None = None
     model: str = Field(min_length=1, description="a hub id or a path on the node")
     dataset: list[str] = []
@@ -87,6 +98,13 @@ class SwiftRequest(BaseModel):
         if self.mode in ("sft", "pt", "rlhf") and not self.dataset:
             raise ValueError(f"mode {self.mode} needs a dataset")
         return self
+
+    @field_validator("output_dir", "vllm")
+    @classmethod
+    def _not_for_rollout(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("mode") == "rollout":
+            raise ValueError(ROLLOUT_HAS_NO[info.field_name or ""])
+        return value
 
 
 @cache
@@ -124,16 +142,23 @@ class SwiftTask:
     name: ClassVar[str] = "swift"
     request_model: ClassVar[type[BaseModel]] = SwiftRequest
 
+    def selector(self, request: SwiftRequest) -> dict[str, str]:
+        """GRPO's rollout server asked for by name: only a node advertising it will do."""
+        service = request.vllm.service if request.vllm else None
+        return {f"{SERVICE_LABEL}{service}": "yes"} if service else {}
+
     def shape(self, request: SwiftRequest, base_dir: Path) -> ShapedTask:
         known = argument_names(request.version)
         argv = self.arguments(request, known)
-        settings = {
+        settings: dict[str, Any] = {
             "subcommand": request.mode,
             "argv": argv,
             "version": request.version,
             "output_dir": request.output_dir,
             "vllm": request.vllm.model_dump(exclude_none=True) if request.vllm else None,
         }
+        if request.mode == "rollout":
+            settings["port"] = rollout_port(request, known)
         critical, optional = imports(request)
         folder = (
             () if request.workdir is None else (stage_folder(base_dir, "workdir", request.workdir),)
@@ -208,6 +233,14 @@ class SwiftTask:
             check_generation_batch(request, argument_names(request.version), processes)
 
 
+def rollout_port(request: SwiftRequest, known: dict[str, Any]) -> int:
+    """The port `swift rollout` serves on: args.port, else ms-swift's default (8000)."""
+    port = request.args.get("port", known.get("defaults", {}).get("rollout", {}).get("port"))
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise InvalidInput(f"task.args.port: a port number (1-65535), got {port!r}")
+    return port
+
+
 def gpu_count(resources: Resources) -> int:
     if resources.gpu is None:
         return resources.gpu_count
@@ -265,7 +298,9 @@ def imports(request: SwiftRequest) -> tuple[tuple[str, ...], tuple[str, ...]]:
     critical, optional = list(CRITICAL), list(OPTIONAL)
     uses = {
         "deepspeed": "deepspeed" in request.args,
-        "vllm": request.vllm is not None or request.args.get("infer_backend") == "vllm",
+        "vllm": request.vllm is not None
+        or request.mode == "rollout"
+        or request.args.get("infer_backend") == "vllm",
         "flash_attn": str(request.args.get("attn_impl", "")).startswith("flash_att"),
     }
     for name, used in uses.items():
