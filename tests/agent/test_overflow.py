@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from orbit.core.hosts import HostFacts
+from orbit.store import Store
 from tests.agent.test_pool_runs import ended, run_of
 from tests.agents import AgentProc, wait_online
 from tests.helpers import eventually, orbit, orbit_json, write_spec
@@ -101,3 +104,60 @@ def test_a_pool_run_overflows_to_an_ssh_host_only_when_the_pool_is_full(
         ("ssh_host_process", "box"),
         ("agent_pool_host_process", "inhouse"),
     }
+
+
+def test_a_run_overflowed_onto_a_host_that_does_not_answer_is_retried_through_the_pool(
+    start_server: Callable[..., Server], start_agent: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    server = start_server()
+    templates = server.home / "templates"
+    templates.mkdir(parents=True, exist_ok=True)
+    (templates / "pool-or-rental.yaml").write_text(yaml.safe_dump(OVERFLOW), encoding="utf-8")
+    # a rental whose last check was fine, gone since: nothing listens on port 1
+    orbit(
+        server.env(),
+        "hosts",
+        "add",
+        "gone",
+        "--ssh",
+        "nobody@127.0.0.1",
+        "--port",
+        "1",
+        "--no-check",
+        "--unreachable-timeout",
+        "3",
+    )
+    store = Store(server.database_url)
+    try:
+        facts = HostFacts(checked_at=datetime.now(UTC), python_path="/usr/bin/python3", rsync=True)
+        store.hosts.set_facts("gone", facts, "tests")
+    finally:
+        store.close()
+    start_agent(server, "inhouse", max_tasks=1)
+    wait_online(server, "inhouse")
+    gate = tmp_path / "gate"
+    first = submit(server, tmp_path, f"while [ ! -e {gate} ]; do sleep 0.2; done", "pool-or-rental")
+    eventually(lambda: where(server, first), timeout=60)
+    spec = write_spec(
+        tmp_path,
+        name="second.yaml",
+        template="pool-or-rental",
+        task={"command": "echo second"},
+        retry={"max_retries": 1, "backoff_s": 0.5},
+    )
+    second = str(orbit_json(server.env(), "submit", str(spec))["id"])
+
+    def overflowed() -> bool:
+        attempt = run_of(server, second)["attempts"][0]
+        return attempt["backend_key"] == "ssh_host_process" and attempt["target"] == "gone"
+
+    eventually(overflowed, timeout=60)
+    gate.touch()  # the pool has room again
+    # the host never answers: the attempt there ends once its unreachable timeout is over,
+    # and the retry goes back through the pool, where it runs
+    run = ended(server, second, timeout=120)
+    attempts = run["attempts"]
+    given_up = (attempts[0]["state"], attempts[0]["reason"], attempts[0]["target"])
+    assert given_up == ("terminated", "host_unreachable", "gone"), attempts[0]
+    assert attempts[-1]["state"] == "succeeded", attempts[-1]
+    assert attempts[-1]["handle"]["target"] == "inhouse", attempts[-1]

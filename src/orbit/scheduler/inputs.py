@@ -295,12 +295,14 @@ def hosts_snapshot(
     on_hosts: list[dict[str, Any]],
     at: datetime,
     config: SchedConfig,
+    pool: tuple[NodeView, ...] = (),
 ) -> Snapshot:
     """Registered SSH hosts as nodes (kind ssh), for runs that overflow onto them: what each
     has by its last `orbit hosts check` (a host never checked offers nothing), a slot per GPU
     (one without GPUs: one slot), and the attempts on it that have not ended holding their
     share. An attempt sent there directly says how many GPUs, not which: it is given the
-    lowest free ones."""
+    lowest free ones. The `pool`'s nodes come too, cordoned: nothing goes there in this
+    pass, but what runs on them counts towards quotas and fair share."""
     by_host: dict[str, list[dict[str, Any]]] = {}
     for row in on_hosts:
         by_host.setdefault(str(row["target"]), []).append(row)
@@ -342,6 +344,8 @@ def hosts_snapshot(
                 kind="ssh",
             )
         )
+    if views:
+        views += [replace(v, state="cordoned") for v in pool]
     digest = hashlib.sha256(dumps([node_out(v) for v in views])).hexdigest()[:12]
     return Snapshot(version=digest, at=round(at.timestamp(), 3), nodes=tuple(views))
 

@@ -421,13 +421,18 @@ class NodesMixin(StoreBase):
                     tx.execute("SELECT id FROM nodes WHERE id = :id FOR UPDATE", {"id": node_id})
                 tx.execute("SELECT id FROM attempts WHERE id = :a FOR UPDATE", {"a": attempt_id})
             leader = tx.one(
-                "SELECT run_id, number, node_id, backend_key, target FROM attempts WHERE id = :a",
+                "SELECT run_id, number, node_id, backend_key, target, state, handle "
+                "FROM attempts WHERE id = :a",
                 {"a": attempt_id},
             )
             if leader is None:
                 raise NotFound(f"unknown attempt '{attempt_id}'")
             if leader["node_id"]:
                 raise Refused(f"attempt {attempt_id} is already placed on a node")
+            if leader["state"] != RunState.PREPARED.value or leader["handle"] is not None:
+                # ended (cancelled, given up on) while a stalled launcher planned it: members
+                # made now would run and hold their nodes with nobody to end them
+                raise Refused(f"attempt {attempt_id} is {leader['state']}: not placed")
             ids = [attempt_id] + [f"{attempt_id}.r{rank}" for rank in range(1, len(ranks))]
             now = utcnow()
             names = []
@@ -503,6 +508,15 @@ class NodesMixin(StoreBase):
         if row["state"] not in ACTIVE_STATES:
             return False, f"the attempt has ended ({row['state']})"
         return False, "not granted"
+
+    def gang_members(self, attempt_id: str) -> list[Row]:
+        """A gang's ranks but 0: id, rank, node_id and its node's name, by rank."""
+        with self._read() as tx:
+            return tx.all(
+                "SELECT a.id, a.rank, a.node_id, n.name FROM attempts a "
+                "LEFT JOIN nodes n ON n.id = a.node_id WHERE a.gang_of = :a ORDER BY a.rank",
+                {"a": attempt_id},
+            )
 
     def node_attempts(self, node_id: str) -> list[Row]:
         """Its attempts that have not ended: id, fence, claimed, state."""

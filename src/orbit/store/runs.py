@@ -395,6 +395,18 @@ class RunsMixin(RunQueriesMixin):
             )
         return True
 
+    def note_attempt(self, attempt_id: str, state: RunState, message: str) -> bool:
+        """What the execution plane says now of an attempt that stays in `state` (Slurm's
+        pending reason and estimated start, say). Not a state change and not audited; written
+        only while the attempt is in `state` and not marked unreachable."""
+        with self._write() as tx:
+            changed = tx.execute(
+                "UPDATE attempts SET message = :message WHERE id = :id AND state = :state "
+                "AND unreachable_since IS NULL",
+                {"message": message, "id": attempt_id, "state": state.value},
+            )
+        return changed == 1
+
     def record_contact(
         self, attempt_id: str, *, reachable: bool, actor: str, message: str | None = None
     ) -> None:

@@ -89,18 +89,35 @@ class SchedulingMixin(NodesMixin, StoreBase):
                 "ORDER BY a.id"
             )
 
-    def overflow_attempt(self, attempt_id: str, backend_key: str, host: str) -> bool:
+    def overflow_attempt(
+        self,
+        attempt_id: str,
+        backend_key: str,
+        host: str,
+        gpus: list[int],
+        launcher: tuple[str, datetime],
+    ) -> bool:
         """An agent-pool attempt the scheduler placed on an SSH host instead (the pool was
-        full): from now on it is that host's, launched and looked at by its backend. False if
+        full): from now on it is that host's, launched and looked at by its backend, with the
+        GPUs it was given there, and claimed for launching by `launcher` (owner, until) in the
+        same move, so that no other replica's pool placement can take it meanwhile. False if
         it was launched, placed or claimed meanwhile."""
         with self._write() as tx:
             moved = tx.execute(
                 # due a look now: its wait for the pool put its next look minutes off
                 "UPDATE attempts SET backend_key = :key, target = :host, not_before = NULL, "
-                "reconcile_due_at = NULL, message = NULL WHERE id = :id "
+                "reconcile_due_at = NULL, message = NULL, node_gpus = :gpus, "
+                "lease_owner = :owner, lease_expires_at = :until WHERE id = :id "
                 "AND state = 'prepared' AND handle IS NULL AND node_id IS NULL "
                 "AND lease_owner IS NULL",
-                {"key": backend_key, "host": host, "id": attempt_id},
+                {
+                    "key": backend_key,
+                    "host": host,
+                    "id": attempt_id,
+                    "gpus": {"indices": gpus},
+                    "owner": launcher[0],
+                    "until": launcher[1],
+                },
             )
             if moved == 1:
                 run_id = tx.scalar("SELECT run_id FROM attempts WHERE id = :a", {"a": attempt_id})

@@ -26,11 +26,19 @@ from orbit.core.execution.backends.base import (
     ProcessSweep,
 )
 from orbit.core.execution.leftovers import sweep_after_contact
-from orbit.core.models import ExecutionRequest, FailureReason, RetryPolicy, RunState, RunStatus
+from orbit.core.models import (
+    ExecutionRequest,
+    FailureReason,
+    Placement,
+    RetryPolicy,
+    RunState,
+    RunStatus,
+)
 from orbit.core.records import AttemptRecord, RunRecord
 from orbit.core.retry import backoff_delay, should_retry
 from orbit.core.states import ALLOWED
 from orbit.store.runs import AutoRetry
+from orbit.store.sql import read_json
 
 LEASE_S = 30.0  # a launch claim lapses this long after its last renewal
 RENEW_S = 10.0  # a launching process renews its claim this often
@@ -128,7 +136,9 @@ class Lifecycle(ServiceBase, WaitsForRuns):
         ):
             return  # another process claimed it first
         backend = self.execution.backend(request.backend_key)
-        context = AttemptContext(run_id=run.id, attempt_id=attempt.id, placement=placement)
+        context = AttemptContext(
+            run_id=run.id, attempt_id=attempt.id, placement=placement, gpus=self._gpus_of(attempt)
+        )
         try:
             with self._lease(attempt.id, owner):
                 failpoints.hit("before-launch")
@@ -253,12 +263,24 @@ class Lifecycle(ServiceBase, WaitsForRuns):
             return  # its backoff, or its wait for the host, is not over
         self._launch(run, attempt, self._request_for(run, attempt))
 
+    def _gpus_of(self, attempt: AttemptRecord) -> tuple[int, ...] | None:
+        """The GPUs the scheduler gave an attempt it overflowed onto an SSH host (None for any
+        other: an agent pins its own, a run sent to a host directly takes what it finds)."""
+        if not attempt.backend_key.startswith("ssh_"):
+            return None
+        row = self.store.attempt_placement(attempt.id)
+        given = read_json(row["node_gpus"]) if row is not None else None
+        return tuple(int(i) for i in given["indices"]) if given else None
+
     @staticmethod
     def _request_for(run: RunRecord, attempt: AttemptRecord) -> ExecutionRequest:
         """The run's request, aimed at the attempt's own target."""
         request = ExecutionRequest.model_validate(run.request)
         if attempt.target is not None:
             request = request.model_copy(update={"target": attempt.target})
+        if request.placement.kind == "agent_pool" and attempt.backend_key.startswith("ssh_"):
+            # a pool run the scheduler overflowed onto an SSH host: that host's now
+            request = request.model_copy(update={"placement": Placement(kind="ssh")})
         return request
 
     def _adopt(self, run: RunRecord, attempt: AttemptRecord) -> None:
@@ -333,6 +355,11 @@ class Lifecycle(ServiceBase, WaitsForRuns):
                 backend.cancel(attempt.handle, FailureReason.CANCELLED)
         if status.state in ALLOWED[attempt.state]:
             self._end(run.id, attempt, status, actor="orbit")
+        elif status.state is attempt.state is RunState.PROVISIONING and status.message:
+            # still waiting where it runs (Slurm's pending reason, its estimated start): the
+            # newest word, not the one of the move to provisioning
+            if status.message != attempt.message or attempt.unreachable_since is not None:
+                self.store.note_attempt(attempt.id, status.state, status.message)
         elif not status.state.terminal:
             self._enforce_max_runtime(run, attempt, status)
         return self.store.get_run(run.id)

@@ -15,13 +15,16 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from orbit.core.control.lifecycle import NODE_WAIT_S, Lifecycle, now
+from orbit.core.control.lifecycle import LEASE_S, NODE_WAIT_S, Lifecycle, launcher_id, now
 from orbit.core.control.views import Explanation, QueueEntry, QuotaView, Simulation
 from orbit.core.errors import InvalidInput, NotFound, OrbitError, Refused
+from orbit.core.execution.ssh.hosts import check_request as check_host
+from orbit.core.hosts import HostRecord
 from orbit.core.models import ExecutionRequest, FailureReason
 from orbit.core.models import Placement as Placement_
 from orbit.forensics.progress import PROGRESS_GLOB, latest_progress
@@ -37,7 +40,7 @@ from orbit.scheduler.inputs import (
     request_of,
     snapshot_of,
 )
-from orbit.scheduler.model import Quota, Request, SchedConfig
+from orbit.scheduler.model import NodeView, Quota, Request, SchedConfig
 from orbit.scheduler.plan import Placement, Plan, Preemption, schedule
 from orbit.store.base import new_id
 from orbit.store.scheduling import DecisionRow, unpack
@@ -155,7 +158,7 @@ class Scheduling(Lifecycle):
             self._preempt(preemption, at)
         for placement in plan.placements:
             self._launch_placed(placement)
-        self._overflow(rows.pending, queue, plan, at, config)
+        self._overflow(rows.pending, queue, plan, at, config, snapshot.nodes)
         return plan
 
     def _overflow(
@@ -165,6 +168,7 @@ class Scheduling(Lifecycle):
         plan: Plan,
         at: datetime,
         config: SchedConfig,
+        pool: tuple[NodeView, ...],
     ) -> None:
         """In-house first, rentals when the pool is full: a run whose template names overflow
         placements (placement.overflow: [ssh]) and that the pool pass left waiting (not for
@@ -188,23 +192,52 @@ class Scheduling(Lifecycle):
                 waiting.append(req)
         if not waiting:
             return
-        snapshot = hosts_snapshot(self.hosts.all(), self.store.on_hosts(), at, config)
+        hosts = {h.name: h for h in self.hosts.all()}
+        snapshot = hosts_snapshot(list(hosts.values()), self.store.on_hosts(), at, config, pool)
         if not snapshot.nodes:
             return
+        # nobody's work is pushed off a rented host to make room: it is not ours to churn
+        config = replace(config, preemption=False)
         second = schedule(snapshot, waiting, config, *site_checks(config))
-        placed = Plan(
-            decisions={p.run_id: second.decisions[p.run_id] for p in second.placements},
-            placements=second.placements,
-        )
-        if not placed.placements:
+        launches = []
+        for placement in second.placements:
+            request = self._overflowed(placement, hosts)
+            if request is not None:
+                launches.append((placement, request))
+        if not launches:
             return
+        placed = Plan(
+            decisions={p.run_id: second.decisions[p.run_id] for p, _ in launches},
+            placements=[p for p, _ in launches],
+        )
         self._keep(placed, at, config, dumps(pass_out(snapshot, waiting)))
-        for placement in placed.placements:
-            self._launch_overflow(placement)
+        for placement, request in launches:
+            self._launch_overflow(placement, request)
 
-    def _launch_overflow(self, placement: Placement) -> None:
+    def _overflowed(
+        self, placement: Placement, hosts: dict[str, HostRecord]
+    ) -> ExecutionRequest | None:
+        """The request as the host it was placed on runs it, or None if that host's last
+        check says it cannot (no docker, no python3, not those GPUs): it then keeps waiting
+        for the pool rather than fail there."""
+        try:
+            run = self.store.get_run(placement.run_id)
+        except NotFound:
+            return None
+        _, host, _ = placement.nodes[0]
+        request = self._request_for(run, run.current).model_copy(
+            update={"placement": Placement_(kind="ssh"), "target": host}
+        )
+        try:
+            check_host(hosts[host], request)
+        except (OrbitError, KeyError):
+            return None
+        return request
+
+    def _launch_overflow(self, placement: Placement, request: ExecutionRequest) -> None:
         """Launch a run the overflow pass placed on an SSH host: the attempt becomes that
-        host's (its backend and target), then goes the way any SSH launch goes."""
+        host's (its backend, target and GPUs) and is claimed for launching in one move, then
+        goes the way any SSH launch goes."""
         try:
             run = self.store.get_run(placement.run_id)
         except NotFound:
@@ -212,10 +245,11 @@ class Scheduling(Lifecycle):
         attempt = run.current
         if attempt.id != placement.attempt_id or attempt.handle is not None:
             return
-        _, host, _ = placement.nodes[0]
-        request = self._request_for(run, attempt)
-        request = request.model_copy(update={"placement": Placement_(kind="ssh"), "target": host})
-        if not self.store.overflow_attempt(attempt.id, request.backend_key, host):
+        _, host, gpus = placement.nodes[0]
+        claim = (launcher_id(), now() + timedelta(seconds=LEASE_S))
+        if not self.store.overflow_attempt(
+            attempt.id, request.backend_key, host, list(gpus), claim
+        ):
             return  # placed, launched or claimed meanwhile
         self._launch(run, self.store.get_attempt(attempt.id), request)
 

@@ -201,6 +201,33 @@ def test_a_pending_job_is_provisioning_with_slurms_reason(
     assert orbit_json(env, "status", run["id"])["state"] == "succeeded"
 
 
+def test_a_pending_jobs_message_follows_slurms_reason_while_it_waits(
+    env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    add_cluster(env, slurm, tmp_path)
+    blocker = slurm.sbatch(f"--gres=gpu:{GPU_TYPE}:2", "--wrap", "sleep 600")
+    slurm.wait("the blocker to run", lambda: slurm.job_state(blocker) == "RUNNING")
+    run = orbit_json(env, "submit", str(spec(tmp_path, "true", resources={"gpu_count": 1})))
+    job = job_id(run)
+
+    def message_with(reason: str) -> str | None:
+        shown: dict[str, Any] = orbit_json(env, "status", run["id"])
+        attempt = shown["attempts"][0]
+        assert attempt["state"] in ("submitted", "provisioning"), attempt
+        text = attempt["message"] or ""
+        return text if f"pending in Slurm as job {job} ({reason})" in text else None
+
+    eventually(lambda: message_with("Resources"), timeout=60, every=0.5)
+    slurm.run("scontrol", "hold", job)  # an admin holds it: Slurm's reason changes
+    eventually(lambda: message_with("JobHeldAdmin"), timeout=60, every=0.5)
+    assert "JobHeldAdmin" in orbit(env, "status", run["id"]).stdout
+    slurm.run("scontrol", "release", job)
+    eventually(lambda: message_with("Resources"), timeout=60, every=0.5)
+    slurm.run("scancel", blocker)
+    orbit(env, "logs", run["id"], "--follow", timeout=120)
+    assert orbit_json(env, "status", run["id"])["state"] == "succeeded"
+
+
 def test_cancel_stops_the_job_gracefully_and_nothing_stays_in_the_queue(
     env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
 ) -> None:

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from orbit.store.sql import Row
 
 READ_CHUNK = 1 << 20
+# a gang's ending is said by the rank that failed for one of these, before one whose task failed
+INFRA_REASONS = frozenset(
+    {FailureReason.NODE_LOST, FailureReason.LAUNCH_FAILED, FailureReason.STAGING_FAILED}
+)
 COLLECT_WAIT_S = 600.0
 
 # Called with a node id whenever a command is queued for it: the server's long-polls wake at
@@ -59,6 +63,7 @@ class NodeDirectory(Protocol):
         actor: str,
     ) -> tuple[int, str] | None: ...
     def attempt_placement(self, attempt_id: str) -> Row | None: ...
+    def gang_members(self, attempt_id: str) -> list[Row]: ...
     def enqueue_command(
         self, node_id: str, body: dict[str, Any], attempt_id: str | None = None
     ) -> str: ...
@@ -272,12 +277,21 @@ class AgentPoolBackend:
             name = self.nodes.get_node(row["node_id"]).name
         except OrbitError:
             name = row["node_id"]
+        data: dict[str, Any] = {"node_id": row["node_id"], "fence": row["fence"]}
+        members = self.nodes.gang_members(attempt.attempt_id)
+        if members:  # a gang: its other ranks, as its launch recorded them
+            data["gang"] = [
+                {"rank": 0, "attempt": attempt.attempt_id, "node_id": row["node_id"], "node": name}
+            ] + [
+                {"rank": m["rank"], "attempt": m["id"], "node_id": m["node_id"], "node": m["name"]}
+                for m in members
+            ]
         return RunHandle(
             backend_key=self.key,
             target=name,
             attempt_id=attempt.attempt_id,
             location=str(self.artifacts_dir / attempt.attempt_id),
-            data={"node_id": row["node_id"], "fence": row["fence"]},
+            data=data,
         )
 
     # --- looking ---------------------------------------------------------------------------
@@ -289,19 +303,37 @@ class AgentPoolBackend:
         members = _members(handle, self.artifacts_dir)
         if not members:
             return first
+        ranks = [handle, *members]
         statuses = [first] + [self._status(m) for m in members]
-        for rank, status in enumerate(statuses):
-            if status.state.terminal and status.state is not RunState.SUCCEEDED:
-                node = (members[rank - 1] if rank else handle).target
-                why = f"rank {rank} (node '{node}'): {status.message or status.state.value}"
-                return status.model_copy(update={"message": why})
+        failed = [
+            (rank, status)
+            for rank, status in enumerate(statuses)
+            if status.state.terminal and status.state is not RunState.SUCCEEDED
+        ]
+        if failed:
+            # a rank whose peer's node went silent fails on its own first (its collective
+            # breaks): wait until that node is back or lost, and say the node's loss rather
+            # than the task's exit, which retries would otherwise not cover
+            if any(
+                not s.state.terminal and self._silent(r)
+                for r, s in zip(ranks, statuses, strict=True)
+            ):
+                return _going_on(first)
+            rank, status = min(failed, key=lambda f: (f[1].reason not in INFRA_REASONS, f[0]))
+            node = ranks[rank].target
+            why = f"rank {rank} (node '{node}'): {status.message or status.state.value}"
+            return status.model_copy(update={"message": why})
         if all(s.state is RunState.SUCCEEDED for s in statuses):
             return first
-        if first.state.terminal:  # rank 0 is done: the gang runs until the others are
-            return first.model_copy(
-                update={"state": RunState.RUNNING, "finished_at": None, "exit_code": None}
-            )
-        return first
+        return _going_on(first)  # rank 0 may be done: the gang runs until the others are
+
+    def _silent(self, handle: RunHandle) -> bool:
+        """Whether the rank's node has stopped answering (offline, not yet given up on)."""
+        try:
+            node = self.nodes.get_node(str(handle.data.get("node_id", "")))
+        except OrbitError:
+            return False
+        return not node.online(datetime.now(UTC), self.offline_after_s)
 
     def _status(self, handle: RunHandle) -> RunStatus:
         folder = Path(handle.location)
@@ -387,8 +419,15 @@ class AgentPoolBackend:
         for rank, member in enumerate(_members(handle, self.artifacts_dir), start=1):
             # a gang's other ranks: each under nodes/RANK/, as each node wrote them
             where = Path(member.location)
-            if not read_agent_state(where).get("complete"):
-                self._ask_for_everything(member, where)
+            try:
+                if not read_agent_state(where).get("complete"):
+                    self._ask_for_everything(member, where)
+            except (OrbitError, LaunchError) as exc:  # its node is away: what is here, said
+                got = got.model_copy(
+                    update={"verified": False, "problems": (*got.problems, f"rank {rank}: {exc}")}
+                )
+            if not (where / "artifacts").is_dir():
+                continue
             more = copy_artifacts(where / "artifacts", dest / "nodes" / str(rank), skip=is_scratch)
             got = got.model_copy(
                 update={
@@ -427,6 +466,15 @@ class AgentPoolBackend:
         from orbit.core.errors import Unreachable
 
         raise Unreachable(f"node '{handle.target}' did not upload within {COLLECT_WAIT_S:.0f}s")
+
+
+def _going_on(status: RunStatus) -> RunStatus:
+    """A gang's status while a rank still runs: rank 0's, or running if rank 0 has ended."""
+    if not status.state.terminal:
+        return status
+    return status.model_copy(
+        update={"state": RunState.RUNNING, "finished_at": None, "exit_code": None}
+    )
 
 
 def master_port(attempt_id: str) -> int:

@@ -34,9 +34,13 @@ class AttemptContext:
     services: dict[str, str] | None = None
     # one node of a gang (num_nodes > 1): rank, num_nodes, master_addr, master_port
     gang: dict[str, Any] | None = None
+    # the GPUs the scheduler gave it on an SSH host it overflowed to (an agent sets its own)
+    gpus: tuple[int, ...] | None = None
 
     def env(self) -> dict[str, str]:
         env = {"ORBIT_RUN_ID": self.run_id, "ORBIT_ATTEMPT_ID": self.attempt_id}
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = env["ORBIT_GPUS"] = ",".join(map(str, self.gpus))
         if self.gang:
             env["ORBIT_NODE_RANK"] = str(self.gang["rank"])
             env["ORBIT_NUM_NODES"] = str(self.gang["num_nodes"])
