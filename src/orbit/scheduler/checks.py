@@ -265,23 +265,37 @@ def fits_now(
 
 def busy_reason(
     ask: Ask, req: Request, node: NodeView, use: Use, usable: tuple[int, ...]
-) -> Reason | None:
-    """check_free's reason alone (None: it fits), in the same order, without the figures: the
-    scheduler counts reasons over every node for a run that waits, and needs the figures only
-    of the few nodes a decision describes in full."""
+) -> str | None:
+    """check_free's reason alone, as its value (None: it fits), in the same order, without the
+    figures: the scheduler counts reasons over every node for a run that waits, and needs the
+    figures only of the few nodes a decision describes in full. The values are module
+    constants: a member's lookup on its enum class is a Python call (3.11), once per node."""
     if use.reserved_for is not None and use.reserved_for != req.run_id:
-        return Reason.RESERVED
+        return _RESERVED
     if use.tasks >= node.max_tasks:
-        return Reason.SLOTS
-    if ask.gpu.count and free_gpus(ask, use, usable) is None:
-        return Reason.GPUS_BUSY
+        return _SLOTS
+    count = ask.gpu.count
+    # fewer GPUs free than it asks for whole: free_gpus's own quick "no", without the call
+    if count and (
+        (not ask.gpu_share_gb and use.size - use.taken < count)
+        or free_gpus(ask, use, usable) is None
+    ):
+        return _GPUS_BUSY
     if node.cpus and use.cpus + ask.cpus > node.cpus:
-        return Reason.CPUS_BUSY
+        return _CPUS_BUSY
     if node.memory_gb and use.memory_gb + ask.memory_gb > node.memory_gb:
-        return Reason.MEMORY_BUSY
+        return _MEMORY_BUSY
     if ask.disk_gb and node.disk_free_gb < ask.disk_gb:
-        return Reason.DISK
+        return _DISK
     return None
+
+
+_RESERVED, _SLOTS, _GPUS_BUSY = Reason.RESERVED.value, Reason.SLOTS.value, Reason.GPUS_BUSY.value
+_CPUS_BUSY, _MEMORY_BUSY, _DISK = (
+    Reason.CPUS_BUSY.value,
+    Reason.MEMORY_BUSY.value,
+    Reason.DISK.value,
+)
 
 
 def check_free(
@@ -332,25 +346,25 @@ def check_free(
 # --- scorers: 0 (worst) .. 1 (best) ------------------------------------------------------------
 
 
-def _fullness(ask: Ask, node: NodeView, use: Use) -> float:
-    """How full the node is once the ask is placed there, by what the ask uses most of."""
-    if ask.gpu.count and node.gpus:
-        return min(1.0, (use.taken + ask.gpu.count) / len(node.gpus))
-    if node.cpus and ask.cpus:
-        return min(1.0, (use.cpus + ask.cpus) / node.cpus)
-    return min(1.0, (use.tasks + 1) / max(node.max_tasks, 1))
-
-
 def score_binpack(ask: Ask, req: Request, node: NodeView, use: Use) -> float:
-    return _fullness(ask, node, use)
+    """How full the node is once the ask is placed there, by what the ask uses most of (at
+    most 1: `x if x < 1.0 else 1.0` is min(1.0, x), without the call, as every node a
+    placement scores is scored here)."""
+    if ask.gpu.count and node.gpus:
+        full = (use.taken + ask.gpu.count) / len(node.gpus)
+    elif node.cpus and ask.cpus:
+        full = (use.cpus + ask.cpus) / node.cpus
+    else:
+        full = (use.tasks + 1) / max(node.max_tasks, 1)
+    return full if full < 1.0 else 1.0
 
 
 def score_spread(ask: Ask, req: Request, node: NodeView, use: Use) -> float:
-    return 1.0 - _fullness(ask, node, use)
+    return 1.0 - score_binpack(ask, req, node, use)
 
 
 def score_cached(ask: Ask, req: Request, node: NodeView, use: Use) -> float:
-    return 1.0 if any(key in node.cached for key in req.cache_keys) else 0.0
+    return 0.0 if node.cached.isdisjoint(req.cache_keys) else 1.0
 
 
 Scorer = Callable[[Ask, Request, NodeView, Use], float]

@@ -10,9 +10,13 @@ from typing import Any
 from orbit.scheduler.model import Ask, Gpu, NodeView, Request, Running, Snapshot
 from orbit.scheduler.resources import GpuAsk
 
+# json.dumps with these arguments makes a new encoder on every call; one, made once, writes
+# the same bytes (a pass writes thousands of decisions)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
 
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return _CANONICAL.encode(value).encode()
 
 
 def ask_out(ask: Ask) -> dict[str, Any]:

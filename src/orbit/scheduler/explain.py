@@ -29,6 +29,9 @@ _WORDS: dict[str, str] = {
 }
 
 
+_ORDER = {reason: n for n, reason in enumerate(_WORDS)}  # where each comes in _WORDS
+
+
 def _num(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -78,9 +81,7 @@ def alternative_line(alt: dict[str, Any], total: int) -> str:
             first[reason] = {**first[reason], "capacity": " or ".join(map(_num, shown))}
     parts = []
     counts = alt.get("counts", {})
-    for reason in sorted(
-        counts, key=lambda r: (-counts[r], list(_WORDS).index(r) if r in _WORDS else 99)
-    ):
+    for reason in sorted(counts, key=lambda r: (-counts[r], _ORDER.get(r, 99))):
         words = f"{counts[reason]} {_WORDS.get(reason, reason)}"
         said = figures(first[reason]) if reason in first else ""
         if said and reason == "offline":

@@ -9,18 +9,20 @@ that has waited past `reserve_after_s` reserves the node it needs, so that a str
 runs cannot starve it either.
 
 Cost: each distinct ask (its alternative, selector and target) is filtered against every node
-once per pass; after that a placement looks at the few nodes past a cursor that skips nodes
-full for that ask (usage only grows within a pass), and scores `score_nodes` feasible ones,
-as the Kubernetes scheduler and Nomad do rather than scoring every node. What depends on the
-ask alone (which nodes could serve it, which are full for it, why each cannot take it now) is
-worked out once per ask and shared by its shapes: a queue has many selectors over few asks."""
+once per pass; after that a placement looks at the first few nodes of a list from which those
+found full for that ask are dropped (usage only grows within a pass), and scores
+`score_nodes` feasible ones, as the Kubernetes scheduler and Nomad do rather than scoring
+every node. What depends on the ask alone (which nodes could serve it, which are full for it,
+what room each has, why each cannot take it now) is worked out once per ask and shared by its
+shapes: a queue has many selectors over few asks; and kept until the node it is about
+changes: a placement changes one node or a few."""
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field, replace
-from itertools import islice
+from dataclasses import dataclass, field
+from itertools import compress, islice, takewhile
 from typing import Any
 
 from orbit.scheduler.checks import (
@@ -41,7 +43,6 @@ from orbit.scheduler.checks import (
 )
 from orbit.scheduler.model import Ask, NodeView, Request, Running, SchedConfig, Snapshot
 
-COMPACT_AFTER = 64  # drop nodes that no longer fit an ask from its list once this many
 FITS = "fits"  # a node's reason where it has none: it can take the ask now
 BUSY_REASONS = frozenset(r.value for r in Reason if r.kind == BUSY)  # "busy"-kind reasons
 
@@ -76,18 +77,27 @@ class _AskView:
     every shape of it: per signature why its nodes can never serve it (or the GPUs they could
     give); the nodes that could, best first; those found full for it for good (full for any
     run: usage only grows in a pass, and a hold for a run only adds a reason); and, once a
-    run of it waits, why each of those nodes cannot take it now, as of `epoch`."""
+    run of it waits, why each of those nodes cannot take it now, as of `epoch`. What it keeps
+    of one node (its room, its verdict) is marked with the node's changed_at, and made again
+    once the node has changed since."""
 
-    __slots__ = ("epoch", "fits", "full", "per_sig", "reasons")
+    __slots__ = ("epoch", "fits", "full", "per_sig", "reasons", "room", "text", "verdicts")
 
     def __init__(
-        self, per_sig: list[tuple[Verdict | None, tuple[int, ...]]], fits: list[int]
+        self, ask: Ask, per_sig: list[tuple[str | None, tuple[int, ...]]], fits: list[int]
     ) -> None:
+        self.text = ask.text()  # as records write it
         self.per_sig = per_sig
         self.fits = fits
         self.full: set[int] = set()
+        # node -> (its changed_at, the GPUs it gives the ask then), for nodes found to fit:
+        # each look goes over much the same first few nodes, and a placement changes only
+        # the one (or the few) it takes. True for any run the node is not held for
+        self.room: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.reasons: dict[int, str] | None = None  # node of `fits` -> its reason, or FITS
         self.epoch = -1
+        # node -> (its changed_at, check_free's verdict then): see Pass._busy
+        self.verdicts: dict[int, tuple[int, Verdict | None]] = {}
 
 
 class _Shape:
@@ -100,29 +110,28 @@ class _Shape:
         "candidates",
         "counts",
         "dead",
-        "dead_in_live",
         "estimate",
         "live",
         "member",
         "record",
         "samples",
-        "start",
         "static",
+        "view",
         "wait",
         "wait_epoch",
     )
 
-    def __init__(self, candidates: list[int]) -> None:
+    def __init__(self, view: _AskView, candidates: list[int]) -> None:
+        self.view = view  # its ask's, kept here: an Ask is hashed field by field to look up
         self.candidates = candidates  # every node that could ever serve it, best first
-        self.live = list(candidates)  # those not yet found full in this pass
+        # those this shape has not found full yet: a look takes a node found full out of it,
+        # so no later look walks past it again (the fullest nodes come first under binpack,
+        # and fill first)
+        self.live = list(candidates)
         self.member = set(candidates)
-        # found full by this shape: skipped without being counted as looked at (`considered`
-        # in a decision counts the others, so this stays per shape, not per ask)
+        # found full by this shape: not looked at again, nor counted as looked at
+        # (`considered` in a decision counts the others, so this stays per shape, not per ask)
         self.dead: set[int] = set()
-        self.dead_in_live = 0  # of those, how many `live` still lists
-        # where in `live` a look starts: every node before it is dead. The fullest nodes come
-        # first (binpack) and fill first, so without it every look would walk past them again
-        self.start = 0
         self.static: Counter[str] | None = None  # the other nodes' reasons, made when asked
         self.samples: list[Verdict] = []
         self.wait: dict[int, str] | None = None  # node -> its reason (FITS) at wait_epoch
@@ -163,6 +172,7 @@ class Pass:
         self.total_cpus = sum(n.cpus for n in self.nodes) or 1.0
         self.taken_victims: set[str] = set()
         self.stopping_for: dict[str, tuple[int, list[Running]]] = {}
+        self.held: set[int] = set()  # the nodes held for a run (their Use's reserved_for)
         for i, node in enumerate(self.nodes):
             for key in node.cached:
                 self.cache_index[key].append(i)
@@ -176,6 +186,7 @@ class Pass:
         # a node whose work is being stopped for a run is held for that run
         for run_id, (i, _) in sorted(self.stopping_for.items()):
             self.uses[i].reserved_for = run_id
+            self.held.add(i)
         # nodes alike in everything the checks of one node alone look at share a signature:
         # those checks run once per signature and ask, not once per node and ask
         self.sig_of: list[int] = []
@@ -201,7 +212,13 @@ class Pass:
         )
         self.changed_at = [0] * len(self.nodes)  # epoch (len(changes)) of each node's last
         self.by_ask: dict[Ask, _AskView] = {}
+        self.by_gpus: dict[tuple[Any, float], list[tuple[str | None, tuple[int, ...]]]] = {}
+        self.order_sigs = [self.sig_of[i] for i in self.order]  # each node's of `order`
         self.by_selector: dict[tuple[tuple[str, str], ...], set[int]] = {}
+        # key -> value -> nodes: made when a selector first asks, so that each selector is not
+        # checked against every node
+        self.by_label: dict[str, dict[str, set[int]]] | None = None
+        self.by_target: dict[str, set[int]] = {}  # a target -> the nodes it names
         self.version = config.version()
         self.sig_sizes: Counter[int] = Counter(self.sig_of)
         self.sig_by_selector: dict[tuple[tuple[str, str], ...], Counter[int]] = {}
@@ -262,9 +279,33 @@ class Pass:
         could give); and the nodes that could, best first."""
         found = self.by_ask.get(ask)
         if found is None:
-            per_sig = [self._static(ask, self.nodes[rep]) for rep in self.sig_rep]
-            fits = [i for i in self.order if per_sig[self.sig_of[i]][0] is None]
-            found = self.by_ask[ask] = _AskView(per_sig, fits)
+            # _static per signature, its GPU checks shared by the asks that differ only in
+            # CPUs and memory (a queue's asks mostly do)
+            per_sig = [
+                gpus
+                if (verdict := check_totals(ask, self.nodes[rep])) is None
+                else _why_not(verdict)
+                for rep, gpus in zip(self.sig_rep, self._gpus_per_sig(ask), strict=True)
+            ]
+            fits_sig = [reason is None for reason, _ in per_sig]
+            fits = list(compress(self.order, map(fits_sig.__getitem__, self.order_sigs)))
+            found = self.by_ask[ask] = _AskView(ask, per_sig, fits)
+        return found
+
+    def _gpus_per_sig(self, ask: Ask) -> list[tuple[str | None, tuple[int, ...]]]:
+        """_static's answer per signature where the node has the CPUs and memory: what the
+        ask's GPUs (and nothing else of it) make of each."""
+        key = (ask.gpu, ask.gpu_share_gb)
+        found = self.by_gpus.get(key)
+        if found is None:
+            found = self.by_gpus[key] = []
+            for rep in self.sig_rep:
+                node = self.nodes[rep]
+                verdict, usable = check_gpus(ask, node)
+                verdict = verdict or node_condition(node)
+                if verdict is None:
+                    verdict, usable = check_health(ask, node, usable)
+                found.append((None, usable) if verdict is None else _why_not(verdict))
         return found
 
     @staticmethod
@@ -282,11 +323,34 @@ class Pass:
         return self._ask(ask).per_sig[self.sig_of[i]][1]
 
     def _selected(self, selector: tuple[tuple[str, str], ...]) -> set[int]:
+        """The nodes check_selector lets through: those whose label (the first of its key, as
+        NodeView.label reads it) is the one wanted, or any value for `*`, for every pair."""
         nodes = self.by_selector.get(selector)
         if nodes is None:
-            probe = replace(_NOBODY, selector=selector)
-            nodes = {i for i, n in enumerate(self.nodes) if check_selector(probe, n) is None}
+            if self.by_label is None:
+                self.by_label = {}
+                for i, node in enumerate(self.nodes):
+                    first: set[str] = set()
+                    for key, value in node.labels:
+                        if key not in first:
+                            first.add(key)
+                            self.by_label.setdefault(key, {}).setdefault(value, set()).add(i)
+            nodes = set(range(len(self.nodes)))
+            for key, want in selector:
+                values: dict[str, set[int]] = self.by_label.get(key, {})
+                if want == "*":
+                    nodes &= set().union(*values.values())
+                else:
+                    nodes &= values.get(want, set())
             self.by_selector[selector] = nodes
+        return nodes
+
+    def _targeted(self, target: str) -> set[int]:
+        """The nodes check_target lets through: named `target`, or of that id."""
+        nodes = self.by_target.get(target)
+        if nodes is None:
+            nodes = {i for i, n in enumerate(self.nodes) if target in (n.name, n.id)}
+            self.by_target[target] = nodes
         return nodes
 
     def shape(self, ask: Ask, req: Request) -> _Shape:
@@ -296,18 +360,17 @@ class Pass:
         shape = self.shapes.get(key)
         if shape is not None:
             return shape
-        candidates = self._ask(ask).fits
+        view = self._ask(ask)
+        candidates = view.fits
         if req.target:
-            target = req.target
-            candidates = [i for i in candidates if target in (self.nodes[i].name, self.nodes[i].id)]
+            candidates = list(filter(self._targeted(req.target).__contains__, candidates))
         if req.selector:
-            chosen = self._selected(req.selector)
-            candidates = [i for i in candidates if i in chosen]
+            candidates = list(filter(self._selected(req.selector).__contains__, candidates))
         if self.filters:
             candidates = [
                 i for i in candidates if self._plugin_filters(ask, req, self.nodes[i]) is None
             ]
-        shape = self.shapes[key] = _Shape(candidates)
+        shape = self.shapes[key] = _Shape(view, candidates)
         return shape
 
     def _never(self, shape: _Shape, ask: Ask, req: Request) -> Counter[str]:
@@ -321,7 +384,7 @@ class Pass:
         static: Counter[str] = Counter()
         chosen = self._selected(req.selector) if req.selector else None
         if req.target:
-            hits = [i for i, n in enumerate(self.nodes) if req.target in (n.name, n.id)]
+            hits = sorted(self._targeted(req.target))
             static[Reason.TARGET.value] = len(self.nodes) - len(hits)
             inside: Counter[int] = Counter(
                 self.sig_of[i] for i in hits if chosen is None or i in chosen
@@ -334,9 +397,9 @@ class Pass:
         else:
             inside = self.sig_sizes
         for sig, n in inside.items():
-            verdict = per_sig[sig][0]
-            if verdict is not None and n:
-                static[verdict.reason.value] += n
+            reason = per_sig[sig][0]
+            if reason is not None and n:
+                static[reason] += n
         static = Counter({r: n for r, n in static.items() if n > 0})
         for i, node in enumerate(self.nodes):  # the first few, in full: their own figures
             if len(shape.samples) >= self.config.top_nodes:
@@ -417,7 +480,7 @@ class Pass:
                 plan.placements.append(placement)
                 chosen = {
                     "alternative": n,
-                    "ask": ask.text(),
+                    "ask": shape.view.text,
                     "considered": considered,
                     "nodes": [{"node": name, "gpus": list(g)} for _, name, g in nodes],
                 }
@@ -439,34 +502,45 @@ class Pass:
         many nodes were looked at."""
         want = max(self.config.score_nodes, count)
         window: list[tuple[int, tuple[int, ...]]] = []
-        seen: set[int] = set()
         looked = 0
-        view = self._ask(ask)
-        usable, full = view.per_sig, view.full
+        view = shape.view
+        usable, full, room = view.per_sig, view.full, view.room
         sig_of, nodes, uses, dead = self.sig_of, self.nodes, self.uses, shape.dead
+        changed_at = self.changed_at
         run_id = req.run_id
-        start = shape.start
-        front = True  # every node before this one is dead for the shape
-        for i in islice(shape.live, start, None):
+        live = shape.live
+        # most looks start with nodes that other shapes of the ask found full since this one
+        # last looked (the fullest come first under binpack, and fill first): where none of
+        # them is held for a run, they are counted as looked at and leave the list in one go,
+        # as the loop below would one by one
+        ahead = len(list(takewhile(full.__contains__, live))) if want else 0
+        if ahead and self.held.isdisjoint(islice(live, ahead)):
+            looked = ahead
+            dead.update(islice(live, ahead))
+            del live[:ahead]
+        whole = 0 if ask.gpu_share_gb else ask.gpu.count  # whole GPUs it asks for
+        kept: list[int] = []  # the nodes the loop looked at that stay in `live`, in its order
+        n = 0  # how many it looked at
+        for i in live:
             if len(window) >= want:
                 break
-            if i in dead:
-                if front:
-                    start += 1
-                continue
-            looked += 1
+            n += 1
             use = uses[i]
             held = use.reserved_for
-            if i in full or (held is not None and held != run_id):
-                # found full for the ask (by any shape of it), or held for another run: no
-                # room, the answer fits_now would give, without walking the node's GPUs
+            if i in full or (held is not None and held != run_id) or use.size - use.taken < whole:
+                # found full for the ask (by any shape of it), held for another run, or fewer
+                # GPUs free than it asks for: no room, the answer fits_now would give,
+                # without calling it
                 gpus = None
+            elif (had := room.get(i)) is not None and had[0] == changed_at[i]:
+                gpus = had[1]  # it fit and has not changed since (not held for another run)
             else:
                 gpus = fits_now(ask, req, nodes[i], use, usable[sig_of[i]][1])
+                if gpus is not None:
+                    room[i] = (changed_at[i], gpus)
             if gpus is not None:
                 window.append((i, gpus))
-                seen.add(i)
-                front = False
+                kept.append(i)
             elif held is None or use.tasks >= nodes[i].max_tasks:
                 # not held for a run (that is not for every run): full, and nothing frees up
                 # within a pass, so full for good, for every shape of the ask; why is made if
@@ -474,17 +548,13 @@ class Pass:
                 # each look, as it always was
                 full.add(i)
                 dead.add(i)
-                shape.dead_in_live += 1
-                if front:
-                    start += 1
             else:
-                front = False
-        shape.start = start
-        if shape.dead_in_live > COMPACT_AFTER and shape.dead_in_live * 4 > len(shape.live):
-            shape.live = [i for i in shape.live if i not in dead]
-            shape.dead_in_live = 0
-            shape.start = 0
+                kept.append(i)
+        looked += n
+        if len(kept) < n:
+            live[:n] = kept  # what this look found full leaves the list
         if self.weights.get("cached") and req.cache_keys:
+            seen = {i for i, _ in window}
             for key in req.cache_keys:
                 for i in self.cache_index.get(key, ()):
                     if i in seen or i not in shape.member or i in dead:
@@ -498,15 +568,15 @@ class Pass:
                         seen.add(i)
         if len(window) < count:
             return None, looked
-        rank = {i: r for r, (i, _) in enumerate(window)}
-        scored = sorted(window, key=lambda w: (-self._score(ask, req, w[0]), rank[w[0]]))
-        return scored[:count], looked
-
-    def _score(self, ask: Ask, req: Request, i: int) -> float:
-        node, use = self.nodes[i], self.uses[i]
-        # sum() as before: the same additions in the same order, so the same float
-        total = sum(w * scorer(ask, req, node, use) for scorer, w in self.scoring)
-        return round(float(total), 9)
+        # the best scores first; among equal scores, the window's order (r: its place there)
+        scoring, best = self.scoring, []
+        for r, (i, _) in enumerate(window):
+            node, use = nodes[i], uses[i]
+            # sum() of the weighted scores in the weights' order: the same float every time
+            total = sum([w * scorer(ask, req, node, use) for scorer, w in scoring])
+            best.append((-round(float(total), 9), r))
+        best.sort()
+        return [window[r] for _, r in best[:count]], looked
 
     def _take(self, i: int, ask: Ask, req: Request, gpus: tuple[int, ...]) -> None:
         use = self.uses[i]
@@ -533,16 +603,21 @@ class Pass:
         was made (and once for all shapes of the ask); the record is made again only where
         one did; the figures are made only for the nodes the record describes in full."""
         epoch = len(self.changes)
-        now = self._reasons(self._ask(ask), ask)
+        now = self._reasons(shape.view, ask)
         if shape.wait is None:
             shape.wait = {i: now[i] for i in shape.candidates}
             shape.counts = Counter(shape.wait.values())
         elif shape.wait_epoch != epoch:
             wait, counts = shape.wait, shape.counts
-            for i in self._changed_since(shape.wait_epoch, shape.candidates, shape.member):
+            changed = self._changed_since(shape.wait_epoch, shape.candidates, shape.member)
+            for i in changed:
                 counts[wait[i]] -= 1
                 wait[i] = reason = now[i]
                 counts[reason] += 1
+            if not changed:
+                # none of its nodes changed (others did): the record it has is still right,
+                # as all in it comes from its own nodes
+                shape.wait_epoch = epoch
         if shape.record is not None and shape.wait_epoch == epoch:
             return dict(shape.record)
         shape.wait_epoch = epoch
@@ -553,12 +628,12 @@ class Pass:
             if len(top) >= self.config.top_nodes:
                 break
             if shape.wait[i] != FITS:
-                verdict = self._busy(ask, i)  # the node is as `wait` saw it: the same verdict
+                verdict = self._busy(shape.view, ask, i)  # as `wait` saw it: the same verdict
                 if verdict is not None:
                     top.append(verdict)
         top += shape.samples[: self.config.top_nodes - len(top)]
         out: dict[str, Any] = {
-            "ask": ask.text(),
+            "ask": shape.view.text,
             "counts": dict(sorted(counts.items())),
             "nodes": [v.record() for v in top],
         }
@@ -587,8 +662,7 @@ class Pass:
             self.uses,
         )
         for i in todo:
-            reason = busy_reason(ask, _NOBODY, nodes[i], uses[i], per_sig[sig_of[i]][1])
-            reasons[i] = FITS if reason is None else reason.value
+            reasons[i] = busy_reason(ask, _NOBODY, nodes[i], uses[i], per_sig[sig_of[i]][1]) or FITS
         view.epoch = epoch
         return reasons
 
@@ -602,10 +676,17 @@ class Pass:
         changed_at = self.changed_at
         return [i for i in nodes if changed_at[i] > epoch]
 
-    def _busy(self, ask: Ask, i: int) -> Verdict | None:
-        """_now's verdict in full, with its figures: for the few nodes a record describes."""
-        usable = self._usable(ask, i)
-        return check_free(ask, _NOBODY, self.nodes[i], self.uses[i], usable)[0]
+    def _busy(self, view: _AskView, ask: Ask, i: int) -> Verdict | None:
+        """_reasons' verdict in full, with its figures: for the few nodes a record describes.
+        Those are much the same nodes from one waiting run to the next: a verdict is kept
+        per ask until its node changes."""
+        at = self.changed_at[i]
+        kept = view.verdicts.get(i)
+        if kept is None or kept[0] != at:
+            usable = view.per_sig[self.sig_of[i]][1]
+            verdict = check_free(ask, _NOBODY, self.nodes[i], self.uses[i], usable)[0]
+            kept = view.verdicts[i] = (at, verdict)
+        return kept[1]
 
     def _estimate(self, req: Request) -> float | None:
         """When the run could start, as Slurm's backfill guesses it: the soonest that every
@@ -639,13 +720,14 @@ class Pass:
             return None
         ask = req.alternatives[0]
         shape = self.shape(ask, req)
-        now = self._reasons(self._ask(ask), ask)
+        now = self._reasons(shape.view, ask)
         for i in shape.candidates:
             use = self.uses[i]
             if use.reserved_for is not None:
                 continue
             if now[i] in BUSY_REASONS:
                 use.reserved_for = req.run_id
+                self.held.add(i)
                 self._changed(i)
                 return self.nodes[i].name
         return None
@@ -676,6 +758,7 @@ class Pass:
             i, victims = best
             node = self.nodes[i]
             self.uses[i].reserved_for = req.run_id
+            self.held.add(i)
             self.taken_victims.update(v.attempt_id for v in victims)
             plan.preemptions.append(Preemption(req.run_id, node.id, node.name, tuple(victims)))
             record["outcome"] = "preempting"
@@ -752,6 +835,13 @@ class Pass:
 
 
 _NOBODY = Request(run_id="", attempt_id="", alternatives=(), submitted_at=0.0)
+
+
+def _why_not(verdict: Verdict) -> tuple[str, tuple[int, ...]]:
+    """A signature's verdict as a pass keeps it: its reason alone (the figures are made again
+    for the few nodes a record describes). Thousands of these live through a pass: plain
+    strings, unlike Verdicts, are not walked by each of its garbage collections."""
+    return verdict.reason.value, ()
 
 
 def _fewest(
