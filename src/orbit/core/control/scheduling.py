@@ -41,7 +41,7 @@ from orbit.scheduler.inputs import (
     snapshot_of,
 )
 from orbit.scheduler.model import NodeView, Quota, Request, SchedConfig
-from orbit.scheduler.plan import Placement, Plan, Preemption, schedule
+from orbit.scheduler.plan import Placement, Plan, Preemption, collector_paused, schedule
 from orbit.store.base import new_id
 from orbit.store.scheduling import DecisionRow, unpack
 from orbit.store.sql import read_json
@@ -152,8 +152,9 @@ class Scheduling(Lifecycle):
         etas = self._etas(rows.placed, at)
         snapshot = snapshot_of(rows.nodes, rows.placed, at, config, self.node_offline_s, etas)
         queue = [request_of(row, config) for row in rows.pending]
-        plan = schedule(snapshot, queue, config, *site_checks(config))
-        self._keep(plan, at, config, dumps(pass_out(snapshot, queue)))
+        with collector_paused():  # the pass, and its records made and kept
+            plan = schedule(snapshot, queue, config, *site_checks(config))
+            self._keep(plan, at, config, dumps(pass_out(snapshot, queue)))
         for preemption in plan.preemptions:
             self._preempt(preemption, at)
         for placement in plan.placements:
