@@ -252,7 +252,15 @@ class Scheduling(Lifecycle):
             attempt.id, request.backend_key, host, list(gpus), claim
         ):
             return  # placed, launched or claimed meanwhile
-        self._launch(run, self.store.get_attempt(attempt.id), request)
+        claimed = self.store.get_attempt(attempt.id)
+        if self.schedule_hook is None:
+            self._launch(run, claimed, request)
+            return
+        # in the server, beside the loop: staging to a rented host (an rsync of the bundle)
+        # must not hold up the next pass's placements in the pool
+        threading.Thread(
+            target=self._launch, args=(run, claimed, request), name="overflow-launch", daemon=True
+        ).start()
 
     def _etas(self, placed: list[dict[str, Any]], at: datetime) -> dict[str, float]:
         """When each running attempt will likely end by its progress (its logging.jsonl), for
