@@ -118,16 +118,18 @@ def _epoch(value: datetime | None) -> float:
     return value.timestamp() if value is not None else 0.0
 
 
-def _no_node_has(selector: tuple[tuple[str, str], ...], views: tuple[NodeView, ...]) -> str:
+def _no_node_has(
+    selector: tuple[tuple[str, str], ...], views: tuple[NodeView, ...], service_field: str
+) -> str:
     """The refusal of a request whose labels no node has together: a model server no node
-    advertises is named as such."""
+    advertises is named as such, by the task's field that asked for it."""
     has = {pair for v in views for pair in v.labels}
     missing = [(k, v) for k, v in selector if (k, v) not in has]
     services = [k.removeprefix(SERVICE_LABEL) for k, _ in missing if k.startswith(SERVICE_LABEL)]
     if services and len(services) == len(missing):
         names = ", ".join(services)
         return (
-            f"task.service: no registered node advertises {names} (a node does with "
+            f"{service_field}: no registered node advertises {names} (a node does with "
             f"`orbit agent --service {services[0]}=URL`)"
         )
     wanted = ", ".join(f"{k}={v}" for k, v in (missing or selector))
@@ -363,7 +365,11 @@ def _time(value: Any) -> datetime | None:
 
 
 def never_fits(
-    request: ExecutionRequest, nodes: list[NodeRecord], at: datetime, config: SchedConfig
+    request: ExecutionRequest,
+    nodes: list[NodeRecord],
+    at: datetime,
+    config: SchedConfig,
+    service_field: str = "task.service",
 ) -> str | None:
     """Why no registered node could ever hold any of the request's alternatives, whatever
     runs there, whether it is online now and whether its GPUs are healthy now (a GPU is reset,
@@ -404,7 +410,7 @@ def never_fits(
     ):
         pass
     elif probe.selector:
-        return _no_node_has(probe.selector, views)
+        return _no_node_has(probe.selector, views, service_field)
     return (
         f"{field}: no registered node could ever hold {asked}; the largest, {largest.name}, has "
         f"{has}, {largest.cpus:g} CPUs, {largest.memory_gb:g} GB RAM"

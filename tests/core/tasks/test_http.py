@@ -240,3 +240,20 @@ def test_a_service_asked_for_by_name_is_placed_on_the_node_that_advertises_it(
     refused = orbit(env, "submit", str(local), check=False)
     assert refused.returncode == 2
     assert "task.service: only agent-pool nodes advertise model servers" in refused.stderr
+    # the same for swift's GRPO asking for its rollout server by name: the refusal names the
+    # field it was asked by
+    grpo = {
+        "mode": "rlhf",
+        "rlhf_type": "grpo",
+        "model": "Qwen/Qwen2.5-0.5B",
+        "dataset": ["d"],
+        "args": {"reward_funcs": ["format"], "num_generations": 2,
+                 "per_device_train_batch_size": 2},
+        "vllm": {"mode": "server", "service": "rollout"},
+    }  # fmt: skip
+    swift = write_spec(tmp_path, "grpo.yaml", task_type="swift", template="pool", task=grpo)
+    refused = orbit(env, "submit", str(swift), check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(
+        "orbit: error: task.vllm.service: no registered node advertises rollout"
+    ), refused.stderr

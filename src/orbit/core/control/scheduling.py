@@ -96,7 +96,12 @@ class Scheduling(Lifecycle):
         site_checks(config)
         return config
 
-    def check_schedulable(self, request: ExecutionRequest, queue_anyway: bool = False) -> None:
+    def check_schedulable(
+        self,
+        request: ExecutionRequest,
+        queue_anyway: bool = False,
+        service_field: str = "task.service",
+    ) -> None:
         """Refuse at submit what the scheduler can never place: an unknown model or tier, or
         (unless `queue_anyway`) an ask no registered node could ever hold, with the largest
         node's figures."""
@@ -110,7 +115,7 @@ class Scheduling(Lifecycle):
 
         nodes = self.store.list_nodes()
         if nodes:
-            why = never_fits(request, nodes, now(), config)
+            why = never_fits(request, nodes, now(), config, service_field)
             if why is not None:
                 raise Refused(why + " (--queue-anyway queues it for nodes yet to join)")
 

@@ -258,17 +258,23 @@ class Submitting(Scheduling):
         template = self.templates.get(submission.template_id)
         request = resolve(template, submission.overrides)
         needs = self.tasks.selector(submission.task_type, submission.task_request, source)
+        service_field = self.tasks.service_field(submission.task_type)
         if needs:
             if request.placement.kind != "agent_pool":
+                instead = (
+                    "give task.url instead"
+                    if service_field == "task.service"
+                    else ("use a pool template")
+                )
                 raise InvalidInput(
-                    f"{source}: task.service: only agent-pool nodes advertise model servers "
+                    f"{source}: {service_field}: only agent-pool nodes advertise model servers "
                     f"(orbit agent --service NAME=URL), and template '{template.id}' places on "
-                    f"{request.placement.kind}: give task.url instead"
+                    f"{request.placement.kind}: {instead}"
                 )
             request = request.model_copy(update={"selector": {**request.selector, **needs}})
         self.tasks.check_resources(submission.task_type, submission.task_request, source, request)
         self.execution.backend(request.backend_key).validate(request)
-        self.check_schedulable(request, submission.queue_anyway)
+        self.check_schedulable(request, submission.queue_anyway, service_field)
         job = JobSpec(
             task_type=submission.task_type,
             template_id=template.id,

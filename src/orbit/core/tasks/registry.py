@@ -98,6 +98,11 @@ class TaskRegistry:
         if placement is not None:
             placement(self._request(plugin, raw, source), request)
 
+    def service_field(self, task_type: str) -> str:
+        """The request field that names a model server (a plugin's `service_field`), for the
+        refusals that say none is there."""
+        return str(getattr(self.plugin(task_type), "service_field", "task.service"))
+
     def validate(self, task_type: str, raw: dict[str, Any], source: str) -> None:
         """What `shape` checks that needs no files: the request against the plugin's model."""
         self._request(self.plugin(task_type), raw, source)

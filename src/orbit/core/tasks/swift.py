@@ -141,6 +141,7 @@ def _flag(value: ArgValue) -> list[str]:
 class SwiftTask:
     name: ClassVar[str] = "swift"
     request_model: ClassVar[type[BaseModel]] = SwiftRequest
+    service_field: ClassVar[str] = "task.vllm.service"  # the rollout server, by name
 
     def selector(self, request: SwiftRequest) -> dict[str, str]:
         """GRPO's rollout server asked for by name: only a node advertising it will do."""
