@@ -82,6 +82,9 @@ class ClusterFacts(Record):
     partitions: tuple[SlurmPartition, ...] = ()
     nodes: tuple[SlurmNode, ...] = ()
     work_dir: str | None = None  # absolute, on the cluster
+    # where spec.python, a name looked up on PATH, led at the check (pyenv's shim, a bash
+    # script, costs ~0.15 s a start): the jobs start the wrapper with it where it exists
+    python_path: str | None = None
 
     def partition(self, name: str | None) -> SlurmPartition | None:
         for p in self.partitions:

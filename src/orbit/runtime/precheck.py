@@ -117,7 +117,18 @@ def installed_distributions() -> dict[str, Any]:
     return {"source": "importlib.metadata", "lines": lines}
 
 
+# Where a host with NVIDIA's driver shows it (as scripts/orbit_sidecars.py): NVML needs one
+NVIDIA_DRIVER = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+
+
 def gpus() -> dict[str, Any]:
+    if not any(os.path.exists(p) for p in NVIDIA_DRIVER):  # no pynvml import (~20-40 ms)
+        return {
+            "present": False,
+            "reason": "NVML unavailable: no NVIDIA driver on this host (none of "
+            + ", ".join(NVIDIA_DRIVER)
+            + ")",
+        }
     try:
         import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
 

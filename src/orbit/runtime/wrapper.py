@@ -28,16 +28,13 @@ ran is recorded in runtime/image.json: see scripts/orbit_docker.py.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -72,14 +69,14 @@ class Wrapper:
         self.runtime = os.path.join(self.bundle, "runtime")
         self.artifacts = os.path.join(self.bundle, "artifacts")
         self.inputs = os.path.join(self.bundle, "inputs")
-        self.host = socket.gethostname()
+        self.host = os.uname().nodename  # socket.gethostname(), without importing socket
         self.child: subprocess.Popen[str] | subprocess.Popen[bytes] | None = None
         self.stop_at: float | None = None
         self.killed = False
         self.started_at: str | None = None
         self.grace = 10.0
         self.signal_reason = "cancelled"
-        self.audit: subprocess.Popen[bytes] | None = None
+        self.audit: sidecars.Forked | None = None
         self.beside: subprocess.Popen[str] | None = None  # a precheck with nothing to gate
         self.docker: Any = None  # orbit_docker.DockerLaunch, for a docker launch mode
         os.makedirs(self.runtime, exist_ok=True)
@@ -309,6 +306,8 @@ class Wrapper:
             )
 
     def write_manifest(self) -> None:
+        import hashlib  # here: not in the way of every attempt's start
+
         files = []
         for root, dirs, names in os.walk(self.artifacts):
             dirs.sort()
@@ -383,16 +382,40 @@ def detach(bundle: str) -> None:
     os.dup2(err, 2)
 
 
+def parse_args(argv: list[str]) -> tuple[str, bool] | None:
+    """`--bundle PATH` and `--detach`, read by hand: argparse, and the re and gettext it
+    imports, cost ~10 ms of every attempt's start. None for anything else (argparse reads
+    it then: abbreviations, --help, errors)."""
+    bundle, detach, rest = None, False, list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--detach":
+            detach = True
+        elif arg == "--bundle" and rest:
+            bundle = rest.pop(0)
+        elif arg.startswith("--bundle="):
+            bundle = arg.split("=", 1)[1]
+        else:
+            return None
+    return (bundle or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), detach)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run one attempt of an ORBIT bundle.")
-    parser.add_argument(
-        "--bundle", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    )
-    parser.add_argument("--detach", action="store_true", help="go on in the background")
-    args = parser.parse_args(argv)
-    if args.detach:
-        detach(args.bundle)
-    return Wrapper(args.bundle).run()
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args is None:
+        import argparse
+
+        parser = argparse.ArgumentParser(description="Run one attempt of an ORBIT bundle.")
+        parser.add_argument(
+            "--bundle", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        )
+        parser.add_argument("--detach", action="store_true", help="go on in the background")
+        parsed = parser.parse_args(argv)  # exits on what it cannot read
+        args = (parsed.bundle, parsed.detach)
+    bundle, detached = args
+    if detached:
+        detach(bundle)
+    return Wrapper(bundle).run()
 
 
 if __name__ == "__main__":

@@ -134,6 +134,7 @@ def probe(shell: ClusterShell, work_dir: str) -> ClusterFacts:
     partitions = parse_partitions(shell.output(["scontrol", "-o", "show", "partition"]))
     work = shell.hostside("stage-check", work_dir, "-")
     return ClusterFacts(
+        python_path=python_path(shell),
         checked_at=datetime.now(UTC),
         version=version,
         source=source,
@@ -141,3 +142,14 @@ def probe(shell: ClusterShell, work_dir: str) -> ClusterFacts:
         nodes=nodes,
         work_dir=str(work["work"]) if "work" in work else None,
     )
+
+
+def python_path(shell: ClusterShell) -> str | None:
+    """The interpreter the cluster's python (a name, looked up on PATH) is: a version
+    manager's shim in front of it (pyenv's is a bash script that runs pyenv) would be paid by
+    every job's wrapper. None for a path given as such (it is what was meant)."""
+    if "/" in shell.spec.python:
+        return None
+    done = shell.run([shell.spec.python, "-c", "import sys; print(sys.executable)"])
+    path = done.stdout.strip()
+    return path if done.returncode == 0 and path.startswith("/") else None

@@ -120,6 +120,17 @@ def time_limit_min(request: ExecutionRequest, partition_max_s: int | None = None
     return minutes
 
 
+def python_lines(cluster: ClusterRecord) -> list[str]:
+    """The wrapper's interpreter: the cluster's python as the last check resolved it (no
+    version manager's shim in front of each job), where the node has that file."""
+    q = shlex.quote
+    python = cluster.spec.python
+    found = cluster.facts.python_path if cluster.facts is not None else None
+    if not found or found == python:
+        return [f"python={q(python)}"]
+    return [f"python={q(found)}", f'[ -x "$python" ] || python={q(python)}']
+
+
 def sbatch_script(
     cluster: ClusterRecord,
     request: ExecutionRequest,
@@ -175,6 +186,7 @@ def sbatch_script(
         f"export {exports} ORBIT_SLURM_PARTITION={q(part or '')}",
         "start=$(date +%s)",
         f"max_s={max_s}",
+        *python_lines(cluster),
         "",
         "on_term() {",
         "  # the time limit's warning (it comes past max_runtime_s, give or take Slurm's margin):",
@@ -189,7 +201,7 @@ def sbatch_script(
         "}",
         "trap on_term TERM",
         "",
-        f'{q(spec.python)} -S "$bundle/scripts/orbit_wrapper.py" --bundle "$bundle" &',
+        '"$python" -S "$bundle/scripts/orbit_wrapper.py" --bundle "$bundle" &',
         "pid=$!",
         'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
         'wait "$pid"',
