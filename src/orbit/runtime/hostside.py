@@ -18,7 +18,6 @@ and ORBIT_PLANE names the control plane that launched it. Nothing else is ever s
 from __future__ import annotations
 
 import base64
-import compileall
 import contextlib
 import datetime
 import fcntl
@@ -311,6 +310,8 @@ def compile_scripts(bundle: str) -> None:
     (the wrapper's and the NVML audit's): every attempt's copy then carries the .pyc files
     (copies keep the sources' mtimes), instead of each attempt compiling the vendored
     pynvml.py (330 kB, ~0.1 s of CPU) twice, in the audit and in the precheck. Best effort."""
+    import compileall  # here: the wrapper imports this file at every attempt's end
+
     with contextlib.suppress(Exception):
         compileall.compile_dir(os.path.join(bundle, "scripts"), maxlevels=0, quiet=2)
 
