@@ -130,10 +130,16 @@ def read_agent_state(folder: Path) -> dict[str, Any]:
 
 
 def write_agent_state(folder: Path, **changes: Any) -> dict[str, Any]:
-    """Merge `changes` into agent.json (atomically: a reader sees the old or the new)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {**read_agent_state(folder), **changes}
-    tmp = folder / f".{AGENT_FILE}.{os.getpid()}.{threading.get_ident()}.part"
-    tmp.write_text(json.dumps(state, sort_keys=True))
-    os.replace(tmp, folder / AGENT_FILE)
-    return state
+    """Merge `changes` into agent.json (atomically: a reader sees the old or the new). One
+    merge at a time in this process: a claim's `started` and a report's `alive` merged at once
+    could each write over the other's (an attempt then looked never started, for good)."""
+    with _AGENT_STATE_LOCK:
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {**read_agent_state(folder), **changes}
+        tmp = folder / f".{AGENT_FILE}.{os.getpid()}.{threading.get_ident()}.part"
+        tmp.write_text(json.dumps(state, sort_keys=True))
+        os.replace(tmp, folder / AGENT_FILE)
+        return state
+
+
+_AGENT_STATE_LOCK = threading.Lock()
