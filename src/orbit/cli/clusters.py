@@ -43,6 +43,7 @@ def describe(facts: ClusterFacts) -> list[tuple[str, str]]:
             f"{facts.checked_at:%Y-%m-%d %H:%M} UTC (Slurm {facts.version}, {facts.source})",
         ),
         ("work dir", facts.work_dir or "?"),
+        ("docker", (facts.docker or "none") + (" (nvidia runtime)" if facts.docker_nvidia else "")),
     ]
     for p in facts.partitions:
         nodes = facts.nodes_of(p)

@@ -85,6 +85,10 @@ class ClusterFacts(Record):
     # where spec.python, a name looked up on PATH, led at the check (pyenv's shim, a bash
     # script, costs ~0.15 s a start): the jobs start the wrapper with it where it exists
     python_path: str | None = None
+    # the docker CLI where the jobs run (this machine for --local, else the login node): the
+    # server's version, "client only" (no daemon answered), or None (no docker there)
+    docker: str | None = None
+    docker_nvidia: bool = False  # an NVIDIA container runtime (or NVIDIA's hook) is there
 
     def partition(self, name: str | None) -> SlurmPartition | None:
         for p in self.partitions:

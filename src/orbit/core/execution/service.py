@@ -108,6 +108,19 @@ class ExecutionService:
                 ClusterTable(store), options_for(settings), plane=plane_id(settings.work_dir)
             )
 
+        def slurm_docker() -> ExecutionBackend:  # the same placement, the task in a container
+            from orbit.core.execution.backends.slurm_docker import SlurmDockerBackend
+            from orbit.core.execution.docker.host import plane_id
+            from orbit.core.execution.ssh.transport import options_for
+            from orbit.store.cluster_table import ClusterTable
+
+            store = getattr(hosts, "_store", None)
+            if store is None:
+                raise NoBackend("Slurm clusters need the control plane's store")
+            return SlurmDockerBackend(
+                ClusterTable(store), options_for(settings), plane=plane_id(settings.work_dir)
+            )
+
         def agent_pool(launch_mode: str) -> Callable[[], ExecutionBackend]:
             def make() -> ExecutionBackend:
                 from orbit.core.execution.backends.agent_pool import AgentPoolBackend
@@ -136,6 +149,7 @@ class ExecutionService:
                 "ssh_host_process": ssh_host_process,
                 "ssh_docker": ssh_docker,
                 "slurm_host_process": slurm_host_process,
+                "slurm_docker": slurm_docker,
                 "agent_pool_host_process": agent_pool("host_process"),
                 "agent_pool_docker": agent_pool("docker"),
             }

@@ -133,8 +133,11 @@ def probe(shell: ClusterShell, work_dir: str) -> ClusterFacts:
         )
     partitions = parse_partitions(shell.output(["scontrol", "-o", "show", "partition"]))
     work = shell.hostside("stage-check", work_dir, "-")
+    docker, docker_nvidia = docker_facts(shell)
     return ClusterFacts(
         python_path=python_path(shell),
+        docker=docker,
+        docker_nvidia=docker_nvidia,
         checked_at=datetime.now(UTC),
         version=version,
         source=source,
@@ -142,6 +145,30 @@ def probe(shell: ClusterShell, work_dir: str) -> ClusterFacts:
         nodes=nodes,
         work_dir=str(work["work"]) if "work" in work else None,
     )
+
+
+DOCKER_PROBE = """
+command -v docker >/dev/null 2>&1 || exit 0
+v=$(docker version --format '{{.Server.Version}}' 2>/dev/null)
+echo "docker=${v:-client only}"
+# --gpus works with an nvidia runtime, or with NVIDIA's prestart hook alone
+{ docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia ||
+  command -v nvidia-container-runtime-hook >/dev/null 2>&1; } && echo docker_nvidia=1
+exit 0
+"""
+
+
+def parse_docker(text: str) -> tuple[str | None, bool]:
+    """DOCKER_PROBE's lines -> (the server's version, "client only" or None; NVIDIA runtime)."""
+    values = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+    return values.get("docker") or None, "docker_nvidia" in values
+
+
+def docker_facts(shell: ClusterShell) -> tuple[str | None, bool]:
+    """Whether the docker CLI where the jobs are submitted reaches a daemon (what
+    `slurm_docker` needs), as `orbit hosts check` asks an SSH host."""
+    done = shell.run(["sh", "-c", DOCKER_PROBE])
+    return parse_docker(done.stdout) if done.returncode == 0 else (None, False)
 
 
 def python_path(shell: ClusterShell) -> str | None:

@@ -1,0 +1,143 @@
+"""`slurm_docker`: the Slurm placement with the docker launch mode. The refusals from the
+cluster's recorded facts (no Slurm needed), and one container run on the private Slurm
+(tests/slurm.py) against the private dockerd (tests/dockerd.py), reached through DOCKER_HOST,
+which sbatch passes on to the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.dockerd import Dockerd
+from tests.helpers import orbit, orbit_json, write_spec
+from tests.slurm import SlurmCluster
+
+from orbit.core.clusters import ClusterFacts, ClusterRecord, ClusterSpec, SlurmNode, SlurmPartition
+from orbit.core.errors import Refused
+from orbit.core.execution.backends.slurm_docker import SlurmDockerBackend
+from orbit.core.execution.slurm.facts import parse_docker
+from orbit.core.execution.ssh.transport import SshOptions
+from orbit.core.models import ExecutionRequest
+from orbit.core.overrides import parse_overrides, resolve
+from orbit.core.templates import TemplateRegistry, builtin_dir
+
+
+class Clusters:
+    def __init__(self, record: ClusterRecord) -> None:
+        self.record = record
+
+    def find(self, name: str) -> ClusterRecord | None:
+        return self.record if name == self.record.name else None
+
+
+def cluster(docker: str | None, nvidia: bool = False) -> ClusterRecord:
+    facts = ClusterFacts(
+        checked_at=datetime(2025, 1, 2, 3, 4, tzinfo=UTC),
+        version="22.05.8",
+        source="sinfo --json",
+        partitions=(SlurmPartition(name="debug", state="UP", default=True, nodes=("n1",)),),
+        nodes=(SlurmNode(name="n1", state="IDLE", cpus=8, memory_mb=64000, gpus={"a100": 2}),),
+        docker=docker,
+        docker_nvidia=nvidia,
+    )
+    return ClusterRecord(
+        spec=ClusterSpec(name="hpc", local=True),
+        facts=facts,
+        created_at=datetime.now(UTC),
+        created_by="tester",
+    )
+
+
+def request(gpu_count: int = 0) -> ExecutionRequest:
+    template = TemplateRegistry([builtin_dir()]).get("slurm-docker")
+    raw: dict[str, Any] = {
+        "target": "hpc",
+        "image": "python:3.12",
+        "resources": {"gpu_count": gpu_count},
+    }
+    return resolve(template, parse_overrides(raw, "spec"))
+
+
+def validate(record: ClusterRecord, gpu_count: int = 0) -> None:
+    backend = SlurmDockerBackend(Clusters(record), SshOptions())
+    req = request(gpu_count)
+    assert req.backend_key == backend.key == "slurm_docker"
+    backend.validate(req)
+
+
+@pytest.mark.parametrize(
+    ("docker", "nvidia", "gpus", "found"),
+    [
+        (None, False, 0, "cluster 'hpc' has no docker (orbit clusters check hpc, 2025-01-02 03:04"),
+        ("client only", False, 0, "cluster 'hpc' has the docker CLI but no daemon answered it"),
+        ("27.1.1", False, 1, "cluster 'hpc' has no NVIDIA container runtime (orbit clusters"),
+    ],
+)
+def test_a_cluster_whose_last_check_found_no_usable_docker_is_refused_in_one_line(
+    docker: str | None, nvidia: bool, gpus: int, found: str
+) -> None:
+    with pytest.raises(Refused) as refused:
+        validate(cluster(docker, nvidia), gpus)
+    assert found in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_cluster_with_docker_is_accepted_and_gpus_need_its_nvidia_runtime() -> None:
+    validate(cluster("27.1.1"))
+    validate(cluster("27.1.1", nvidia=True), 2)
+    with pytest.raises(Refused, match="gpu_count 3"):  # the Slurm checks still apply
+        validate(cluster("27.1.1", nvidia=True), 3)
+
+
+def test_the_docker_probe_output_is_parsed() -> None:
+    assert parse_docker("") == (None, False)
+    assert parse_docker("docker=client only\n") == ("client only", False)
+    assert parse_docker("docker=27.1.1\ndocker_nvidia=1\n") == ("27.1.1", True)
+
+
+def test_a_container_run_on_the_private_slurm(
+    orbit_home: Path, tmp_path: Path, slurm: SlurmCluster, dockerd: Dockerd
+) -> None:
+    env = {
+        **os.environ,
+        "ORBIT_HOME": str(orbit_home),
+        "ORBIT_DATABASE_URL": f"sqlite:///{tmp_path / 'orbit.db'}",
+        "DOCKER_HOST": dockerd.host,  # as the cluster's own setup would give its jobs
+        "COLUMNS": "200",
+    }
+    work = tmp_path / "cluster-work"
+    add = ["clusters", "add", "here", "--local", "--slurm-conf", str(slurm.conf)]
+    added = orbit_json(env, *add, "--work-dir", str(work))
+    assert added["facts"]["docker"] and added["facts"]["docker"] != "client only"
+    shown = orbit(env, "clusters", "show", "here").stdout
+    assert re.search(rf"docker: +{re.escape(added['facts']['docker'])}\n", shown), shown
+    folder = tmp_path / "job"
+    folder.mkdir()
+    spec = write_spec(
+        folder,
+        template="slurm-docker",
+        task={"command": ["sh", "-c", 'echo "in a container under Slurm: $ORBIT_ATTEMPT_ID"']},
+        overrides={"target": "here", "image": dockerd.image},
+    )
+    run = orbit_json(env, "submit", str(spec), "--wait")
+    attempt = run["attempts"][0]
+    assert run["state"] == "succeeded", attempt
+    assert attempt["handle"]["backend_key"] == "slurm_docker"
+    location = Path(attempt["handle"]["location"])
+    assert (location / "scripts" / "slurm.sbatch").is_file()
+    training = (location / "artifacts" / "training.log").read_text()
+    assert f"in a container under Slurm: {attempt['id']}" in training
+    image = json.loads((location / "runtime" / "image.json").read_text())
+    assert image["id"] == dockerd.image_id(dockerd.image)
+    assert not dockerd.containers(f"label=orbit.attempt={attempt['id']}")  # none left behind
+
+    no_docker = {**env, "DOCKER_HOST": f"unix://{tmp_path / 'no-docker.sock'}"}
+    checked = orbit_json(no_docker, "clusters", "check", "here")
+    assert checked["facts"]["docker"] == "client only"
+    refused = orbit(no_docker, "submit", str(spec), check=False)
+    assert refused.returncode == 2
+    assert "cluster 'here' has the docker CLI but no daemon answered it" in refused.stderr
