@@ -27,6 +27,7 @@ from orbit.core.execution.ssh.hosts import check_request as check_host
 from orbit.core.hosts import HostRecord
 from orbit.core.models import ExecutionRequest, FailureReason
 from orbit.core.models import Placement as Placement_
+from orbit.core.records import RunRecord
 from orbit.forensics.progress import PROGRESS_GLOB, latest_progress
 from orbit.scheduler.checks import site_checks
 from orbit.scheduler.codec import dumps, pass_in, pass_out
@@ -207,28 +208,27 @@ class Scheduling(Lifecycle):
         second = schedule(snapshot, waiting, config, *site_checks(config))
         launches = []
         for placement in second.placements:
-            request = self._overflowed(placement, hosts)
-            if request is not None:
-                launches.append((placement, request))
+            found = self._overflowed(placement, hosts)
+            if found is not None:
+                launches.append((placement, *found))
         if not launches:
             return
         placed = Plan(
-            decisions={p.run_id: second.decisions[p.run_id] for p, _ in launches},
-            placements=[p for p, _ in launches],
+            decisions={p.run_id: second.decisions[p.run_id] for p, _, _ in launches},
+            placements=[p for p, _, _ in launches],
         )
         self._keep(placed, at, config, dumps(pass_out(snapshot, waiting)))
-        for placement, request in launches:
-            self._launch_overflow(placement, request)
+        for placement, run, request in launches:
+            self._launch_overflow(placement, run, request)
 
     def _overflowed(
         self, placement: Placement, hosts: dict[str, HostRecord]
-    ) -> ExecutionRequest | None:
-        """The request as the host it was placed on runs it, or None if that host's last
-        check says it cannot (no docker, no python3, not those GPUs): it then keeps waiting
-        for the pool rather than fail there."""
-        try:
-            run = self.store.get_run(placement.run_id)
-        except NotFound:
+    ) -> tuple[RunRecord, ExecutionRequest] | None:
+        """The run, and its request as the host it was placed on runs it; None if the run
+        moved on meanwhile, or that host's last check says it cannot run it (no docker, no
+        python3, not those GPUs): it then keeps waiting for the pool rather than fail there."""
+        run = self._still_placeable(placement)
+        if run is None:
             return None
         _, host, _ = placement.nodes[0]
         request = self._request_for(run, run.current).model_copy(
@@ -238,19 +238,16 @@ class Scheduling(Lifecycle):
             check_host(hosts[host], request)
         except (OrbitError, KeyError):
             return None
-        return request
+        return run, request
 
-    def _launch_overflow(self, placement: Placement, request: ExecutionRequest) -> None:
+    def _launch_overflow(
+        self, placement: Placement, run: RunRecord, request: ExecutionRequest
+    ) -> None:
         """Launch a run the overflow pass placed on an SSH host: the attempt becomes that
-        host's (its backend, target and GPUs) and is claimed for launching in one move, then
-        goes the way any SSH launch goes."""
-        try:
-            run = self.store.get_run(placement.run_id)
-        except NotFound:
-            return
+        host's (its backend, target and GPUs) and is claimed for launching in one move (which
+        refuses an attempt launched, placed or claimed since it was read), then goes the way
+        any SSH launch goes."""
         attempt = run.current
-        if attempt.id != placement.attempt_id or attempt.handle is not None:
-            return
         _, host, gpus = placement.nodes[0]
         claim = (launcher_id(), now() + timedelta(seconds=LEASE_S))
         if not self.store.overflow_attempt(
@@ -328,14 +325,23 @@ class Scheduling(Lifecycle):
                 backend = self.execution.backend(attempt.handle.backend_key)
                 backend.cancel(attempt.handle, FailureReason.PREEMPTED)
 
-    def _launch_placed(self, placement: Placement) -> None:
+    def _still_placeable(self, placement: Placement) -> RunRecord | None:
+        """The placed run, if its current attempt is still the one placed and not launched
+        (it may have moved on meanwhile: cancelled, say)."""
         try:
             run = self.store.get_run(placement.run_id)
         except NotFound:
-            return
+            return None
         attempt = run.current
         if attempt.id != placement.attempt_id or attempt.handle is not None:
-            return  # moved on meanwhile (cancelled, say)
+            return None
+        return run
+
+    def _launch_placed(self, placement: Placement) -> None:
+        run = self._still_placeable(placement)
+        if run is None:
+            return
+        attempt = run.current
         node_id, name, gpus = placement.nodes[0]
         ask = placement.ask
         earlier = [a for a in run.attempts if a.number < attempt.number]
