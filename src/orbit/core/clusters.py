@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orbit.core.hosts import HostSpec
-from orbit.core.models import NAME_PATTERN, Record, Strict
+from orbit.core.hosts import HostSpec, registered_name
+from orbit.core.models import Record, Strict
 
 CLUSTER_KIND = "slurm"
 
@@ -35,11 +35,7 @@ class ClusterSpec(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not re.fullmatch(NAME_PATTERN, value):
-            raise ValueError(
-                "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
-            )
-        return value
+        return registered_name(value)
 
     @field_validator("partition", "account", "work_dir", "slurm_conf", "python")
     @classmethod

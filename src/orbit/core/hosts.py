@@ -11,6 +11,16 @@ from pydantic import Field, field_validator
 from orbit.core.models import NAME_PATTERN, Record, Strict
 
 
+def registered_name(value: str) -> str:
+    """A host's or a cluster's name (they share one name space): ValueError saying what is
+    expected."""
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise ValueError(
+            "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
 class HostSpec(Strict):
     """A registered host. `ssh` is `user@address` or an alias from the user's ssh config, whose
     settings (port, key, proxy) keep working; the other fields override them when given."""
@@ -29,11 +39,7 @@ class HostSpec(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not re.fullmatch(NAME_PATTERN, value):
-            raise ValueError(
-                "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
-            )
-        return value
+        return registered_name(value)
 
     @field_validator("ssh")
     @classmethod
