@@ -37,7 +37,6 @@ from orbit.scheduler.inputs import (
     check_request,
     eta_from_progress,
     hosts_snapshot,
-    overflow_of,
     request_of,
     snapshot_of,
 )
@@ -52,8 +51,12 @@ PASSES_IN_A_ROW = 3  # a pass asked for during a pass runs after it, at most thi
 _VOLATILE = ("waited_s", "snapshot", "config")  # what every pass changes
 
 
-def _request_of_row(row: dict[str, Any]) -> ExecutionRequest:
-    return ExecutionRequest.model_validate(read_json(row["request"]))
+def _overflows(row: dict[str, Any]) -> bool:
+    """Whether a waiting run's template lets it overflow (placement.overflow, checked at
+    submit by the backend's validate), read from its stored request: request_of has validated
+    it whole once this pass already, and a pass may hold thousands."""
+    placement = (read_json(row["request"]) or {}).get("placement") or {}
+    return bool(placement.get("overflow"))
 
 
 def gist(record: dict[str, Any]) -> str:
@@ -183,18 +186,16 @@ class Scheduling(Lifecycle):
         hosts, with what runs on them. What it places there is kept as a pass of its own (so
         explain --replay makes it again) and launched on that host; the others keep the pool
         pass's decision."""
-        wants = {row["id"] for row in pending if overflow_of(_request_of_row(row))}
-        if not wants:
-            return
+        rows = {row["id"]: row for row in pending}
         waiting = []
         for req in queue:
             record = plan.decisions.get(req.run_id)
             if (
-                req.attempt_id in wants
-                and req.num_nodes == 1
+                req.num_nodes == 1
                 and record is not None
                 and record["outcome"] == "waiting"
                 and not any("quota" in t for t in record.get("alternatives", ()))
+                and _overflows(rows[req.attempt_id])
             ):
                 waiting.append(req)
         if not waiting:
