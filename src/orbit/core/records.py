@@ -94,3 +94,14 @@ class CollectResult(Record):
     bytes: int = 0
     verified: bool = False
     problems: tuple[str, ...] = ()
+
+    def and_rank(self, rank: int, more: CollectResult) -> CollectResult:
+        """This collect with a gang's other rank's (collected under nodes/RANK/)."""
+        return self.model_copy(
+            update={
+                "files": self.files + more.files,
+                "bytes": self.bytes + more.bytes,
+                "verified": self.verified and more.verified,
+                "problems": self.problems + tuple(f"rank {rank}: {p}" for p in more.problems),
+            }
+        )

@@ -8,7 +8,6 @@ its node as a local run does on this machine."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from orbit.agent.protocol import CANCELLED_BEFORE_START
 from orbit.core.config import LOST_GRACE_S, OFFLINE_AFTER_S
 from orbit.core.errors import InvalidInput, OrbitError, Refused
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, NoNodeFree
+from orbit.core.execution.gang import gang_status, going_on, master_port
 from orbit.core.execution.mirror import is_scratch, read_agent_state
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from orbit.store.sql import Row
 
 READ_CHUNK = 1 << 20
-# a gang's ending is said by the rank that failed for one of these, before one whose task failed
-INFRA_REASONS = frozenset(
-    {FailureReason.NODE_LOST, FailureReason.LAUNCH_FAILED, FailureReason.STAGING_FAILED}
-)
 COLLECT_WAIT_S = 600.0
 
 # Called with a node id whenever a command is queued for it: the server's long-polls wake at
@@ -305,27 +301,16 @@ class AgentPoolBackend:
             return first
         ranks = [handle, *members]
         statuses = [first] + [self._status(m) for m in members]
-        failed = [
-            (rank, status)
-            for rank, status in enumerate(statuses)
-            if status.state.terminal and status.state is not RunState.SUCCEEDED
-        ]
-        if failed:
-            # a rank whose peer's node went silent fails on its own first (its collective
-            # breaks): wait until that node is back or lost, and say the node's loss rather
-            # than the task's exit, which retries would otherwise not cover
-            if any(
-                not s.state.terminal and self._silent(r)
-                for r, s in zip(ranks, statuses, strict=True)
-            ):
-                return _going_on(first)
-            rank, status = min(failed, key=lambda f: (f[1].reason not in INFRA_REASONS, f[0]))
-            node = ranks[rank].target
-            why = f"rank {rank} (node '{node}'): {status.message or status.state.value}"
-            return status.model_copy(update={"message": why})
-        if all(s.state is RunState.SUCCEEDED for s in statuses):
-            return first
-        return _going_on(first)  # rank 0 may be done: the gang runs until the others are
+        # a rank whose peer's node went silent fails on its own first (its collective breaks):
+        # wait until that node is back or lost, and say the node's loss rather than the task's
+        # exit, which retries would otherwise not cover
+        if any(s.state.terminal and s.state is not RunState.SUCCEEDED for s in statuses) and any(
+            not s.state.terminal and self._silent(r) for r, s in zip(ranks, statuses, strict=True)
+        ):
+            return going_on(first)
+        return gang_status(
+            [(f"node '{r.target}'", s) for r, s in zip(ranks, statuses, strict=True)]
+        )
 
     def _silent(self, handle: RunHandle) -> bool:
         """Whether the rank's node has stopped answering (offline, not yet given up on)."""
@@ -429,14 +414,7 @@ class AgentPoolBackend:
             if not (where / "artifacts").is_dir():
                 continue
             more = copy_artifacts(where / "artifacts", dest / "nodes" / str(rank), skip=is_scratch)
-            got = got.model_copy(
-                update={
-                    "files": got.files + more.files,
-                    "bytes": got.bytes + more.bytes,
-                    "verified": got.verified and more.verified,
-                    "problems": got.problems + tuple(f"rank {rank}: {p}" for p in more.problems),
-                }
-            )
+            got = got.and_rank(rank, more)
         return got
 
     def _ask_for_everything(self, handle: RunHandle, folder: Path) -> None:
@@ -466,22 +444,6 @@ class AgentPoolBackend:
         from orbit.core.errors import Unreachable
 
         raise Unreachable(f"node '{handle.target}' did not upload within {COLLECT_WAIT_S:.0f}s")
-
-
-def _going_on(status: RunStatus) -> RunStatus:
-    """A gang's status while a rank still runs: rank 0's, or running if rank 0 has ended."""
-    if not status.state.terminal:
-        return status
-    return status.model_copy(
-        update={"state": RunState.RUNNING, "finished_at": None, "exit_code": None}
-    )
-
-
-def master_port(attempt_id: str) -> int:
-    """The port a gang meets on at its rank 0: one of 29500-39499 by the attempt's id, the
-    same however often it is asked (a restarted launcher, a requeued start)."""
-    digest = hashlib.sha256(attempt_id.encode()).digest()
-    return 29500 + int.from_bytes(digest[:4], "big") % 10000
 
 
 def _given(node: NodeRecord, indices: list[int], where: dict[str, Any]) -> dict[str, Any]:
