@@ -26,7 +26,7 @@ from orbit.store import Store
 pytest_plugins = [
     "tests.sshd",  # real sshd servers for the SSH backend: sshd_factory, sshd_server
     "tests.dockerd",  # a private dockerd for the docker launch mode: dockerd, docker_host
-    "tests.slurm",  # a private single-node Slurm with 2 fake GPUs: slurm_cluster, slurm
+    "tests.slurm",  # a private Slurm of two nodes with 2 fake GPUs each: slurm_cluster, slurm
     "tests.orbit_server",  # a real `orbit server` process: orbit_server, start_server
     "tests.agents",  # real `orbit agent` processes: start_agent
 ]

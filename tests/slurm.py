@@ -1,14 +1,17 @@
-"""A real, private single-node Slurm for the Slurm backend's tests: one per test session.
+"""A real, private Slurm for the Slurm backend's tests: one per test session.
 
-munged, slurmctld and slurmd are started here, each in the foreground of a process this module
-owns, with a private slurm.conf, state, spool, logs and munge socket and key in a temporary
-folder (never /etc/slurm, never the machine's munged), on free loopback ports. The node has two
-fake GPUs of type a100: gres.conf points at character devices made with mknod (copies of
-/dev/null), so `--gres=gpu:a100:2` is accounted for as on a real node.
+munged, slurmctld and two slurmd are started here, each in the foreground of a process this
+module owns, with a private slurm.conf, state, spool, logs and munge socket and key in a
+temporary folder (never /etc/slurm, never the machine's munged), on free loopback ports. Node
+`node1` has two fake GPUs of type a100: gres.conf points at character devices made with mknod
+(copies of /dev/null), so `--gres=gpu:a100:2` is accounted for as on a real node. `node2` is
+a second slurmd on this same machine (its own port and spool, two GPUs of its own), so that a
+job of two nodes runs as on a real cluster: srun, one task per node.
 
 Partitions: `debug` (the default, no time limit), `short` (MaxTime 5 minutes) and `proj`
 (AllowAccounts=proj42: another account is refused at submit, as a site's QOS or association
-would be). Jobs see SLURM_CONF: pass `slurm.env` (or the cluster's --slurm-conf) to commands.
+would be), all of node1 only, and `multi` (node1 and node2). Jobs see SLURM_CONF: pass
+`slurm.env` (or the cluster's --slurm-conf) to commands.
 
 Teardown stops exactly the daemons started here, by their process, after cancelling every job
 of this private cluster (nothing else submits to it). A session killed before its teardown
@@ -42,6 +45,7 @@ GPU_TYPE = "a100"
 CPUS = 8
 MEMORY_MB = 8000
 GRES = f"gpu:{GPU_TYPE}:2"
+NODES = ("node1", "node2")
 START_TIMEOUT_S = 60.0
 
 
@@ -119,10 +123,10 @@ class SlurmCluster:
         self.wait("the node back", lambda: self.node_state() in ("idle", "mixed", "allocated"))
 
     def node_state(self) -> str:
-        return self.run("sinfo", "-h", "-n", "localhost", "-o", "%T").stdout.strip()
+        return self.run("sinfo", "-h", "-n", NODES[0], "-o", "%T").stdout.strip()
 
     def set_node(self, state: str, reason: str = "orbit test") -> None:
-        self.run("scontrol", "update", "nodename=localhost", f"state={state}", f"reason={reason}")
+        self.run("scontrol", "update", f"nodename={NODES[0]}", f"state={state}", f"reason={reason}")
 
     def cancel_all(self) -> None:
         """Every job of this private cluster (only tests submit to it), then an empty queue."""
@@ -157,29 +161,30 @@ class SlurmCluster:
             "munged",
         )  # fmt: skip
         self.wait("munged's socket", sock.exists)
-        for i in range(2):  # fake GPUs: character devices, as /dev/null is
+        for i in range(4):  # fake GPUs: character devices, as /dev/null is
             subprocess.run(["mknod", str(d / "dev" / f"nvidia{i}"), "c", "1", "3"], check=True)
         (d / "gres.conf").write_text(
             "AutoDetect=off\n"
-            f"NodeName=localhost Name=gpu Type={GPU_TYPE} File={d}/dev/nvidia[0-1]\n"
+            f"NodeName={NODES[0]} Name=gpu Type={GPU_TYPE} File={d}/dev/nvidia[0-1]\n"
+            f"NodeName={NODES[1]} Name=gpu Type={GPU_TYPE} File={d}/dev/nvidia[2-3]\n"
         )
+        node = f"CPUs={CPUS} RealMemory={MEMORY_MB} Gres={GRES} State=UNKNOWN"
         self.conf.write_text(
             f"""\
 ClusterName=orbittest
 SlurmctldHost=localhost
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket={sock}
 CredType=cred/munge
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
+SlurmdLogFile={d}/log/slurmd-%n.log
 SlurmctldDebug=error
 SlurmdDebug=error
 ProctrackType=proctrack/linuxproc
@@ -198,10 +203,12 @@ JobAcctGatherType=jobacct_gather/none
 SlurmdParameters=config_overrides
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 GresTypes=gpu
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory={MEMORY_MB} Gres={GRES} State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
-PartitionName=short Nodes=localhost MaxTime=5 State=UP
-PartitionName=proj Nodes=localhost MaxTime=INFINITE AllowAccounts=proj42 State=UP
+NodeName={NODES[0]} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} {node}
+NodeName={NODES[1]} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} {node}
+PartitionName=debug Nodes={NODES[0]} Default=YES MaxTime=INFINITE State=UP
+PartitionName=short Nodes={NODES[0]} MaxTime=5 State=UP
+PartitionName=proj Nodes={NODES[0]} MaxTime=INFINITE AllowAccounts=proj42 State=UP
+PartitionName=multi Nodes={",".join(NODES)} MaxTime=INFINITE State=UP
 """,
             encoding="utf-8",
         )
@@ -209,9 +216,14 @@ PartitionName=proj Nodes=localhost MaxTime=INFINITE AllowAccounts=proj42 State=U
         self.wait(
             "scontrol ping UP", lambda: "UP" in self.run("scontrol", "ping", check=False).stdout
         )
-        self._daemon(["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)], "slurmd")
-        node = ("sinfo", "-h", "-n", "localhost", "-o", "%T")
-        self.wait("the node idle", lambda: self.run(*node, check=False).stdout.strip() == "idle")
+        for name in NODES:
+            (d / "spool" / name).mkdir()
+            self._daemon(["slurmd", "-D", "-N", name, "-f", str(self.conf)], f"slurmd-{name}")
+        nodes = ("sinfo", "-h", "-N", "-o", "%T")
+        self.wait(
+            "the nodes idle",
+            lambda: set(self.run(*nodes, check=False).stdout.split()) == {"idle"},
+        )
         self.version = self.run("sbatch", "--version").stdout.split()[-1]
         # the controller's first scheduling pass comes a little after its start: one job
         # through it, so that no test's first job waits on that
@@ -282,6 +294,6 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """The session's cluster, its queue empty before and after each test."""
     slurm_cluster.cancel_all()
     yield slurm_cluster
-    if slurm_cluster.node_state() not in ("idle", "mixed", "allocated"):  # a test set it down
+    if slurm_cluster.node_state().startswith(("down", "drain", "fail")):  # a test set it down
         slurm_cluster.set_node("resume")
     slurm_cluster.cancel_all()

@@ -82,7 +82,8 @@ class DockerLaunch:
         # `env` is the wrapper's own dict for the task: what is set here reaches the scripts
         self.env = env
         self.attempt_id = env.get("ORBIT_ATTEMPT_ID") or "manual"
-        self.node = env.setdefault("ORBIT_NODE", "0")
+        # a rank of a run across nodes has a container of its own, where ranks share a host
+        self.node = env.setdefault("ORBIT_NODE", env.get("ORBIT_NODE_RANK") or "0")
         self.name = env.setdefault("ORBIT_CONTAINER", f"orbit-{self.attempt_id}-n{self.node}")
         self.in_precheck = False
         self.stopping = False  # a stop was asked for: a pull in progress gives up

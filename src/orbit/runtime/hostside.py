@@ -235,9 +235,10 @@ def stop_ended(attempts_dir: str, live: list[str], plane: str) -> dict[str, Any]
     return {"stopped": stopped}
 
 
-def probe(attempt_dir: str, attempt_id: str) -> dict[str, Any]:
+def probe(attempt_dir: str, attempt_id: str, rank: str = "") -> dict[str, Any]:
     """runtime/status.json and result.json, whether the wrapper lives, and, when it died
-    without a result, the killing of its orphaned task (never a stranger that reused the pid)."""
+    without a result, the killing of its orphaned task (never a stranger that reused the pid;
+    given a rank of a run across nodes, never another rank's process on a shared host)."""
     runtime = os.path.join(attempt_dir, "runtime")
     if not os.path.isdir(runtime):
         return {"missing": True}
@@ -255,6 +256,8 @@ def probe(attempt_dir: str, attempt_id: str) -> dict[str, Any]:
         # and what had left the task's process group: nobody else will stop it now. A bundle
         # run by hand is "manual", like every other run by hand: its folder must match too
         marks = [f"{MARKER.decode()}{attempt_id}"]
+        if rank:
+            marks.append(f"ORBIT_NODE_RANK={rank}")
         if attempt_id == "manual":
             marks.append(f"ORBIT_BUNDLE_DIR={os.path.abspath(attempt_dir)}")
         with contextlib.suppress(OSError):  # no /proc (not Linux): the group was all there was
@@ -397,7 +400,7 @@ def _b64(data: bytes | None) -> str | None:
 def main(argv: list[str]) -> dict[str, Any]:
     command, args = argv[0], argv[1:]
     if command == "probe":
-        return probe(args[0], args[1])
+        return probe(*args[:3])
     if command == "read":
         return {"data": _b64(read_from(args[0], int(args[1]), int(args[2])))}
     if command == "tail":

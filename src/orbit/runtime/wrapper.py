@@ -289,6 +289,9 @@ class Wrapper:
         marks = [f"{MARKER}={os.environ.get(MARKER, 'manual')}"]
         if MARKER not in os.environ:
             marks.append(f"ORBIT_BUNDLE_DIR={self.bundle}")
+        if int(os.environ.get("ORBIT_NUM_NODES") or 1) > 1:  # a rank of a run across nodes:
+            # its own processes, not its peers' where two ranks share a host
+            marks.append(f"ORBIT_NODE_RANK={os.environ.get('ORBIT_NODE_RANK', '0')}")
         import orbit_hostside  # type: ignore[import-not-found]  # beside this file in scripts/
 
         keep = {LAUNCHER_PID, *orbit_hostside.ourselves()}

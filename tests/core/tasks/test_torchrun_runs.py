@@ -21,6 +21,7 @@ from orbit.core.tasks.torchrun import LAUNCHER
 from tests.agents import AgentProc, wait_online
 from tests.helpers import eventually, orbit, orbit_json, process_alive, sqlite_env, write_spec
 from tests.orbit_server import Server
+from tests.slurm import SlurmCluster
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "torchrun-ddp"
 
@@ -267,3 +268,29 @@ def test_ddp_across_two_agent_nodes_of_a_gang(
     # the other node's worker, brought back under nodes/1/: rank 1 of the same world
     other = "".join(p.read_text() for p in (dest / "nodes" / "1").rglob("ranks/*.log"))
     assert "rank 1 of 2 on cpu (gloo)" in other, other[-2000:]
+
+
+def test_ddp_across_two_nodes_of_one_slurm_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """num_nodes 2 on Slurm: one job of two nodes (tests/slurm.py's partition `multi`), srun
+    starting the wrapper on each; torchrun meets at the address and port the batch shell took
+    from Slurm (rank 0's NodeAddr), for one DDP job of world size 2."""
+    env = sqlite_env(tmp_path / "home", tmp_path / "orbit.db")
+    orbit(env, "clusters", "add", "multi", "--local", "--partition", "multi",
+          "--slurm-conf", str(slurm.conf), "--work-dir", str(tmp_path / "cluster"))  # fmt: skip
+    spec = write_spec(
+        tmp_path,
+        task_type="torchrun",
+        template="slurm",
+        task=ddp_task(nproc_per_node=1, join_timeout_s=60),
+        overrides={"target": "multi", "num_nodes": 2, "resources": {"cpu_count": 2}},
+    )
+    run_id = orbit_json(env, "submit", str(spec))["id"]
+    followed = orbit(env, "logs", run_id, "--follow", check=False, timeout=300)
+    assert followed.returncode == 0, followed.stdout[-3000:]
+    assert "rank 0 of 2 on cpu (gloo)" in followed.stdout
+    assert orbit_json(env, "status", run_id)["state"] == "succeeded"
+    dest = tmp_path / "out"
+    orbit(env, "collect", run_id, "--dest", str(dest))
+    other = "".join(p.read_text() for p in (dest / "nodes" / "1").rglob("ranks/*.log"))
+    assert "rank 1 of 2 on cpu (gloo)" in other, other[-2000:]
+    assert (dest / "checkpoints" / "step-30.pt").is_file()  # rank 0's, as on one node

@@ -141,3 +141,36 @@ def test_a_container_run_on_the_private_slurm(
     refused = orbit(no_docker, "submit", str(spec), check=False)
     assert refused.returncode == 2
     assert "cluster 'here' has the docker CLI but no daemon answered it" in refused.stderr
+
+
+def test_a_container_on_each_node_of_a_two_node_job(
+    orbit_home: Path, tmp_path: Path, slurm: SlurmCluster, dockerd: Dockerd
+) -> None:
+    """num_nodes 2: each node's wrapper runs its own container (named by its rank, as both
+    nodes share this machine's dockerd here), told its rank and the gang's rendezvous."""
+    env = {
+        **os.environ,
+        "ORBIT_HOME": str(orbit_home),
+        "ORBIT_DATABASE_URL": f"sqlite:///{tmp_path / 'orbit.db'}",
+        "DOCKER_HOST": dockerd.host,
+    }
+    add = ["clusters", "add", "multi", "--local", "--partition", "multi"]
+    orbit_json(env, *add, "--slurm-conf", str(slurm.conf), "--work-dir", str(tmp_path / "w"))
+    folder = tmp_path / "job"
+    folder.mkdir()
+    # both at once (a container name taken twice would fail one)
+    say = 'echo "rank $ORBIT_NODE_RANK of $ORBIT_NUM_NODES, container n$ORBIT_NODE"; sleep 1'
+    spec = write_spec(
+        folder,
+        template="slurm-docker",
+        task={"command": ["sh", "-c", say]},
+        overrides={"target": "multi", "image": dockerd.image, "num_nodes": 2},
+    )
+    run = orbit_json(env, "submit", str(spec), "--wait")
+    attempt = run["attempts"][0]
+    assert run["state"] == "succeeded", attempt
+    location = Path(attempt["handle"]["location"])
+    for rank, folder in enumerate((location, location / "nodes" / "1")):
+        training = (folder / "artifacts" / "training.log").read_text()
+        assert f"rank {rank} of 2, container n{rank}" in training, training
+    assert not dockerd.containers(f"label=orbit.attempt={attempt['id']}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from tests.helpers import eventually, orbit, orbit_json, write_spec
-from tests.slurm import GPU_TYPE, SlurmCluster
+from tests.slurm import GPU_TYPE, NODES, SlurmCluster
 
 
 @pytest.fixture
@@ -70,11 +70,12 @@ def test_clusters_check_records_partitions_nodes_gres_limits_and_version(
     added = add_cluster(env, slurm, tmp_path)
     facts = added["facts"]
     assert facts["version"] == slurm.version and facts["source"] == "sinfo --json"
-    assert [n["gpus"] for n in facts["nodes"]] == [{GPU_TYPE: 2}]
+    assert [n["gpus"] for n in facts["nodes"]] == [{GPU_TYPE: 2}, {GPU_TYPE: 2}]
     parts = {p["name"]: p for p in facts["partitions"]}
     assert parts["debug"]["default"] and parts["debug"]["max_time_s"] is None
     assert parts["short"]["max_time_s"] == 300 and parts["proj"]["allow_accounts"] == ["proj42"]
-    assert all(p["nodes"] == ["localhost"] for p in parts.values())
+    assert parts["multi"]["nodes"] == list(NODES)
+    assert all(p["nodes"] == [NODES[0]] for n, p in parts.items() if n != "multi")
     shown = orbit(env, "clusters", "show", "here").stdout
     assert f"GPUs per node 2 x {GPU_TYPE}" in shown and "time limit 00:05:00" in shown
     assert "here" in orbit(env, "clusters", "list").stdout

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.core.execution.backends.test_slurm_host_process import job_id
 from tests.helpers import orbit, orbit_json, write_spec
-from tests.slurm import GPU_TYPE, SlurmCluster
+from tests.slurm import GPU_TYPE, NODES, SlurmCluster
 from tests.sshd import SshdFactory
 
 
@@ -24,7 +24,7 @@ def test_a_run_through_the_login_node_succeeds_is_collected_and_cached(
         "--slurm-conf", str(slurm.conf),
     )  # fmt: skip
     assert added["spec"]["ssh"]["ssh"] == login.alias
-    assert [n["gpus"] for n in added["facts"]["nodes"]] == [{GPU_TYPE: 2}]
+    assert [n["gpus"] for n in added["facts"]["nodes"]] == [{GPU_TYPE: 2}] * len(NODES)
     assert added["facts"]["work_dir"] == str(work)
     shown = orbit(env, "clusters", "list").stdout
     assert "hpc" in shown and login.alias in shown
@@ -59,6 +59,33 @@ def test_a_run_through_the_login_node_succeeds_is_collected_and_cached(
     assert again["bundle_cached"] is True and again["staged_bytes"] == 0
     checked = orbit_json(env, "clusters", "check", "hpc", "--sweep")
     assert checked["orphans"] == [] and checked["sweep_error"] is None
+
+
+def test_a_two_node_run_through_the_login_node_is_collected_with_each_rank(
+    env: dict[str, str], sshd_factory: SshdFactory, slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    login = sshd_factory(alias="login")
+    orbit_json(
+        env,
+        "clusters", "add", "hpc", "--ssh", login.alias, "--partition", "multi",
+        "--work-dir", str(login.work_root / "orbit"), "--slurm-conf", str(slurm.conf),
+    )  # fmt: skip
+    folder = tmp_path / "job"
+    folder.mkdir()
+    command = 'echo "rank $ORBIT_NODE_RANK" > "$ORBIT_ARTIFACTS_DIR/rank.txt"'
+    path = write_spec(
+        folder,
+        template="slurm",
+        task={"command": command},
+        overrides={"target": "hpc", "num_nodes": 2},
+    )
+    run = orbit_json(env, "submit", str(path), "--wait")
+    assert run["state"] == "succeeded", run["attempts"][0]
+    dest = tmp_path / "collected"
+    collected = orbit_json(env, "collect", run["id"], "--dest", str(dest))
+    assert collected["verified"] is True and collected["problems"] == []
+    assert (dest / "rank.txt").read_text() == "rank 0\n"
+    assert (dest / "nodes" / "1" / "rank.txt").read_text() == "rank 1\n"
 
 
 def test_a_login_node_that_does_not_answer_is_an_unreachable_host(

@@ -14,13 +14,14 @@ import json
 import math
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orbit.core.clusters import ClusterRecord, ClusterSpec
 from orbit.core.errors import OrbitError, Refused, Unreachable
 from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, LogSink
 from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend
 from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
+from orbit.core.execution.gang import gang_status
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.execution.slurm import jobs
 from orbit.core.execution.slurm.orphans import SQUEUE, MarkedJob, parse_marked
@@ -90,6 +91,7 @@ class SlurmHostProcessBackend:
                 attempt_id=attempt.attempt_id,
                 location=location,
                 env=env,
+                frozen=f"{work}/bundles/{bundle.digest}",
                 plane=self.plane,
             )
             shell.write(f"{location}/{SCRIPT}", script.encode())
@@ -109,6 +111,8 @@ class SlurmHostProcessBackend:
             )
         handle = self._handle(cluster.spec, attempt.attempt_id, location, work)
         data = {**handle.data, "job_id": job_id, "stop_grace_s": request.stop_grace_s, **staged}
+        if request.num_nodes > 1:
+            data["num_nodes"] = request.num_nodes
         return handle.model_copy(update={"data": data})
 
     def _stage(self, shell: ClusterShell, bundle: FrozenBundle) -> tuple[str, dict[str, object]]:
@@ -171,6 +175,8 @@ class SlurmHostProcessBackend:
         location = f"{work}/attempts/{attempt.attempt_id}"
         handle = self._handle(cluster.spec, attempt.attempt_id, location, work)
         data = {**handle.data, "job_id": ids[0], "stop_grace_s": request.stop_grace_s}
+        if request.num_nodes > 1:
+            data["num_nodes"] = request.num_nodes
         return handle.model_copy(update={"data": data})
 
     # --- the cluster's queue -----------------------------------------------------------------
@@ -205,7 +211,8 @@ class SlurmHostProcessBackend:
         shell = self._shell(handle)
         job_id = str(handle.data["job_id"])
         job = jobs.look(shell, job_id)
-        found = shell.hostside("probe", handle.location, handle.attempt_id)
+        nodes = _num_nodes(handle)
+        found = self._probe(shell, handle, handle.location, 0)
         if found.get("missing"):
             return RunStatus(
                 state=RunState.FAILED,
@@ -213,21 +220,35 @@ class SlurmHostProcessBackend:
                 message=f"{handle.location} is gone from {shell.where}",
             )
         status = parse_json(found.get("status"))
-        result = parse_json(found.get("result"))
         if job is not None and job.pending and status is None:  # never started (a requeued
             # job that did start has its files: it is ended below, not shown pending again)
             if job.reason in ("", "None"):  # not looked at by the scheduler yet
                 return RunStatus(state=RunState.SUBMITTED)
             return RunStatus(state=RunState.PROVISIONING, message=job.describe_pending())
-        alive = bool(found.get("alive"))
-        if result is None and not alive and job is not None and job.active:
-            return RunStatus(state=RunState.STARTING)  # the job runs; the wrapper is on its way
-        seen = status_from_files(status, result, alive)
+        seen = _rank_status(found, job)
+        recorded = found.get("result") is not None
+        if nodes > 1:
+            ranks = [(_where(seen), seen)]
+            for rank in range(1, nodes):
+                other = self._probe(shell, handle, f"{handle.location}/nodes/{rank}", rank)
+                status_of = _rank_status(other, job)
+                ranks.append((_where(status_of), status_of))
+                recorded = recorded and other.get("result") is not None
+            seen = gang_status(ranks)
         if not seen.state.terminal:
             return seen
-        if job is not None and job.active:  # ended here, still in Slurm (a requeue): end it
+        if job is not None and job.active:  # ended here, still in Slurm (a requeue, or a
+            # gang's other ranks after one failed): end it
             shell.run(["scancel", job_id])
-        return self._slurm_reason(seen, job, result is not None)
+        return self._slurm_reason(seen, job, recorded)
+
+    @staticmethod
+    def _probe(shell: ClusterShell, handle: RunHandle, where: str, rank: int) -> dict[str, Any]:
+        """One rank's runtime files (its processes are told apart from the other ranks' on a
+        shared host by ORBIT_NODE_RANK)."""
+        if _num_nodes(handle) == 1:
+            return shell.hostside("probe", where, handle.attempt_id)
+        return shell.hostside("probe", where, handle.attempt_id, str(rank))
 
     @staticmethod
     def _slurm_reason(seen: RunStatus, job: jobs.SlurmJob | None, recorded: bool) -> RunStatus:
@@ -291,7 +312,38 @@ class SlurmHostProcessBackend:
         )
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
-        return self._files(handle).collect(handle, dest)
+        """The attempt's artifacts; a multi-node run's other ranks' under nodes/RANK/."""
+        files = self._files(handle)
+        got = files.collect(handle, dest)
+        for rank in range(1, _num_nodes(handle)):
+            where = f"{handle.location}/nodes/{rank}"
+            rank_handle = handle.model_copy(update={"location": where})
+            got = got.and_rank(rank, files.collect(rank_handle, dest / "nodes" / str(rank)))
+        return got
+
+
+def _num_nodes(handle: RunHandle) -> int:
+    return int(handle.data.get("num_nodes") or 1)
+
+
+def _rank_status(found: dict[str, Any], job: jobs.SlurmJob | None) -> RunStatus:
+    """One rank's state from its probe, beside what Slurm says of the job."""
+    status, result = parse_json(found.get("status")), parse_json(found.get("result"))
+    alive = bool(found.get("alive"))
+    if result is None and not alive:
+        if job is not None and job.active:
+            return RunStatus(state=RunState.STARTING)  # the job runs; the wrapper is on its way
+        if found.get("missing"):  # a rank whose folder srun never made
+            return RunStatus(
+                state=RunState.FAILED,
+                reason=FailureReason.RUNTIME_LOST,
+                message="its wrapper never started (see runtime/slurm-JOB.out)",
+            )
+    return status_from_files(status, result, alive)
+
+
+def _where(status: RunStatus) -> str:
+    return f"host '{status.host}'" if status.host else "its node"
 
 
 def local_work_dir(spec: ClusterSpec) -> str:

@@ -8,6 +8,7 @@ import shlex
 
 from orbit.core.clusters import ClusterFacts, ClusterRecord, SlurmPartition
 from orbit.core.errors import Refused
+from orbit.core.execution.gang import master_port
 from orbit.core.execution.slurm.orphans import comment
 from orbit.core.models import ExecutionRequest
 
@@ -50,11 +51,6 @@ def check_request(cluster: ClusterRecord, request: ExecutionRequest) -> None:
     where = f"cluster '{cluster.name}' partition {partition.name}"
     nodes = facts.nodes_of(partition)
     res = request.resources
-    if request.num_nodes > 1:
-        raise Refused(
-            f"num_nodes {request.num_nodes}: multi-node runs on Slurm are not supported yet "
-            "(one node per run)"
-        )
     if request.num_nodes > len(nodes):
         raise Refused(
             f"{where} has {len(nodes)} node(s) {when} and the request asks for "
@@ -139,14 +135,22 @@ def sbatch_script(
     attempt_id: str,
     location: str,
     env: dict[str, str],
+    frozen: str,
     plane: str = "",
 ) -> str:
     """scripts/slurm.sbatch of one attempt: #SBATCH lines from the request, then the bundle's
     own wrapper in the foreground. Slurm's warning of the time limit (--signal=B:TERM) is told
-    apart from any other TERM (scancel from outside, a preemption) by when it comes."""
+    apart from any other TERM (scancel from outside, a preemption) by when it comes.
+
+    A run of N nodes is one job of N nodes: the batch shell finds rank 0's address, and srun
+    runs this same script once per node (`--node`), which starts the wrapper there with
+    ORBIT_NODE_RANK, ORBIT_NUM_NODES and ORBIT_MASTER_ADDR/PORT from Slurm's environment:
+    rank 0 in the attempt's folder, each other rank in nodes/RANK/, its own copy of the frozen
+    bundle (`frozen`, the cluster's cached one) with its own runtime/ and artifacts/."""
     spec, res = cluster.spec, request.resources
     partition = partition_for(cluster)
     q = shlex.quote
+    nodes = request.num_nodes
     lines = [
         "#!/bin/bash",
         f"# ORBIT run {run_id}, attempt {attempt_id}: generated from the run's request, kept in",
@@ -156,7 +160,7 @@ def sbatch_script(
         f"#SBATCH --comment={comment(run_id, attempt_id, plane)}",
         f"#SBATCH --chdir={location}",
         f"#SBATCH --output={location}/runtime/slurm-%j.out",
-        f"#SBATCH --nodes={request.num_nodes}",
+        f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
     ]
     part = spec.partition or (partition.name if partition is not None else None)
@@ -188,6 +192,10 @@ def sbatch_script(
         "SECONDS=0",
         *python_lines(cluster),
         "",
+    ]
+    if nodes > 1:
+        lines += _node_lines(frozen)
+    lines += [
         "on_term() {",
         "  # the time limit's warning (it comes past max_runtime_s, give or take Slurm's margin):",
         "  # the wrapper ends the attempt as max_runtime; any earlier TERM is a preemption",
@@ -197,14 +205,68 @@ def sbatch_script(
         '    printf \'{"reason": "max_runtime", "message": "Slurm time limit"}\\n\' \\',
         '      > "$bundle/runtime/stop_request.json"',
         "  fi",
-        '  kill -TERM "$pid" 2>/dev/null',
-        "}",
-        "trap on_term TERM",
-        "",
-        '"$python" -S "$bundle/scripts/orbit_wrapper.py" --bundle "$bundle" &',
+    ]
+    if nodes == 1:
+        lines += [
+            '  kill -TERM "$pid" 2>/dev/null',
+            "}",
+            "trap on_term TERM",
+            "",
+            '"$python" -S "$bundle/scripts/orbit_wrapper.py" --bundle "$bundle" &',
+        ]
+    else:
+        cpus = f" --cpus-per-task={res.cpu_count}" if res.cpu_count else ""
+        lines += [
+            "  # every rank's wrapper is told why, then TERMed through Slurm (srun itself would",
+            "  # take a TERM as the order to kill its tasks outright)",
+            '  if [ -e "$bundle/runtime/stop_request.json" ]; then',
+            '    for d in "$bundle"/nodes/*/runtime; do',
+            '      [ -d "$d" ] && cp "$bundle/runtime/stop_request.json" "$d/"',
+            "    done",
+            "  fi",
+            '  for step in $(squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null); do',
+            '    case $step in *.[0-9]*) scancel --signal=TERM "$step" 2>/dev/null ;; esac',
+            "  done",
+            "}",
+            "trap on_term TERM",
+            "",
+            "# rank 0's address as Slurm reaches it (its NodeAddr), on a port of this attempt",
+            'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "addr=$(scontrol -o show node \"$first\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
+            'export ORBIT_MASTER_ADDR="${addr:-$first}"'
+            f" ORBIT_MASTER_PORT={master_port(attempt_id)}",
+            "# one wrapper per node, with the whole of its node's share (srun does not pass",
+            "# the job's --cpus-per-task on to a step by itself)",
+            f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1{cpus} \\",
+            '  --kill-on-bad-exit=0 bash "$bundle/scripts/slurm.sbatch" --node &',
+        ]
+    lines += [
         "pid=$!",
         'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
         'wait "$pid"',
         "",
     ]
     return "\n".join(lines)
+
+
+def _node_lines(frozen: str) -> list[str]:
+    """The part srun runs on each node of a multi-node job."""
+    return [
+        'if [ "${1:-}" = "--node" ]; then',
+        "  # srun: this node's wrapper. Rank 0 runs in the attempt's folder; every other rank in",
+        "  # nodes/RANK/, a copy of the frozen bundle with a runtime/ and artifacts/ of its own",
+        '  export ORBIT_NODE_RANK="$SLURM_NODEID" ORBIT_NUM_NODES="$SLURM_JOB_NUM_NODES"',
+        '  dir="$bundle"',
+        '  if [ "$SLURM_NODEID" -gt 0 ]; then',
+        '    dir="$bundle/nodes/$SLURM_NODEID"',
+        '    if [ ! -d "$dir/runtime" ]; then',
+        f"      frozen={shlex.quote(frozen)}",
+        '      rm -rf "$dir" && mkdir -p "$dir" \\',
+        '        && cp -RP "$frozen/job.json" "$frozen/inputs" "$frozen/scripts" "$dir/" \\',
+        '        && mkdir "$dir/artifacts" "$dir/runtime" || exit 1',
+        "    fi",
+        "  fi",
+        '  exec "$python" -S "$dir/scripts/orbit_wrapper.py" --bundle "$dir"',
+        "fi",
+        "",
+    ]
