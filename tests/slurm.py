@@ -201,7 +201,7 @@ EnforcePartLimits=ALL
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 SlurmdParameters=config_overrides
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,bf_interval=1
 GresTypes=gpu
 NodeName={NODES[0]} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} {node}
 NodeName={NODES[1]} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} {node}

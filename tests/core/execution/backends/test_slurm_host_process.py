@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -181,11 +182,12 @@ def test_a_submission_slurm_refuses_fails_launch_failed_with_its_message(
     assert slurm.queue() == []
 
 
-def test_a_pending_job_is_provisioning_with_slurms_reason(
+def test_a_pending_job_is_provisioning_with_slurms_reason_and_estimated_start(
     env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     add_cluster(env, slurm, tmp_path)
-    blocker = slurm.sbatch(f"--gres=gpu:{GPU_TYPE}:2", "--wrap", "sleep 600")
+    # a blocker with a time limit: Slurm's backfill can say when the run would start
+    blocker = slurm.sbatch(f"--gres=gpu:{GPU_TYPE}:2", "--time=10", "--wrap", "sleep 600")
     slurm.wait("the blocker to run", lambda: slurm.job_state(blocker) == "RUNNING")
     run = orbit_json(env, "submit", str(spec(tmp_path, "true", resources={"gpu_count": 1})))
 
@@ -197,6 +199,17 @@ def test_a_pending_job_is_provisioning_with_slurms_reason(
     message = shown["attempts"][0]["message"]
     assert message.startswith(f"pending in Slurm as job {job_id(run)} (Resources)"), message
     assert "Resources" in orbit(env, "status", run["id"]).stdout
+
+    def estimated() -> str | None:
+        text = str(orbit_json(env, "status", run["id"])["attempts"][0]["message"])
+        return text if "; estimated start " in text else None
+
+    # about when the blocker's 10 minutes are up (Slurm's estimate, in its local time)
+    when = eventually(estimated, timeout=60, every=0.5).split("; estimated start ")[1]
+    start = slurm.run("scontrol", "-o", "show", "job", blocker).stdout.split("StartTime=")[1]
+    expected = datetime.fromisoformat(start.split()[0]) + timedelta(minutes=10)
+    assert abs((datetime.fromisoformat(when) - expected).total_seconds()) <= 120, (when, start)
+    assert "estimated start" in orbit(env, "status", run["id"]).stdout
     slurm.run("scancel", blocker)
     orbit(env, "logs", run["id"], "--follow", timeout=120)
     assert orbit_json(env, "status", run["id"])["state"] == "succeeded"
