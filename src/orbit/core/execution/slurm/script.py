@@ -8,7 +8,6 @@ import shlex
 
 from orbit.core.clusters import ClusterFacts, ClusterRecord, SlurmPartition
 from orbit.core.errors import Refused
-from orbit.core.execution.gang import master_port
 from orbit.core.execution.slurm.orphans import comment
 from orbit.core.models import ExecutionRequest
 
@@ -16,6 +15,8 @@ SCRIPT = "scripts/slurm.sbatch"
 # Slurm sends its warning of the time limit (--signal) up to this much off the time asked for:
 # its limits are looked at on a timer
 LIMIT_MARGIN_S = 30
+# a port free on this node, as the batch shell of a multi-node job finds one on rank 0's
+FREE_PORT = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 
 
 def partition_for(cluster: ClusterRecord) -> SlurmPartition | None:
@@ -230,11 +231,13 @@ def sbatch_script(
             "}",
             "trap on_term TERM",
             "",
-            "# rank 0's address as Slurm reaches it (its NodeAddr), on a port of this attempt",
+            "# rank 0's address as Slurm reaches it (its NodeAddr), and a port free there (this",
+            "# shell runs on rank 0's node; else one of 29500-39499 by the job's id)",
             'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "addr=$(scontrol -o show node \"$first\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
+            f'port=$("$python" -S -c {q(FREE_PORT)} 2>/dev/null)',
             'export ORBIT_MASTER_ADDR="${addr:-$first}"'
-            f" ORBIT_MASTER_PORT={master_port(attempt_id)}",
+            ' ORBIT_MASTER_PORT="${port:-$(( 29500 + SLURM_JOB_ID % 10000 ))}"',
             "# one wrapper per node, with the whole of its node's share (srun does not pass",
             "# the job's --cpus-per-task on to a step by itself)",
             f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1{cpus} \\",
