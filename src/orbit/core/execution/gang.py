@@ -20,6 +20,10 @@ INFRA_REASONS = frozenset(
 )
 
 
+# the stops ORBIT itself asks every rank for (orbit cancel, max_runtime_s)
+ASKED_STOPS = frozenset({FailureReason.CANCELLED, FailureReason.MAX_RUNTIME})
+
+
 def master_port(attempt_id: str) -> int:
     """The port a gang meets on at its rank 0: one of 29500-39499 by the attempt's id, the
     same however often it is asked (a restarted launcher, a requeued start)."""
@@ -37,19 +41,38 @@ def going_on(status: RunStatus) -> RunStatus:
 
 
 def gang_status(ranks: list[tuple[str, RunStatus]]) -> RunStatus:
-    """The gang's status from each rank's (where it ran, its status; rank 0 first): failed as
-    soon as one rank has failed, saying which and where (a failure of the infrastructure before
-    a task's own, then the lowest rank), succeeded once every rank has, else going on."""
+    """The gang's status from each rank's (where it ran, its status; rank 0 first).
+
+    A rank that failed ends the gang at once, saying which and where (a failure of the
+    infrastructure before a task's own, then the lowest rank): its peers are stopped. A rank
+    that was stopped (a cancel, the time limit, a preemption) does not end it while its peers
+    are still stopping: each has its grace period. Once all have ended, a stop ORBIT asked
+    for explains the gang (a rank that died without a result meanwhile is its consequence),
+    then a failure as above. It succeeds once every rank has."""
     first = ranks[0][1]
-    failed = [
+    ended = [
         (rank, where, status)
         for rank, (where, status) in enumerate(ranks)
         if status.state.terminal and status.state is not RunState.SUCCEEDED
     ]
-    if failed:
-        rank, where, status = min(failed, key=lambda f: (f[2].reason not in INFRA_REASONS, f[0]))
-        why = f"rank {rank} ({where}): {status.message or status.state.value}"
-        return status.model_copy(update={"message": why})
-    if all(status.state is RunState.SUCCEEDED for _, status in ranks):
-        return first
-    return going_on(first)
+    if not ended:
+        return first if all(s.state is RunState.SUCCEEDED for _, s in ranks) else going_on(first)
+    asked = any(s.reason in ASKED_STOPS for _, _, s in ended)
+    failed = [e for e in ended if e[2].state is RunState.FAILED]
+    consequences = asked and all(s.reason is FailureReason.RUNTIME_LOST for _, _, s in failed)
+    if failed and not consequences:
+        return _said(min(failed, key=lambda e: (e[2].reason not in INFRA_REASONS, e[0])))
+    if not all(s.state.terminal for _, s in ranks):
+        return going_on(first)
+    return _said(
+        min(
+            ended,
+            key=lambda e: (e[2].reason not in ASKED_STOPS, e[2].reason not in INFRA_REASONS, e[0]),
+        )
+    )
+
+
+def _said(ended: tuple[int, str, RunStatus]) -> RunStatus:
+    rank, where, status = ended
+    why = f"rank {rank} ({where}): {status.message or status.reason or status.state.value}"
+    return status.model_copy(update={"message": why})
