@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from tests.core.execution.backends.test_slurm_host_process import add_cluster, job_id, spec
-from tests.helpers import eventually, orbit, orbit_json
+from tests.helpers import eventually, orbit, orbit_json, write_spec
 from tests.slurm import NODES, SlurmCluster
 
 WHO = (
@@ -81,6 +82,15 @@ def test_two_nodes_are_one_job_with_a_wrapper_on_each_node_and_their_files_colle
     assert collected["verified"] is True, collected
     assert who(dest)["rank"] == "0" and who(dest / "nodes" / "1")["rank"] == "1"
     assert (dest / "nodes" / "1" / "manifest.json").exists()
+    # a rank's folder gone from the cluster: the rest is collected, the gap said
+    shutil.rmtree(location / "nodes" / "1")
+    proc = orbit(
+        env, "collect", run["id"], "--dest", str(tmp_path / "again"), "--json", check=False
+    )
+    assert proc.returncode == 1, proc.stderr  # not verified: said by the exit status too
+    again = json.loads(proc.stdout)
+    assert again["verified"] is False and who(tmp_path / "again")["rank"] == "0"
+    assert [p for p in again["problems"] if p.startswith("rank 1: never started")], again
 
 
 def test_a_failing_rank_fails_the_run_naming_it_and_ends_the_whole_job(
@@ -98,24 +108,61 @@ def test_a_failing_rank_fails_the_run_naming_it_and_ends_the_whole_job(
     eventually(lambda: not attempt_processes(attempt["id"]), timeout=30)  # rank 0's sleep too
 
 
-def test_cancel_stops_every_rank_gracefully_and_nothing_stays_in_the_queue(
+def test_cancel_gives_every_rank_its_grace_and_nothing_stays_in_the_queue(
     env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    command = "trap 'echo got TERM; exit 3' TERM; echo started; while :; do sleep 0.1; done"
-    run = submit(env, tmp_path, command)
+    # rank 0 takes 3 s to stop (a checkpoint), rank 1 none: rank 1's end must not cut rank 0's
+    command = (
+        'trap \'if [ "$ORBIT_NODE_RANK" = 0 ]; then sleep 3; echo saved; fi; '
+        "echo got TERM; exit 3' TERM; echo started; while :; do sleep 0.1; done"
+    )
+    run = submit(env, tmp_path, command, stop_grace_s=30)
     location = Path(run["attempts"][0]["handle"]["location"])
     logs = [location / "artifacts" / "training.log", location / "nodes/1/artifacts/training.log"]
     eventually(
         lambda: all(p.exists() and "started" in p.read_text(errors="replace") for p in logs),
         timeout=60,
     )
-    cancelled = orbit_json(env, "cancel", run["id"])["attempts"][0]
-    assert cancelled["state"] == "terminated" and cancelled["reason"] == "cancelled"
+    orbit(env, "cancel", run["id"])
+
+    def ended() -> dict[str, Any] | None:
+        attempt: dict[str, Any] = orbit_json(env, "runs", "show", run["id"])["attempts"][0]
+        return attempt if attempt["state"] in ("terminated", "failed", "succeeded") else None
+
+    attempt = eventually(ended, timeout=60, every=0.2)
+    assert (attempt["state"], attempt["reason"]) == ("terminated", "cancelled"), attempt
     slurm.wait("the cancelled job to leave the queue", lambda: not slurm.queue())
-    for rank, log in enumerate(logs):  # each rank's task had its TERM and grace, and says why
+    assert "saved" in logs[0].read_text()  # rank 0 had its grace
+    for rank, log in enumerate(logs):  # each rank's task had its TERM, and says why it ended
         assert "got TERM" in log.read_text(), rank
         result = json.loads((log.parent.parent / "runtime" / "result.json").read_text())
         assert (result["state"], result["reason"]) == ("terminated", "cancelled"), rank
+    assert (location / "artifacts" / "manifest.json").exists()
+
+
+def test_a_rank_whose_wrapper_dies_fails_the_run_at_once_as_runtime_lost(
+    env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    # rank 1's wrapper is killed outright (its task's parent); rank 0 would run on and on
+    command = 'if [ "$ORBIT_NODE_RANK" = 1 ]; then kill -9 "$PPID"; fi; sleep 600'
+    folder = tmp_path / "job"
+    folder.mkdir()
+    path = write_spec(
+        folder,
+        template="slurm",
+        task={"command": command},
+        overrides={"target": "multi", "num_nodes": 2},
+        retry={"max_retries": 0},
+    )
+    run = orbit_json(env, "submit", str(path))
+    ended = orbit(env, "logs", run["id"], "--follow", timeout=120, check=False)
+    assert ended.returncode != 0
+    attempt = orbit_json(env, "runs", "show", run["id"])["attempts"][0]
+    assert (attempt["state"], attempt["reason"]) == ("failed", "runtime_lost"), attempt
+    assert attempt["message"].startswith("rank 1 (")
+    assert f"the wrapper of rank 1 on {NODES[1]} ended (exit 137)" in attempt["message"]
+    slurm.wait("the job to leave the queue", lambda: not slurm.queue())
+    eventually(lambda: not attempt_processes(attempt["id"]), timeout=30)
 
 
 def test_more_nodes_than_the_partition_has_are_refused_before_anything_is_staged(

@@ -226,21 +226,19 @@ class SlurmHostProcessBackend:
                 return RunStatus(state=RunState.SUBMITTED)
             return RunStatus(state=RunState.PROVISIONING, message=job.describe_pending())
         seen = _rank_status(found, job)
-        recorded = found.get("result") is not None
         if nodes > 1:
             ranks = [(_where(seen), seen)]
             for rank in range(1, nodes):
                 other = self._probe(shell, handle, f"{handle.location}/nodes/{rank}", rank)
                 status_of = _rank_status(other, job)
                 ranks.append((_where(status_of), status_of))
-                recorded = recorded and other.get("result") is not None
             seen = gang_status(ranks)
         if not seen.state.terminal:
             return seen
         if job is not None and job.active:  # ended here, still in Slurm (a requeue, or a
             # gang's other ranks after one failed): end it
             shell.run(["scancel", job_id])
-        return self._slurm_reason(seen, job, recorded)
+        return self._slurm_reason(seen, job)
 
     @staticmethod
     def _probe(shell: ClusterShell, handle: RunHandle, where: str, rank: int) -> dict[str, Any]:
@@ -251,13 +249,14 @@ class SlurmHostProcessBackend:
         return shell.hostside("probe", where, handle.attempt_id, str(rank))
 
     @staticmethod
-    def _slurm_reason(seen: RunStatus, job: jobs.SlurmJob | None, recorded: bool) -> RunStatus:
+    def _slurm_reason(seen: RunStatus, job: jobs.SlurmJob | None) -> RunStatus:
         """Slurm's word for an end, where it says more than the wrapper could: a job killed
         outright left no result, and a SIGTERM the wrapper saw as a preemption may have been
-        the node failing."""
+        the node failing (an end without a result is runtime_lost, as is a wrapper's death its
+        job's shell recorded)."""
         if job is None or job.state not in jobs.ENDINGS:
             return seen
-        if recorded and seen.reason not in (FailureReason.PREEMPTED, FailureReason.RUNTIME_LOST):
+        if seen.reason not in (FailureReason.PREEMPTED, FailureReason.RUNTIME_LOST):
             return seen  # the wrapper knew why (a cancel, max_runtime, the task's own exit)
         state, reason = jobs.ENDINGS[job.state]
         why = f"Slurm ended job {job.job_id} as {job.state}"
@@ -318,6 +317,12 @@ class SlurmHostProcessBackend:
         for rank in range(1, _num_nodes(handle)):
             where = f"{handle.location}/nodes/{rank}"
             rank_handle = handle.model_copy(update={"location": where})
+            if files.read_file(rank_handle, "job.json") is None:  # srun never started it
+                problem = f"rank {rank}: never started (no {where})"
+                got = got.model_copy(
+                    update={"verified": False, "problems": (*got.problems, problem)}
+                )
+                continue
             got = got.and_rank(rank, files.collect(rank_handle, dest / "nodes" / str(rank)))
         return got
 
@@ -327,12 +332,17 @@ def _num_nodes(handle: RunHandle) -> int:
 
 
 def _rank_status(found: dict[str, Any], job: jobs.SlurmJob | None) -> RunStatus:
-    """One rank's state from its probe, beside what Slurm says of the job."""
+    """One rank's state from its probe, beside what Slurm says of the job. While Slurm runs
+    the job, a wrapper this host does not see alive is taken as Slurm sees it: starting, or
+    as its status says (its lock may not show across a cluster's filesystem); a wrapper that
+    died is said by its shell's result (scripts/slurm.sbatch)."""
     status, result = parse_json(found.get("status")), parse_json(found.get("result"))
     alive = bool(found.get("alive"))
     if result is None and not alive:
         if job is not None and job.active:
-            return RunStatus(state=RunState.STARTING)  # the job runs; the wrapper is on its way
+            if status is None:
+                return RunStatus(state=RunState.STARTING)  # the wrapper is on its way
+            return status_from_files(status, None, wrapper_alive=True)
         if found.get("missing"):  # a rank whose folder srun never made
             return RunStatus(
                 state=RunState.FAILED,

@@ -15,6 +15,11 @@ SCRIPT = "scripts/slurm.sbatch"
 # Slurm sends its warning of the time limit (--signal) up to this much off the time asked for:
 # its limits are looked at on a timer
 LIMIT_MARGIN_S = 30
+# the result a job's shell writes for a wrapper that ended without one (printf's format)
+LOST = (
+    '{"state": "failed", "reason": "runtime_lost", '
+    '"message": "%s ended (exit %s) without a result"}\\n'
+)
 # a port free on this node, as the batch shell of a multi-node job finds one on rank 0's
 FREE_PORT = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 
@@ -193,6 +198,16 @@ def sbatch_script(
         "SECONDS=0",
         *python_lines(cluster),
         "",
+        "# a wrapper that ended without its result (killed, or never started): what it left of",
+        "# its task on this node is stopped (hostside's probe, as ORBIT's own look would), and",
+        "# its runtime/ says so rather than staying silent",
+        "no_result() {  # FOLDER WHO EXIT [RANK]",
+        '  [ -d "$1/runtime" ] && [ ! -e "$1/runtime/result.json" ] || return 0',
+        '  "$python" -S "$1/scripts/orbit_hostside.py" probe "$1" "$ORBIT_ATTEMPT_ID" \\',
+        '    ${4:+"$4"} >/dev/null 2>&1',
+        f'  printf {q(LOST)} "$2" "$3" > "$1/runtime/result.json"',
+        "}",
+        "",
     ]
     if nodes > 1:
         lines += _node_lines(frozen)
@@ -232,8 +247,9 @@ def sbatch_script(
             "trap on_term TERM",
             "",
             "# rank 0's address as Slurm reaches it (its NodeAddr), and a port free there (this",
-            "# shell runs on rank 0's node; else one of 29500-39499 by the job's id)",
-            'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "# shell runs on rank 0's node, the job's first; else one of 29500-39499 by job id)",
+            "first=${SLURMD_NODENAME:-"
+            '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}',
             "addr=$(scontrol -o show node \"$first\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
             f'port=$("$python" -S -c {q(FREE_PORT)} 2>/dev/null)',
             'export ORBIT_MASTER_ADDR="${addr:-$first}"'
@@ -243,10 +259,14 @@ def sbatch_script(
             f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1{cpus} \\",
             '  --kill-on-bad-exit=0 bash "$bundle/scripts/slurm.sbatch" --node &',
         ]
+    who = "the wrapper" if nodes == 1 else "srun, for rank 0,"
     lines += [
         "pid=$!",
         'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done',
         'wait "$pid"',
+        "code=$?",
+        f'no_result "$bundle" {q(who)} "$code"{"" if nodes == 1 else " 0"}',
+        'exit "$code"',
         "",
     ]
     return "\n".join(lines)
@@ -268,8 +288,17 @@ def _node_lines(frozen: str) -> list[str]:
         '        && cp -RP "$frozen/job.json" "$frozen/inputs" "$frozen/scripts" "$dir/" \\',
         '        && mkdir "$dir/artifacts" "$dir/runtime" || exit 1',
         "    fi",
+        "    # a stop asked before this rank's folder was there: the wrapper ends at its start",
+        '    [ -e "$bundle/runtime/stop_request.json" ] \\',
+        '      && [ ! -e "$dir/runtime/stop_request.json" ] \\',
+        '      && cp "$bundle/runtime/stop_request.json" "$dir/runtime/"',
         "  fi",
-        '  exec "$python" -S "$dir/scripts/orbit_wrapper.py" --bundle "$dir"',
+        "  trap : TERM  # the wrapper takes the stop; this shell outlives it, to say if it died",
+        '  "$python" -S "$dir/scripts/orbit_wrapper.py" --bundle "$dir"',
+        "  code=$?",
+        '  no_result "$dir" "the wrapper of rank $SLURM_NODEID on $SLURMD_NODENAME" "$code" \\',
+        '    "$SLURM_NODEID"',
+        '  exit "$code"',
         "fi",
         "",
     ]
