@@ -507,3 +507,23 @@ def test_running_a_bundle_again_starts_from_a_clean_result(
     assert result["state"] == "terminated"
     entries = manifest_is_true(bundle / "artifacts")
     assert "manifest.json" not in {e["path"] for e in entries}
+
+
+def test_a_stop_asked_before_the_wrapper_started_ends_it_without_running_the_task(
+    tmp_path: Path,
+) -> None:
+    """A cancel that came while the attempt was being launched (its stop request written, its
+    signal lost): the wrapper ends the attempt as asked, the task never starts. Run again in
+    the same folder later, the old stop no longer holds."""
+    bundle = make_bundle(tmp_path, "echo ran > ran.txt\n")
+    runtime = bundle / "runtime"
+    runtime.mkdir(exist_ok=True)
+    (runtime / "stop_request.json").write_text('{"reason": "cancelled"}\n')
+    assert run_by_hand(bundle).returncode != 0
+    result = read_json(runtime / "result.json")
+    assert (result["state"], result["reason"]) == ("terminated", "cancelled")
+    assert not (bundle / "inputs" / "workdir" / "ran.txt").exists()
+    assert "not starting it" in (runtime / "runtime.log").read_text()
+    assert run_by_hand(bundle).returncode == 0  # a rerun: the last run's stop is not its own
+    assert read_json(runtime / "result.json")["state"] == "succeeded"
+    assert (bundle / "inputs" / "workdir" / "ran.txt").exists()

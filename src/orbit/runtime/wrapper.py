@@ -98,9 +98,15 @@ class Wrapper:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             sys.exit(f"orbit wrapper: {self.bundle} is already running (runtime/lock is held)")
-        # A rerun in the same folder: the last attempt's result must not speak for this one.
-        with contextlib.suppress(FileNotFoundError):
+        # A rerun in the same folder: the last attempt's result must not speak for this one,
+        # nor the stop that ended it (without a result, a stop request is for this run)
+        try:
             os.unlink(os.path.join(self.runtime, "result.json"))
+        except FileNotFoundError:
+            pass
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.runtime, "stop_request.json"))
         with open(os.path.join(self.runtime, "pid"), "w", encoding="utf-8") as f:
             f.write(f"{os.getpid()}\n")
         return lock
@@ -163,6 +169,11 @@ class Wrapper:
             job = json.load(f)
         self.grace = float(job.get("stop_grace_s", 10.0))
         self.status("starting")
+        if os.path.exists(os.path.join(self.runtime, "stop_request.json")):
+            # a stop asked before this wrapper was there to take it (a cancel during a
+            # launch, a rank of a run across nodes started after its peers were stopped)
+            self.log("a stop was asked before the task started: not starting it")
+            return self.finish("terminated", reason=self.stop_reason())
         workdir = os.path.join(self.inputs, job.get("workdir", "workdir"))
         env = dict(os.environ)
         env.update(job.get("env", {}))
