@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(bundle, "job.json"), encoding="utf-8") as f:
         job = json.load(f)
     report, code = run(job, os.path.join(bundle, "inputs"))
-    tmp = os.path.join(bundle, "runtime", "precheck.json.tmp")
+    tmp = os.path.join(bundle, "runtime", f"precheck.json.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2, sort_keys=True)
     os.replace(tmp, os.path.join(bundle, "runtime", "precheck.json"))

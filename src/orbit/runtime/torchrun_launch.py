@@ -219,7 +219,8 @@ def rank(argv: list[str]) -> int:
         pump(child.stdout.fileno(), log, f"[rank{me}]: ".encode())
     code = child.wait()
     record = {"rank": int(me), "restart": restart, "code": code, "at": time.time()}
-    tmp = os.path.join(ranks_dir(), f".{me}.exit.json")
+    # named as the wrapper's own (NAME.tmp-PID), which an agent does not send mid-write
+    tmp = os.path.join(ranks_dir(), f"{me}.exit.json.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(record, f)
     os.replace(tmp, os.path.join(ranks_dir(), f"{me}.exit.json"))
