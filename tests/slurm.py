@@ -125,8 +125,8 @@ class SlurmCluster:
     def node_state(self) -> str:
         return self.run("sinfo", "-h", "-n", NODES[0], "-o", "%T").stdout.strip()
 
-    def set_node(self, state: str, reason: str = "orbit test") -> None:
-        self.run("scontrol", "update", f"nodename={NODES[0]}", f"state={state}", f"reason={reason}")
+    def set_node(self, state: str, reason: str = "orbit test", node: str = NODES[0]) -> None:
+        self.run("scontrol", "update", f"nodename={node}", f"state={state}", f"reason={reason}")
 
     def cancel_all(self) -> None:
         """Every job of this private cluster (only tests submit to it), then an empty queue."""

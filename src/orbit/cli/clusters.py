@@ -43,7 +43,12 @@ def describe(facts: ClusterFacts) -> list[tuple[str, str]]:
             f"{facts.checked_at:%Y-%m-%d %H:%M} UTC (Slurm {facts.version}, {facts.source})",
         ),
         ("work dir", facts.work_dir or "?"),
-        ("docker", (facts.docker or "none") + (" (nvidia runtime)" if facts.docker_nvidia else "")),
+        (
+            "docker",
+            (facts.docker or "none")
+            + (" (nvidia runtime)" if facts.docker_nvidia else "")
+            + (f", on {facts.docker_where}" if facts.docker_where else ""),
+        ),
     ]
     for p in facts.partitions:
         nodes = facts.nodes_of(p)
@@ -117,6 +122,13 @@ def clusters_add(
     accept_new_host_key: bool = typer.Option(
         False, "--accept-new-host-key", help="Trust the login node's key the first time."
     ),
+    docker_on_nodes: bool = typer.Option(
+        False,
+        "--docker-on-nodes",
+        help="Look for docker (template slurm-docker) on a compute node, through one short "
+        "job at each check (srun, waiting 30 s at most for a node), not where jobs are "
+        "submitted.",
+    ),
     check: bool = typer.Option(
         True, "--check/--no-check", help="Ask Slurm first; do not add it if that fails."
     ),
@@ -154,6 +166,7 @@ def clusters_add(
             work_dir=work_dir,
             slurm_conf=slurm_conf,
             python=python,
+            docker_on_nodes=docker_on_nodes,
         )
     except ValidationError as exc:
         raise InvalidInput(describe_validation_error("clusters add", exc)) from None

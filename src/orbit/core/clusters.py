@@ -31,6 +31,9 @@ class ClusterSpec(Strict):
     work_dir: str = Field(default=".orbit-work", min_length=1)  # shared with the compute nodes
     slurm_conf: str | None = None  # SLURM_CONF for Slurm's commands there (default: theirs)
     python: str = Field(default="python3", min_length=1)
+    # look for docker on a compute node (one short job through srun at each check) rather
+    # than where the jobs are submitted: for clusters whose login node has no docker
+    docker_on_nodes: bool = False
 
     @field_validator("name")
     @classmethod
@@ -81,10 +84,12 @@ class ClusterFacts(Record):
     # where spec.python, a name looked up on PATH, led at the check (pyenv's shim, a bash
     # script, costs ~0.15 s a start): the jobs start the wrapper with it where it exists
     python_path: str | None = None
-    # the docker CLI where the jobs run (this machine for --local, else the login node): the
-    # server's version, "client only" (no daemon answered), or None (no docker there)
+    # the docker CLI where it was looked for (docker_where): the server's version, "client
+    # only" (no daemon answered), or None (no docker there)
     docker: str | None = None
     docker_nvidia: bool = False  # an NVIDIA container runtime (or NVIDIA's hook) is there
+    # "this machine" (--local), "the login node", or "node NAME" (docker_on_nodes: a job's)
+    docker_where: str | None = None
 
     def partition(self, name: str | None) -> SlurmPartition | None:
         for p in self.partitions:

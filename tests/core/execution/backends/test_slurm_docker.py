@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tests.dockerd import Dockerd
 from tests.helpers import orbit, orbit_json, write_spec
-from tests.slurm import SlurmCluster
+from tests.slurm import NODES, SlurmCluster
 
 from orbit.core.clusters import ClusterFacts, ClusterRecord, ClusterSpec, SlurmNode, SlurmPartition
 from orbit.core.errors import Refused
@@ -35,7 +35,7 @@ class Clusters:
         return self.record if name == self.record.name else None
 
 
-def cluster(docker: str | None, nvidia: bool = False) -> ClusterRecord:
+def cluster(docker: str | None, nvidia: bool = False, on_nodes: bool = False) -> ClusterRecord:
     facts = ClusterFacts(
         checked_at=datetime(2025, 1, 2, 3, 4, tzinfo=UTC),
         version="22.05.8",
@@ -44,9 +44,10 @@ def cluster(docker: str | None, nvidia: bool = False) -> ClusterRecord:
         nodes=(SlurmNode(name="n1", state="IDLE", cpus=8, memory_mb=64000, gpus={"a100": 2}),),
         docker=docker,
         docker_nvidia=nvidia,
+        docker_where="node n1" if on_nodes else "this machine",
     )
     return ClusterRecord(
-        spec=ClusterSpec(name="hpc", local=True),
+        spec=ClusterSpec(name="hpc", local=True, docker_on_nodes=on_nodes),
         facts=facts,
         created_at=datetime.now(UTC),
         created_by="tester",
@@ -73,8 +74,13 @@ def validate(record: ClusterRecord, gpu_count: int = 0) -> None:
 @pytest.mark.parametrize(
     ("docker", "nvidia", "gpus", "found"),
     [
-        (None, False, 0, "cluster 'hpc' has no docker (orbit clusters check hpc, 2025-01-02 03:04"),
-        ("client only", False, 0, "cluster 'hpc' has the docker CLI but no daemon answered it"),
+        (
+            None,
+            False,
+            0,
+            "'hpc' has no docker on this machine (orbit clusters check hpc, 2025-01-02",
+        ),
+        ("client only", False, 0, "cluster 'hpc' has the docker CLI but no daemon answered it on"),
         ("27.1.1", False, 1, "cluster 'hpc' has no NVIDIA container runtime (orbit clusters"),
     ],
 )
@@ -84,6 +90,12 @@ def test_a_cluster_whose_last_check_found_no_usable_docker_is_refused_in_one_lin
     with pytest.raises(Refused) as refused:
         validate(cluster(docker, nvidia), gpus)
     assert found in str(refused.value) and "\n" not in str(refused.value)
+    if docker in (None, "client only"):  # the way to look on the compute nodes instead
+        assert "add it again with --docker-on-nodes" in str(refused.value)
+        with pytest.raises(Refused) as on_nodes:
+            validate(cluster(docker, nvidia, on_nodes=True), gpus)
+        assert " on node n1 (orbit clusters check" in str(on_nodes.value)
+        assert "--docker-on-nodes" not in str(on_nodes.value)
 
 
 def test_a_cluster_with_docker_is_accepted_and_gpus_need_its_nvidia_runtime() -> None:
@@ -114,7 +126,9 @@ def test_a_container_run_on_the_private_slurm(
     added = orbit_json(env, *add, "--work-dir", str(work))
     assert added["facts"]["docker"] and added["facts"]["docker"] != "client only"
     shown = orbit(env, "clusters", "show", "here").stdout
-    assert re.search(rf"docker: +{re.escape(added['facts']['docker'])}\n", shown), shown
+    assert added["facts"]["docker_where"] == "this machine"
+    version = re.escape(added["facts"]["docker"])
+    assert re.search(rf"docker: +{version}, on this machine\n", shown), shown
     folder = tmp_path / "job"
     folder.mkdir()
     spec = write_spec(
@@ -174,3 +188,37 @@ def test_a_container_on_each_node_of_a_two_node_job(
         training = (folder / "artifacts" / "training.log").read_text()
         assert f"rank {rank} of 2, container n{rank}" in training, training
     assert not dockerd.containers(f"label=orbit.attempt={attempt['id']}")
+
+
+def test_docker_on_the_compute_nodes_is_looked_for_through_a_job(
+    orbit_home: Path, tmp_path: Path, slurm: SlurmCluster, dockerd: Dockerd
+) -> None:
+    """--docker-on-nodes: the check runs its docker probe as one short job on a node of the
+    partition (the jobs' docker, reached here through DOCKER_HOST as a node's setup would)."""
+    env = {
+        **os.environ,
+        "ORBIT_HOME": str(orbit_home),
+        "ORBIT_DATABASE_URL": f"sqlite:///{tmp_path / 'orbit.db'}",
+        "DOCKER_HOST": dockerd.host,
+        "COLUMNS": "200",
+    }
+    add = ["clusters", "add", "hpc", "--local", "--partition", "multi", "--docker-on-nodes"]
+    added = orbit_json(env, *add, "--slurm-conf", str(slurm.conf), "--work-dir", str(tmp_path))
+    facts = added["facts"]
+    assert facts["docker_where"] in {f"node {n}" for n in NODES}, facts
+    assert facts["docker"] and facts["docker"] != "client only"
+    assert slurm.queue() == []  # the probe's job has ended
+    # no daemon for the nodes' jobs: said as found on that node, and the submission refused
+    no_daemon = {**env, "DOCKER_HOST": f"unix://{tmp_path / 'no-docker.sock'}"}
+    checked = orbit_json(no_daemon, "clusters", "check", "hpc")["facts"]
+    assert checked["docker"] == "client only" and checked["docker_where"].startswith("node ")
+    # no node free for the probe: the check fails in one line with Slurm's reason
+    for node in NODES:
+        slurm.set_node("drain", node=node)
+    try:
+        busy = orbit(env, "clusters", "check", "hpc", check=False, timeout=180)
+    finally:
+        for node in NODES:
+            slurm.set_node("resume", node=node)
+    assert busy.returncode != 0 and len(busy.stderr.strip().splitlines()) == 1, busy.stderr
+    assert "the docker probe's job (srun on multi) did not run" in busy.stderr

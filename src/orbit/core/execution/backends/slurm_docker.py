@@ -35,15 +35,21 @@ def check_docker(cluster: ClusterRecord, request: ExecutionRequest) -> None:
     if facts is None:
         return  # never checked: the wrapper's docker will find out, and say so
     when = f"(orbit clusters check {name}, {facts.checked_at:%Y-%m-%d %H:%M} UTC)"
+    where = facts.docker_where or "where its jobs are submitted"
+    on_nodes = (
+        ""
+        if cluster.spec.docker_on_nodes
+        else " (compute nodes with docker: add it again with --docker-on-nodes)"
+    )
     if facts.docker is None:
         raise Refused(
-            f"cluster '{name}' has no docker {when}: use the slurm template (slurm_host_process) "
-            "there, or install docker and check again"
+            f"cluster '{name}' has no docker on {where} {when}: use the slurm template "
+            f"(slurm_host_process) there, or install docker and check again{on_nodes}"
         )
     if facts.docker == "client only":
         raise Refused(
-            f"cluster '{name}' has the docker CLI but no daemon answered it {when}: start docker "
-            "there (or add the user to the docker group), then check again"
+            f"cluster '{name}' has the docker CLI but no daemon answered it on {where} {when}: "
+            f"start docker there (or add the user to the docker group), then check again{on_nodes}"
         )
     wanted = request.resources.gpu_count
     if wanted and not facts.docker_nvidia:

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orbit.core.clusters import ClusterFacts, SlurmNode, SlurmPartition
-from orbit.core.execution.slurm.shell import ClusterShell
+from orbit.core.errors import OrbitError
+from orbit.core.execution.slurm.shell import ClusterShell, slurm_message
 
 
 def parse_gres(text: str) -> dict[str, int]:
@@ -133,11 +134,16 @@ def probe(shell: ClusterShell, work_dir: str) -> ClusterFacts:
         )
     partitions = parse_partitions(shell.output(["scontrol", "-o", "show", "partition"]))
     work = shell.hostside("stage-check", work_dir, "-")
-    docker, docker_nvidia = docker_facts(shell)
+    if shell.spec.docker_on_nodes:
+        docker, docker_nvidia, where = node_docker_facts(shell)
+    else:
+        docker, docker_nvidia = docker_facts(shell)
+        where = "the login node" if shell.ssh is not None else "this machine"
     return ClusterFacts(
         python_path=python_path(shell),
         docker=docker,
         docker_nvidia=docker_nvidia,
+        docker_where=where,
         checked_at=datetime.now(UTC),
         version=version,
         source=source,
@@ -169,6 +175,33 @@ def docker_facts(shell: ClusterShell) -> tuple[str | None, bool]:
     `slurm_docker` needs), as `orbit hosts check` asks an SSH host."""
     done = shell.run(["sh", "-c", DOCKER_PROBE])
     return parse_docker(done.stdout) if done.returncode == 0 else (None, False)
+
+
+# how long the docker probe's job may wait for a node (srun --immediate)
+NODE_PROBE_WAIT_S = 30
+
+
+def node_docker_facts(shell: ClusterShell) -> tuple[str | None, bool, str]:
+    """DOCKER_PROBE on a compute node of the cluster's partition: one short job (srun, one
+    task, a minute at most), given NODE_PROBE_WAIT_S to start. Raises OrbitError, in one
+    line with Slurm's reason, when it could not run."""
+    spec = shell.spec
+    argv = ["srun", f"--immediate={NODE_PROBE_WAIT_S}", "--nodes=1", "--ntasks=1", "--time=1"]
+    argv += ["--job-name=orbit-docker-check"]
+    argv += [f"--partition={spec.partition}"] if spec.partition else []
+    argv += [f"--account={spec.account}"] if spec.account else []
+    script = 'echo "node=$SLURMD_NODENAME"' + DOCKER_PROBE
+    done = shell.run([*argv, "sh", "-c", script], timeout=NODE_PROBE_WAIT_S + 60)
+    node = dict(line.partition("=")[::2] for line in done.stdout.splitlines()).get("node")
+    if done.returncode != 0 or not node:
+        raise OrbitError(
+            f"{shell.where}: the docker probe's job (srun on "
+            f"{spec.partition or 'the default partition'}) did not run: "
+            f"{slurm_message(done.stderr) or f'exit {done.returncode}'}; check again when a node "
+            "is free, or without --docker-on-nodes"
+        )
+    docker, nvidia = parse_docker(done.stdout)
+    return docker, nvidia, f"node {node}"
 
 
 def python_path(shell: ClusterShell) -> str | None:
