@@ -3,10 +3,12 @@ restarted, the node set DOWN by an admin, the time limit reached with nobody loo
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.core.execution.backends.test_slurm_host_process import add_cluster, env, job_id
 from tests.helpers import orbit, orbit_json, write_spec
 from tests.slurm import GPU_TYPE, SlurmCluster
@@ -104,17 +106,18 @@ def test_a_node_set_down_is_node_lost_and_retried_per_policy(
     assert [a["state"] for a in ended["attempts"]] == ["terminated", "succeeded"]
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
 def test_slurms_time_limit_ends_the_run_as_max_runtime_not_before_it(
-    env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
+    env: dict[str, str], slurm: SlurmCluster, tmp_path: Path, nodes: int
 ) -> None:
-    add_cluster(env, slurm, tmp_path)
+    add_cluster(env, slurm, tmp_path, "here", *(["--partition", "multi"] if nodes > 1 else []))
     limit_s = 45
     run = submit(
         env,
         tmp_path,
         "job",
         "echo started; sleep 600",
-        overrides={"max_runtime_s": limit_s, "stop_grace_s": 2},
+        overrides={"max_runtime_s": limit_s, "stop_grace_s": 2, "num_nodes": nodes},
         retry={"max_retries": 1, "backoff_s": 0},
     )
     location = Path(run["attempts"][0]["handle"]["location"])
@@ -132,3 +135,6 @@ def test_slurms_time_limit_ends_the_run_as_max_runtime_not_before_it(
     )
     assert ran.total_seconds() >= limit_s - 30, ran  # Slurm's margin, never the whole lead
     assert "started" in (location / "artifacts" / "training.log").read_text()
+    for rank in range(1, nodes):  # the warning reached every rank, with its reason
+        result = json.loads((location / "nodes" / str(rank) / "runtime/result.json").read_text())
+        assert (result["state"], result["reason"]) == ("terminated", "max_runtime"), result
