@@ -455,7 +455,9 @@ def newest_checkpoint(artifacts: str) -> str | None:
     named `checkpoint-*` up to two levels down (HF Trainer's and ms-swift's
     `output_dir/checkpoint-500`), or a `checkpoint-*` of the newest ms-swift run folder
     (`checkpoints/vN-DATE-TIME/checkpoint-500`). Newest: the highest step number in the
-    name, then the latest change; None without one."""
+    name, then the latest change; None without one. Where some `checkpoint-*` folders hold
+    `trainer_state.json` (HF Trainer's, and so ms-swift's, last file of a save), one without
+    it is a save cut short (a stop during it) and is passed over."""
     found: list[tuple[int, float, str]] = []
 
     def consider(path: str) -> None:
@@ -478,6 +480,14 @@ def newest_checkpoint(artifacts: str) -> str | None:
         for entry in glob.glob(pattern):
             if os.path.basename(entry).startswith("checkpoint-") and os.path.isdir(entry):
                 consider(entry)
+    saves = [f for f in found if os.path.basename(f[2]).startswith("checkpoint-")]
+    if any(_saved(f[2]) for f in saves):
+        found = [f for f in found if f not in saves or _saved(f[2])]
     if not found:
         return None
     return os.path.relpath(max(found)[2], artifacts)
+
+
+def _saved(checkpoint: str) -> bool:
+    """Whether an HF Trainer checkpoint folder was written to its end."""
+    return os.path.exists(os.path.join(checkpoint, "trainer_state.json"))

@@ -56,17 +56,17 @@ def test_slurms_end_of_a_job_the_wrapper_could_not_record_names_the_reason(
     slurm_state: str, state: RunState, reason: FailureReason
 ) -> None:
     lost = RunStatus(state=RunState.FAILED, reason=FailureReason.RUNTIME_LOST, message="gone")
-    seen = SlurmHostProcessBackend._slurm_reason(lost, SlurmJob("9", slurm_state), False)
+    seen = SlurmHostProcessBackend._slurm_reason(lost, SlurmJob("9", slurm_state))
     assert (seen.state, seen.reason) == (state, reason)
     assert seen.message == f"Slurm ended job 9 as {slurm_state}; gone"
 
 
 def test_what_the_wrapper_knew_is_kept_over_slurms_word() -> None:
     cancelled = RunStatus(state=RunState.TERMINATED, reason=FailureReason.CANCELLED)
-    kept = SlurmHostProcessBackend._slurm_reason(cancelled, SlurmJob("9", "CANCELLED"), True)
+    kept = SlurmHostProcessBackend._slurm_reason(cancelled, SlurmJob("9", "CANCELLED"))
     assert kept == cancelled
     exited = RunStatus(state=RunState.FAILED, reason=FailureReason.TASK_EXIT_NONZERO)
-    assert SlurmHostProcessBackend._slurm_reason(exited, SlurmJob("9", "FAILED"), True) == exited
+    assert SlurmHostProcessBackend._slurm_reason(exited, SlurmJob("9", "FAILED")) == exited
 
 
 def test_only_jobs_with_both_orbit_marks_that_agree_are_read_as_orbits() -> None:

@@ -356,6 +356,19 @@ def test_resume_goes_on_from_the_newest_checkpoint_of_the_newest_run_folder(
     assert "--resume_from_checkpoint" not in argv
 
 
+def test_a_checkpoint_whose_save_was_cut_short_is_passed_over(tmp_path: Path) -> None:
+    """A stop during a save leaves checkpoint-N without trainer_state.json (HF Trainer's last
+    file of a save): resume goes on from the last whole one, ORBIT's pick and swift's alike."""
+    checkpoints = tmp_path / "artifacts" / "checkpoints"
+    run = swift_run(checkpoints, 0, [4, 8, 12])
+    for step in (4, 8):
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    relpath = hostside.newest_checkpoint(str(tmp_path / "artifacts"))
+    assert relpath == str((run / "checkpoint-8").relative_to(tmp_path / "artifacts"))
+    argv, _ = launch(tmp_path, SFT, ORBIT_RESUME_FROM=str(run))
+    assert argv[argv.index("--resume_from_checkpoint") + 1] == str(run / "checkpoint-8")
+
+
 # --- the precheck: ms-swift's stack recorded, what GRPO needs and does not declare gated -------
 
 
