@@ -95,6 +95,10 @@ class CollectResult(Record):
     verified: bool = False
     problems: tuple[str, ...] = ()
 
+    def and_problem(self, problem: str) -> CollectResult:
+        """This collect, no longer verified, with what kept it from being whole."""
+        return self.model_copy(update={"verified": False, "problems": (*self.problems, problem)})
+
     def and_rank(self, rank: int, more: CollectResult) -> CollectResult:
         """This collect with a gang's other rank's (collected under nodes/RANK/)."""
         return self.model_copy(

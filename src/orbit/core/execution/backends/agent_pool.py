@@ -408,9 +408,7 @@ class AgentPoolBackend:
                 if not read_agent_state(where).get("complete"):
                     self._ask_for_everything(member, where)
             except (OrbitError, LaunchError) as exc:  # its node is away: what is here, said
-                got = got.model_copy(
-                    update={"verified": False, "problems": (*got.problems, f"rank {rank}: {exc}")}
-                )
+                got = got.and_problem(f"rank {rank}: {exc}")
             if not (where / "artifacts").is_dir():
                 continue
             more = copy_artifacts(where / "artifacts", dest / "nodes" / str(rank), skip=is_scratch)

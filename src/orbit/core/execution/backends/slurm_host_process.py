@@ -318,10 +318,7 @@ class SlurmHostProcessBackend:
             where = f"{handle.location}/nodes/{rank}"
             rank_handle = handle.model_copy(update={"location": where})
             if files.read_file(rank_handle, "job.json") is None:  # srun never started it
-                problem = f"rank {rank}: never started (no {where})"
-                got = got.model_copy(
-                    update={"verified": False, "problems": (*got.problems, problem)}
-                )
+                got = got.and_problem(f"rank {rank}: never started (no {where})")
                 continue
             got = got.and_rank(rank, files.collect(rank_handle, dest / "nodes" / str(rank)))
         return got
