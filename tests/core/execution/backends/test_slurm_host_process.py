@@ -43,7 +43,14 @@ def add_cluster(
     )
 
 
-def spec(tmp_path: Path, command: str, target: str = "here", **overrides: Any) -> Path:
+def spec(
+    tmp_path: Path,
+    command: str,
+    target: str = "here",
+    retry: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> Path:
+    """A `slurm` template spec of `command` on cluster `target` (its retry policy, if given)."""
     folder = tmp_path / "job"
     folder.mkdir(exist_ok=True)
     return write_spec(
@@ -51,6 +58,7 @@ def spec(tmp_path: Path, command: str, target: str = "here", **overrides: Any) -
         template="slurm",
         task={"command": command},
         overrides={"target": target, **overrides},
+        **({"retry": retry} if retry is not None else {}),
     )
 
 
@@ -164,16 +172,7 @@ def test_a_submission_slurm_refuses_fails_launch_failed_with_its_message(
     add_cluster(
         env, slurm, tmp_path, "proj", "--partition", "proj", "--account", "bad", "--no-check"
     )
-    folder = tmp_path / "job"
-    folder.mkdir(exist_ok=True)
-    path = write_spec(
-        folder,
-        template="slurm",
-        task={"command": "true"},
-        overrides={"target": "proj"},
-        retry={"max_retries": 0},
-    )
-    run = orbit_json(env, "submit", str(path))
+    run = orbit_json(env, "submit", str(spec(tmp_path, "true", "proj", {"max_retries": 0})))
     attempt = run["attempts"][0]
     assert attempt["state"] == "failed" and attempt["reason"] == "launch_failed"
     assert attempt["message"] == (
@@ -269,18 +268,10 @@ def test_a_job_scancelled_from_outside_is_reported_and_retried(
     env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     add_cluster(env, slurm, tmp_path)
-    folder = tmp_path / "job"
-    folder.mkdir(exist_ok=True)
     marker = tmp_path / "first-done"
     # the first attempt waits to be killed; the retry finds the marker and ends at once
     command = f"if [ -e {marker} ]; then echo retried; else touch {marker}; sleep 600; fi"
-    path = write_spec(
-        folder,
-        template="slurm",
-        task={"command": command},
-        overrides={"target": "here"},
-        retry={"max_retries": 1, "backoff_s": 0},
-    )
+    path = spec(tmp_path, command, retry={"max_retries": 1, "backoff_s": 0})
     run = orbit_json(env, "submit", str(path))
     first = job_id(run)
     eventually(lambda: marker.exists(), timeout=60)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.core.execution.backends.test_slurm_host_process import job_id
-from tests.helpers import orbit, orbit_json, write_spec
+from tests.core.execution.backends.test_slurm_host_process import job_id, spec
+from tests.helpers import orbit, orbit_json
 from tests.slurm import GPU_TYPE, NODES, SlurmCluster
 from tests.sshd import SshdFactory
 
@@ -30,14 +30,8 @@ def test_a_run_through_the_login_node_succeeds_is_collected_and_cached(
     assert "hpc" in shown and login.alias in shown
 
     def submit() -> dict[str, Any]:
-        folder = tmp_path / "job"
-        folder.mkdir(exist_ok=True)
-        path = write_spec(
-            folder,
-            template="slurm",
-            task={"command": 'echo "job=$SLURM_JOB_ID"; echo payload > "$ORBIT_ARTIFACTS_DIR/d"'},
-            overrides={"target": "hpc", "resources": {"gpu_count": 1}},
-        )
+        command = 'echo "job=$SLURM_JOB_ID"; echo payload > "$ORBIT_ARTIFACTS_DIR/d"'
+        path = spec(tmp_path, command, "hpc", resources={"gpu_count": 1})
         return dict(orbit_json(env, "submit", str(path)))
 
     run = submit()
@@ -70,16 +64,8 @@ def test_a_two_node_run_through_the_login_node_is_collected_with_each_rank(
         "clusters", "add", "hpc", "--ssh", login.alias, "--partition", "multi",
         "--work-dir", str(login.work_root / "orbit"), "--slurm-conf", str(slurm.conf),
     )  # fmt: skip
-    folder = tmp_path / "job"
-    folder.mkdir()
     command = 'echo "rank $ORBIT_NODE_RANK" > "$ORBIT_ARTIFACTS_DIR/rank.txt"'
-    path = write_spec(
-        folder,
-        template="slurm",
-        task={"command": command},
-        overrides={"target": "hpc", "num_nodes": 2},
-    )
-    run = orbit_json(env, "submit", str(path), "--wait")
+    run = orbit_json(env, "submit", str(spec(tmp_path, command, "hpc", num_nodes=2)), "--wait")
     assert run["state"] == "succeeded", run["attempts"][0]
     dest = tmp_path / "collected"
     collected = orbit_json(env, "collect", run["id"], "--dest", str(dest))
@@ -98,17 +84,8 @@ def test_a_login_node_that_does_not_answer_is_an_unreachable_host(
         "--slurm-conf", str(slurm.conf),
     )  # fmt: skip
     login.stop()
-    folder = tmp_path / "job"
-    folder.mkdir()
-    path = write_spec(
-        folder,
-        template="slurm",
-        task={"command": "true"},
-        overrides={"target": "hpc"},
-        retry={"max_retries": 0},
-    )
     # as with an SSH host that is away: the attempt waits for it, spending no retry
-    run = orbit_json(env, "submit", str(path))
+    run = orbit_json(env, "submit", str(spec(tmp_path, "true", "hpc", {"max_retries": 0})))
     attempt = run["attempts"][0]
     assert (attempt["state"], attempt["reason"]) == ("prepared", "host_unreachable"), attempt
     assert attempt["handle"] is None and slurm.queue() == []

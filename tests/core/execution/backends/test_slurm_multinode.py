@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 from tests.core.execution.backends.test_slurm_host_process import add_cluster, job_id, spec
-from tests.helpers import eventually, orbit, orbit_json, write_spec
+from tests.helpers import eventually, orbit, orbit_json
 from tests.slurm import NODES, SlurmCluster
 
 WHO = (
@@ -145,15 +145,7 @@ def test_a_rank_whose_wrapper_dies_fails_the_run_at_once_as_runtime_lost(
 ) -> None:
     # rank 1's wrapper is killed outright (its task's parent); rank 0 would run on and on
     command = 'if [ "$ORBIT_NODE_RANK" = 1 ]; then kill -9 "$PPID"; fi; sleep 600'
-    folder = tmp_path / "job"
-    folder.mkdir()
-    path = write_spec(
-        folder,
-        template="slurm",
-        task={"command": command},
-        overrides={"target": "multi", "num_nodes": 2},
-        retry={"max_retries": 0},
-    )
+    path = spec(tmp_path, command, "multi", {"max_retries": 0}, num_nodes=2)
     run = orbit_json(env, "submit", str(path))
     ended = orbit(env, "logs", run["id"], "--follow", timeout=120, check=False)
     assert ended.returncode != 0

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tests.core.execution.backends.test_slurm_host_process import add_cluster, job_id
-from tests.helpers import orbit, orbit_json, write_spec
+from tests.core.execution.backends.test_slurm_host_process import add_cluster, job_id, spec
+from tests.helpers import orbit, orbit_json
 from tests.slurm import SlurmCluster
 
 
@@ -28,16 +28,7 @@ def test_orbit_jobs_unknown_to_the_store_are_listed_and_cancelled_only_with_swee
 ) -> None:
     first = env_for(orbit_home, tmp_path / "first.db")
     add_cluster(first, slurm, tmp_path)
-    folder = tmp_path / "job"
-    folder.mkdir()
-    path = write_spec(
-        folder,
-        template="slurm",
-        task={"command": "sleep 600"},
-        overrides={"target": "here"},
-        retry={"max_retries": 0},
-    )
-    run = orbit_json(first, "submit", str(path))
+    run = orbit_json(first, "submit", str(spec(tmp_path, "sleep 600", retry={"max_retries": 0})))
     attempt, job = run["attempts"][0]["id"], job_id(run)
     slurm.wait("ORBIT's job to run", lambda: slurm.job_state(job) == "RUNNING")
     # not ORBIT's: no marks, ORBIT's name without its comment, marks that disagree
