@@ -10,7 +10,15 @@ from typing import Any
 from tests.core.execution.backends.test_slurm_host_process import job_id, spec
 from tests.helpers import orbit, orbit_json
 from tests.slurm import GPU_TYPE, NODES, SlurmCluster
-from tests.sshd import SshdFactory
+from tests.sshd import SshdFactory, SshServer
+
+
+def add_through(
+    env: dict[str, str], login: SshServer, slurm: SlurmCluster, work: Path, *extra: str
+) -> dict[str, Any]:
+    """Cluster `hpc`, reached through the login node `login` (an sshd of the fixture)."""
+    add = ["clusters", "add", "hpc", "--ssh", login.alias, "--work-dir", str(work), *extra]
+    return dict(orbit_json(env, *add, "--slurm-conf", str(slurm.conf)))
 
 
 def test_a_run_through_the_login_node_succeeds_is_collected_and_cached(
@@ -18,11 +26,7 @@ def test_a_run_through_the_login_node_succeeds_is_collected_and_cached(
 ) -> None:
     login = sshd_factory(alias="login")
     work = login.work_root / "orbit"
-    added = orbit_json(
-        env,
-        "clusters", "add", "hpc", "--ssh", login.alias, "--work-dir", str(work),
-        "--slurm-conf", str(slurm.conf),
-    )  # fmt: skip
+    added = add_through(env, login, slurm, work)
     assert added["spec"]["ssh"]["ssh"] == login.alias
     assert [n["gpus"] for n in added["facts"]["nodes"]] == [{GPU_TYPE: 2}] * len(NODES)
     assert added["facts"]["work_dir"] == str(work)
@@ -59,11 +63,7 @@ def test_a_two_node_run_through_the_login_node_is_collected_with_each_rank(
     env: dict[str, str], sshd_factory: SshdFactory, slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     login = sshd_factory(alias="login")
-    orbit_json(
-        env,
-        "clusters", "add", "hpc", "--ssh", login.alias, "--partition", "multi",
-        "--work-dir", str(login.work_root / "orbit"), "--slurm-conf", str(slurm.conf),
-    )  # fmt: skip
+    add_through(env, login, slurm, login.work_root / "orbit", "--partition", "multi")
     command = 'echo "rank $ORBIT_NODE_RANK" > "$ORBIT_ARTIFACTS_DIR/rank.txt"'
     run = orbit_json(env, "submit", str(spec(tmp_path, command, "hpc", num_nodes=2)), "--wait")
     assert run["state"] == "succeeded", run["attempts"][0]
@@ -78,11 +78,7 @@ def test_a_login_node_that_does_not_answer_is_an_unreachable_host(
     env: dict[str, str], sshd_factory: SshdFactory, slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     login = sshd_factory(alias="login")
-    orbit_json(
-        env,
-        "clusters", "add", "hpc", "--ssh", login.alias, "--work-dir", str(login.work_root),
-        "--slurm-conf", str(slurm.conf),
-    )  # fmt: skip
+    add_through(env, login, slurm, login.work_root)
     login.stop()
     # as with an SSH host that is away: the attempt waits for it, spending no retry
     run = orbit_json(env, "submit", str(spec(tmp_path, "true", "hpc", {"max_retries": 0})))
