@@ -489,5 +489,6 @@ def newest_checkpoint(artifacts: str) -> str | None:
 
 
 def _saved(checkpoint: str) -> bool:
-    """Whether an HF Trainer checkpoint folder was written to its end."""
+    """Whether an HF Trainer checkpoint folder was written to its end (as the swift launcher,
+    the workdir's swift_launch.py, reads it too)."""
     return os.path.exists(os.path.join(checkpoint, "trainer_state.json"))
