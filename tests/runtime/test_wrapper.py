@@ -527,3 +527,27 @@ def test_a_stop_asked_before_the_wrapper_started_ends_it_without_running_the_tas
     assert run_by_hand(bundle).returncode == 0  # a rerun: the last run's stop is not its own
     assert read_json(runtime / "result.json")["state"] == "succeeded"
     assert (bundle / "inputs" / "workdir" / "ran.txt").exists()
+
+
+def test_a_stop_that_reaches_the_task_before_the_wrapper_is_still_the_stop(
+    tmp_path: Path,
+) -> None:
+    """A signal to a whole process tree (Slurm's TERM to a job step) may kill the task before
+    the wrapper has taken it: with a stop asked, the attempt ended by that stop, not by the
+    task's death."""
+    script = (
+        'printf \'{"reason": "max_runtime"}\\n\' > "$ORBIT_BUNDLE_DIR/runtime/stop_request.json"\n'
+        "kill -TERM $$\n"
+    )
+    bundle = make_bundle(tmp_path, script)
+    assert run_by_hand(bundle).returncode != 0
+    result = read_json(bundle / "runtime" / "result.json")
+    assert (result["state"], result["reason"], result["signal"]) == (
+        "terminated",
+        "max_runtime",
+        15,
+    )
+    (tmp_path / "other").mkdir()
+    killed = make_bundle(tmp_path / "other", "kill -TERM $$\n")  # no stop asked: the task's end
+    run_by_hand(killed)
+    assert read_json(killed / "runtime" / "result.json")["reason"] == "task_killed"

@@ -169,7 +169,7 @@ class Wrapper:
             job = json.load(f)
         self.grace = float(job.get("stop_grace_s", 10.0))
         self.status("starting")
-        if os.path.exists(os.path.join(self.runtime, "stop_request.json")):
+        if self.stop_asked():
             # a stop asked before this wrapper was there to take it (a cancel during a
             # launch, a rank of a run across nodes started after its peers were stopped)
             self.log("a stop was asked before the task started: not starting it")
@@ -238,6 +238,11 @@ class Wrapper:
         ended = self.docker.outcome(code) if self.docker is not None else None
         self.signal_task(signal.SIGKILL)  # nothing of the task outlives it
         self.log(f"task exited with {code}")
+        if self.stop_at is None and code != 0 and self.stop_asked():
+            # the stop reached the task before this wrapper: a signal to the whole process
+            # tree (Slurm's to a job step, a kill of the group) is not delivered in order
+            self.log("a stop was asked (runtime/stop_request.json): the task ended by it")
+            self.stop_at = time.monotonic()
         if self.stop_at is not None:
             return self.finish("terminated", reason=self.stop_reason(), **self.exit_fields(code))
         if ended is not None:  # docker's own failure, or the kernel's OOM kill
@@ -267,6 +272,11 @@ class Wrapper:
     @staticmethod
     def exit_fields(code: int) -> dict[str, Any]:
         return {"exit_code": code} if code >= 0 else {"signal": -code}
+
+    def stop_asked(self) -> bool:
+        """Whether ORBIT has asked this attempt to stop (a rerun's old request is gone: see
+        take_lock)."""
+        return os.path.exists(os.path.join(self.runtime, "stop_request.json"))
 
     def stop_reason(self) -> str:
         request = sidecars.read_json(os.path.join(self.runtime, "stop_request.json")) or {}
