@@ -228,7 +228,7 @@ def test_two_process_ddp_runs_on_an_agent_node(
     spec = write_spec(tmp_path, task_type="torchrun", template="pool", task=ddp_task())
     run_id = orbit_json(env, "submit", str(spec))["id"]
     followed = orbit(env, "logs", run_id, "--follow", check=False, timeout=300)
-    assert followed.returncode == 0, (followed.stdout[-3000:], agent.output()[-2000:])
+    assert followed.returncode == 0, f"{followed.stdout[-3000:]}\n{agent.output()[-2000:]}"
     assert "[rank1]: rank 1 of 2 on cpu (gloo)" in followed.stdout
     status = orbit_json(env, "status", run_id)
     assert status["attempts"][-1]["handle"]["target"] == "trainer"
@@ -258,7 +258,7 @@ def test_ddp_across_two_agent_nodes_of_a_gang(
     run_id = orbit_json(env, "submit", str(spec))["id"]
     followed = orbit(env, "logs", run_id, "--follow", check=False, timeout=300)
     logs = [a.output()[-2000:] for a in agents]
-    assert followed.returncode == 0, (followed.stdout[-3000:], logs)
+    assert followed.returncode == 0, f"{followed.stdout[-3000:]}\n{logs}"
     assert "rank 0 of 2 on cpu (gloo)" in followed.stdout  # rank 0's node: the run's log
     assert "[rank0]: done: loss" in followed.stdout
     status = orbit_json(env, "status", run_id)
