@@ -3,6 +3,7 @@ nothing but bash and the system python3 (which has neither pydantic nor orbit in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from orbit.core.execution.bundle import create_bundle_archive, extract_bundle_ar
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.models import FailureKind, FailureReason, JobSpec, LaunchMode, RunHandle, RunState
 from orbit.core.tasks.base import StagedPath
+from orbit.runtime import hostside
 from tests.helpers import group_alive, process_alive
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -155,12 +157,13 @@ def bundles() -> Iterator[list[Path]]:
     yield started
     for bundle in started:
         runtime = bundle / "runtime"
-        status = read_optional(runtime / "status.json") or {}
         if wrapper_alive(runtime):
             os.kill(int((runtime / "pid").read_text()), signal.SIGKILL)
-        task_pid = status.get("task_pid")
-        if isinstance(task_pid, int) and group_alive(task_pid):
-            os.killpg(task_pid, signal.SIGKILL)
+        # by the mark the task's processes carry, not by a recorded pid: one long ended may
+        # be another test's process now
+        for pid in hostside.marked([f"ORBIT_BUNDLE_DIR={os.path.abspath(bundle)}"], set()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def manifest_is_true(artifacts: Path) -> list[dict[str, Any]]:
@@ -551,3 +554,25 @@ def test_a_stop_that_reaches_the_task_before_the_wrapper_is_still_the_stop(
     killed = make_bundle(tmp_path / "other", "kill -TERM $$\n")  # no stop asked: the task's end
     run_by_hand(killed)
     assert read_json(killed / "runtime" / "result.json")["reason"] == "task_killed"
+
+
+def test_an_ended_task_is_left_unreaped_until_its_group_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reaped task's pid, its process group's id, may be another process's the next moment
+    (pid_max is 32768 on many hosts): a stop signal then must reach no stranger's group."""
+    from orbit.runtime import wrapper
+
+    task = subprocess.Popen(["true"], start_new_session=True)
+    wait_for("the task to exit", lambda: wrapper.exited(task) or None)
+    state = Path(f"/proc/{task.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state == "Z"  # exited, its pid still held
+    w = wrapper.Wrapper(str(tmp_path))
+    w.child = task
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: signalled.append((pgid, sig)))
+    w.signal_task(signal.SIGKILL)
+    assert signalled == [(task.pid, signal.SIGKILL)]
+    task.wait()
+    w.signal_task(signal.SIGTERM)  # a stop that comes while the manifest is written
+    assert signalled == [(task.pid, signal.SIGKILL)]

@@ -63,6 +63,16 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def exited(child: subprocess.Popen[Any]) -> bool:
+    """Whether the child has exited, without reaping it where the system can tell (Linux)."""
+    if not hasattr(os, "waitid"):  # macOS: reaped on the spot
+        return child.poll() is not None
+    try:
+        return os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+
+
 class Wrapper:
     def __init__(self, bundle: str) -> None:
         self.bundle = os.path.abspath(bundle)
@@ -142,8 +152,8 @@ class Wrapper:
                 self.docker.stop()
                 return
             self.docker.kill()
-        if self.child is None:
-            return
+        if self.child is None or self.child.returncode is not None:
+            return  # reaped: its pid, the group's id, may be another's now
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.child.pid, sig)
 
@@ -234,9 +244,10 @@ class Wrapper:
             self.signal_task(signal.SIGTERM)
         container = {"container": self.docker.name} if self.docker is not None else {}
         self.status("running", task_pid=self.child.pid, started_at=self.started_at, **container)
-        code = self.wait()
-        ended = self.docker.outcome(code) if self.docker is not None else None
+        self.wait()
         self.signal_task(signal.SIGKILL)  # nothing of the task outlives it
+        code = self.child.wait()  # reaped only now: until then its pid names no one else's group
+        ended = self.docker.outcome(code) if self.docker is not None else None
         self.log(f"task exited with {code}")
         if self.stop_at is None and code != 0 and self.stop_asked():
             # the stop reached the task before this wrapper: a signal to the whole process
@@ -252,22 +263,23 @@ class Wrapper:
         reason = "task_exit_nonzero" if code > 0 else "task_killed"
         return self.finish("failed", reason=reason, **self.exit_fields(code))
 
-    def wait(self) -> int:
+    def wait(self) -> None:
+        """Until the task has exited, left unreaped (a zombie keeps its pid, so the group's id
+        cannot pass to another process before the group is killed)."""
         assert self.child is not None
-        while True:
-            try:
-                return self.child.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                if self.docker is not None and self.stop_at is not None and not self.killed:
-                    self.docker.poll_stop()
-                if (
-                    self.stop_at is not None
-                    and not self.killed
-                    and time.monotonic() >= self.stop_at
-                ):
-                    self.log("grace period over: killing the task")
-                    self.signal_task(signal.SIGKILL)
-                    self.killed = True
+        delay, checked = 0.0005, time.monotonic()
+        while not exited(self.child):
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            if time.monotonic() - checked < 0.2:
+                continue
+            checked = time.monotonic()
+            if self.docker is not None and self.stop_at is not None and not self.killed:
+                self.docker.poll_stop()
+            if self.stop_at is not None and not self.killed and checked >= self.stop_at:
+                self.log("grace period over: killing the task")
+                self.signal_task(signal.SIGKILL)
+                self.killed = True
 
     @staticmethod
     def exit_fields(code: int) -> dict[str, Any]:
