@@ -576,3 +576,22 @@ def test_an_ended_task_is_left_unreaped_until_its_group_is_killed(
     task.wait()
     w.signal_task(signal.SIGTERM)  # a stop that comes while the manifest is written
     assert signalled == [(task.pid, signal.SIGKILL)]
+
+
+def test_where_a_task_is_reaped_on_the_spot_its_group_is_still_killed_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No waitid (macOS): the wrapper learns of the exit by reaping, and the group kill that
+    follows is then the only stop of what the task left (no /proc to find it by its mark)."""
+    from orbit.runtime import wrapper
+
+    monkeypatch.setattr(wrapper, "REAPS_AFTER_KILL", False)
+    task = subprocess.Popen(["true"], start_new_session=True)
+    wait_for("the task to exit", lambda: wrapper.exited(task) or None)
+    assert task.returncode == 0  # reaped
+    w = wrapper.Wrapper(str(tmp_path))
+    w.child = task
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: signalled.append((pgid, sig)))
+    w.signal_task(signal.SIGKILL)
+    assert signalled == [(task.pid, signal.SIGKILL)]

@@ -63,9 +63,14 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+# where the system tells a child's exit without reaping it (Linux), the task is reaped only
+# after its group has been killed; elsewhere (macOS) on the spot, and its group killed after
+REAPS_AFTER_KILL = hasattr(os, "waitid")
+
+
 def exited(child: subprocess.Popen[Any]) -> bool:
-    """Whether the child has exited, without reaping it where the system can tell (Linux)."""
-    if not hasattr(os, "waitid"):  # macOS: reaped on the spot
+    """Whether the child has exited, without reaping it where the system can tell."""
+    if not REAPS_AFTER_KILL:
         return child.poll() is not None
     try:
         return os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
@@ -152,7 +157,7 @@ class Wrapper:
                 self.docker.stop()
                 return
             self.docker.kill()
-        if self.child is None or self.child.returncode is not None:
+        if self.child is None or (self.child.returncode is not None and REAPS_AFTER_KILL):
             return  # reaped: its pid, the group's id, may be another's now
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.child.pid, sig)
