@@ -556,21 +556,29 @@ def test_a_stop_that_reaches_the_task_before_the_wrapper_is_still_the_stop(
     assert read_json(killed / "runtime" / "result.json")["reason"] == "task_killed"
 
 
+def ended_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[subprocess.Popen[bytes], Any, list[tuple[int, int]]]:
+    """A wrapper whose task has exited (as its wait() saw it), and the group signals it sends."""
+    from orbit.runtime import wrapper
+
+    task = subprocess.Popen(["true"], start_new_session=True)
+    wait_for("the task to exit", lambda: wrapper.exited(task) or None)
+    w = wrapper.Wrapper(str(tmp_path))
+    w.child = task
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: signalled.append((pgid, sig)))
+    return task, w, signalled
+
+
 def test_an_ended_task_is_left_unreaped_until_its_group_is_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A reaped task's pid, its process group's id, may be another process's the next moment
     (pid_max is 32768 on many hosts): a stop signal then must reach no stranger's group."""
-    from orbit.runtime import wrapper
-
-    task = subprocess.Popen(["true"], start_new_session=True)
-    wait_for("the task to exit", lambda: wrapper.exited(task) or None)
+    task, w, signalled = ended_task(tmp_path, monkeypatch)
     state = Path(f"/proc/{task.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     assert state == "Z"  # exited, its pid still held
-    w = wrapper.Wrapper(str(tmp_path))
-    w.child = task
-    signalled: list[tuple[int, int]] = []
-    monkeypatch.setattr(os, "killpg", lambda pgid, sig: signalled.append((pgid, sig)))
     w.signal_task(signal.SIGKILL)
     assert signalled == [(task.pid, signal.SIGKILL)]
     task.wait()
@@ -586,12 +594,7 @@ def test_where_a_task_is_reaped_on_the_spot_its_group_is_still_killed_after(
     from orbit.runtime import wrapper
 
     monkeypatch.setattr(wrapper, "REAPS_AFTER_KILL", False)
-    task = subprocess.Popen(["true"], start_new_session=True)
-    wait_for("the task to exit", lambda: wrapper.exited(task) or None)
+    task, w, signalled = ended_task(tmp_path, monkeypatch)
     assert task.returncode == 0  # reaped
-    w = wrapper.Wrapper(str(tmp_path))
-    w.child = task
-    signalled: list[tuple[int, int]] = []
-    monkeypatch.setattr(os, "killpg", lambda pgid, sig: signalled.append((pgid, sig)))
     w.signal_task(signal.SIGKILL)
     assert signalled == [(task.pid, signal.SIGKILL)]
