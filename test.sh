@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 . tools/venv.sh
-echo "== ruff" && ruff check src tests bench examples tools && ruff format --check src tests bench examples tools
-echo "== mypy" && mypy
-echo "== pytest" && exec pytest "$@"
+# one command a line: under `set -e` a failure inside an `a && b` list does not stop the script
+echo "== ruff"
+ruff check src tests bench examples tools
+ruff format --check src tests bench examples tools
+echo "== mypy"
+mypy
+echo "== pytest"
+exec pytest "$@"

@@ -61,9 +61,9 @@ import psutil
 # bench/api.py: the server process, scratch databases and the figures
 from api import SRC, Server, add_postgres_url, cpu_s, database, machine, pct, sayer, stop
 
-from orbit.agent import protocol as p
-from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
+from orbit.model.config import Settings
+from orbit.wire import protocol as p
 
 GOAL_AGENTS = 1000
 GOAL_P99_S = 1.0
@@ -434,9 +434,10 @@ def idle(args: argparse.Namespace, say: Any) -> dict[str, Any]:
                 env["ORBIT_HOME"] = str(scratch / "agent-home")
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
                 env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: from bytecode
+                env["ORBIT_JOIN_TOKEN"] = token  # taken out of the agent's environment at once
                 argv = [sys.executable, "-m", "orbit", "agent", "--server", server.url,
-                        "--join-token", token, "--name", "idle", "--work-dir",
-                        str(scratch / "work"), "--max-tasks", "4"]  # fmt: skip
+                        "--name", "idle", "--work-dir", str(scratch / "work"),
+                        "--max-tasks", "4", "--task-uids", "none"]  # fmt: skip
                 log = scratch / "agent.log"
                 with log.open("wb") as out:
                     agent = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -38,7 +38,7 @@ server) is started and stopped a few times:
     ORBIT_FAILPOINTS=launch=skip: its loop looks at the 100 again and again, launching none;
     CPU and RSS over --idle-s seconds again, and the looks per second
  4. the server with --no-loops and ORBIT_FAILPOINTS=launch=skip (every new attempt is left
-    prepared: the path of a submission up to the store, see orbit/core/failpoints.py): a tiny
+    prepared: the path of a submission up to the store, see orbit/model/failpoints.py): a tiny
     `command` task on the `local` template submitted with RemoteControl.submit_task from 16
     client processes at once (processes, not threads: a client's shaping, tar.gz and
     multipart take CPU of their own, and one interpreter's GIL would hold 16 threads to one
@@ -80,9 +80,9 @@ from typing import Any
 import httpx
 import psutil
 
-from orbit.core.audit_chain import canonical_data, event_hash
-from orbit.core.models import RunState
-from orbit.core.records import RunRecord
+from orbit.model.audit_chain import canonical_data, event_hash
+from orbit.model.models import RunState
+from orbit.model.records import RunRecord
 from orbit.store import Store
 from orbit.store.audit import AUDIT_LOCK_KEY
 
@@ -678,7 +678,7 @@ def http_times(server: Server, paths: Callable[[], str], n: int, warmup: int) ->
 def submit_worker(url: str, token: str, folder: str, count: int, barrier: Any, out: Any) -> None:
     """One client process: one untimed submission, then `count` timed ones after the barrier."""
     from orbit.client.remote import RemoteControl
-    from orbit.core.spec import load_spec, to_submission
+    from orbit.model.spec import load_spec, to_submission
 
     spec = Path(folder) / "spec.yaml"
     submission = to_submission(load_spec(spec), str(spec))

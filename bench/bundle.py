@@ -39,8 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orbit.core.execution.bundle import compute_digest, freeze_bundle
-from orbit.core.models import JobSpec, LaunchMode
-from orbit.core.tasks.base import StagedPath
+from orbit.model.models import JobSpec, LaunchMode
+from orbit.model.task import StagedPath
 
 CHUNK = 16 << 20
 JOB = JobSpec(

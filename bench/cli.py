@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from orbit.core.models import FailureReason, RunState
+from orbit.model.models import FailureReason, RunState
 from orbit.store import Store
 
 

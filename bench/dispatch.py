@@ -92,9 +92,9 @@ from api import (
     summary,
 )
 
-from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
-from orbit.core.models import RunState
+from orbit.model.config import Settings
+from orbit.model.models import RunState
 from orbit.store import Store
 from orbit.store.sql import read_time_required
 
@@ -160,8 +160,9 @@ class Stack:
             if path:
                 env["PATH"] = f"{path}{os.pathsep}{env.get('PATH', '')}"
             argv = [sys.executable, "-m", "orbit", "agent", "--server", self.server.url]
-            argv += ["--join-token", token, "--name", "bench", "--work-dir", str(self.work)]
-            argv += ["--max-tasks", str(max_tasks)]
+            env["ORBIT_JOIN_TOKEN"] = token  # taken out of the agent's environment at once
+            argv += ["--name", "bench", "--work-dir", str(self.work)]
+            argv += ["--max-tasks", str(max_tasks), "--task-uids", "none"]
             self.agent_log = scratch / "agent.log"
             with self.agent_log.open("wb") as out:
                 self.agent = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)

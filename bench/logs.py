@@ -40,12 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/sshd.py: t
 
 from tests.sshd import SshdFactory
 
-from orbit.core.config import Settings
 from orbit.core.execution.backends.base import LogLayer
 from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
 from orbit.core.execution.ssh.transport import Ssh, options_for
-from orbit.core.hosts import HostSpec
-from orbit.core.models import RunHandle
+from orbit.model.config import Settings
+from orbit.model.hosts import HostSpec
+from orbit.model.models import RunHandle
 
 ORBIT = [sys.executable, "-m", "orbit"]
 

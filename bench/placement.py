@@ -1,4 +1,4 @@
-"""Benchmark: the pure scheduler (orbit.scheduler.plan.schedule) in-process, on one core.
+"""Benchmark: the pure scheduler (orbit.scheduler.ordering.schedule) in-process, on one core.
 
 Run from the repository root (no server, no database, no root; stdlib and orbit.scheduler only):
 
@@ -59,7 +59,8 @@ from typing import Any
 from orbit.scheduler import codec
 from orbit.scheduler.explain import one_line
 from orbit.scheduler.model import Ask, Gpu, NodeView, Request, Running, SchedConfig, Snapshot
-from orbit.scheduler.plan import Plan, collector_paused, schedule
+from orbit.scheduler.ordering import collector_paused, schedule
+from orbit.scheduler.plan import Plan
 from orbit.scheduler.resources import MODELS, parse_gpu
 
 GOAL_PLACEMENTS_S = 4000.0

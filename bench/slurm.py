@@ -62,7 +62,7 @@ from typing import Any
 from api import Slurm, sayer, slurm_missing
 
 from orbit.client import Client
-from orbit.core.clusters import ClusterSpec
+from orbit.model.clusters import ClusterSpec
 
 
 def wait_for(

@@ -8,12 +8,18 @@ Run from the repository root:
 
 Real processes: one `orbit server` (its store SQLite, or a scratch PostgreSQL database) and
 three `orbit agent`s on loopback, each with max_tasks 4. Runs are submitted through the Python
-client in waves while a fault thread, every 2-6 s, does one of (at random):
+client in waves while a fault thread, every 2-6 s (--fault-every-s), does one of (at random):
 
     agent-kill     kill -9 one agent, restart it 0.5-3 s later (same work dir and identity)
     agent-freeze   SIGSTOP one agent for 0.5-8 s (a link cut as the server sees it: silence;
-                   past the offline timeout its attempts are lost and retried elsewhere)
+                   past the offline timeout its attempts are lost and retried elsewhere, and
+                   the node stops them itself: fencing)
     server-kill    kill -9 the server, restart it on the same port 0.5-2 s later
+    wrapper-kill   kill -9 one attempt's runtime wrapper (runtime_lost: retried)
+    task-kill      kill -9 one attempt's task (task_killed: the task's own end, not retried;
+                   such a run may end failed)
+    node-revoke    revoke one node (its agent exits, its attempts are lost), then remove it
+                   and join it again under its name with a fresh work dir 1-3 s later
 
 Faults go on until nine runs in ten have ended, then stop while the rest settles. The node
 timings are shortened (heartbeat 0.5 s, offline after 4 s, lost 2 s later) so that
@@ -22,7 +28,8 @@ losses happen within the soak. Each task appends `start RUN ATTEMPT` to a ledger
 and every run is awaited):
 
     true end state  every run ended; its last attempt succeeded (a lost attempt's retries are
-                    ORBIT's to make: max_retries 5)
+                    ORBIT's to make: max_retries 5), but for runs whose task was killed
+    never beside    no attempt's task was still running once its run's next attempt started
     never twice     no attempt id starts twice in the ledger (the fencing check); a run whose
                     node was cut off past the timeout may have finished there as well as in
                     its retry: counted and shown, as the price of declaring a node lost
@@ -38,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import itertools
 import os
 import random
 import signal
@@ -47,6 +56,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +112,69 @@ def wait_healthy(url: str, timeout: float = 30) -> None:
     raise SystemExit(f"the server at {url} did not come up")
 
 
+def attempt_processes(root: Path, wrapper: bool) -> list[tuple[int, str]]:
+    """(pid, run id) of the soak's attempts' wrappers, or of their tasks (the shell each
+    attempt's task is: its process group's leader, not what it started)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        env = dict(e.split(b"=", 1) for e in environ if b"=" in e)
+        if str(root).encode() not in b" ".join(argv) + env.get(b"ORBIT_BUNDLE_DIR", b""):
+            continue
+        is_wrapper = any(a.endswith(b"orbit_wrapper.py") for a in argv)
+        try:
+            is_task = argv[:2] == [b"bash", b"-c"] and os.getpgid(int(name)) == int(name)
+        except ProcessLookupError:
+            continue
+        if (is_wrapper if wrapper else is_task) and b"ORBIT_RUN_ID" in env:
+            found.append((int(name), env[b"ORBIT_RUN_ID"].decode()))
+    return found
+
+
+def running_beside_retries(lines: list[str]) -> list[str]:
+    """Attempts whose task went on (ended or was stopped) after a later attempt of the same
+    run had started: two copies of a job at once. Ledger lines: WORD RUN ATTEMPT TIME."""
+    spans: dict[str, dict[str, list[float]]] = collections.defaultdict(dict)
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 4:
+            _word, run_id, attempt_id, at = parts
+            spans[run_id].setdefault(attempt_id, []).append(float(at))
+    found = []
+    for attempts in spans.values():
+        ordered = sorted(attempts.items(), key=lambda item: min(item[1]))
+        for (attempt_id, times), (_later, later_times) in itertools.pairwise(ordered):
+            if max(times) > min(later_times):
+                found.append(attempt_id)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--settle-s", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--fault-every-s",
+        type=float,
+        nargs=2,
+        default=(2.0, 6.0),
+        metavar=("MIN", "MAX"),
+        help="the wait between faults, drawn between these (default 2 6)",
+    )
+    parser.add_argument(
+        "--faults-max-s",
+        type=float,
+        default=600.0,
+        help="faults stop after this long even while many runs are still to end (default 600)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -138,8 +205,9 @@ def main() -> None:
     wait_healthy(url)
     token = (home / "admin-token").read_text().strip()
     sys.path.insert(0, str(REPO / "src"))
-    from orbit.core.config import Settings
     from orbit.core.control.service import CoreControlService
+    from orbit.model.config import Settings
+    from orbit.model.errors import StoreError
 
     service = CoreControlService.from_settings(Settings(home=home, database_url=database_url))
     join = service.create_join_token({"soak": "yes"}).token
@@ -151,8 +219,8 @@ def main() -> None:
                 "agent",
                 "--server",
                 url,
-                "--join-token",
-                join,
+                "--task-uids",
+                "none",
                 "--name",
                 f"soak-{n}",
                 "--work-dir",
@@ -160,7 +228,7 @@ def main() -> None:
                 "--max-tasks",
                 "4",
             ],
-            {**base, "ORBIT_HOME": str(root / f"agent-home-{n}")},
+            {**base, "ORBIT_HOME": str(root / f"agent-home-{n}"), "ORBIT_JOIN_TOKEN": join},
             root / f"agent-{n}.log",
         )
         agent.start()
@@ -174,33 +242,84 @@ def main() -> None:
     stop_faults = threading.Event()
     server_lock = threading.Lock()
 
+    killed_runs: set[str] = set()
+    generation = collections.Counter[int]()
+
+    def rejoin(n: int) -> None:
+        """A revoked node joins again under its name, as a new node with a fresh work dir."""
+        victim = agents[n]
+        victim.signal(signal.SIGKILL)  # it exits by itself once refused; no need to wait
+        time.sleep(rng.uniform(1, 3))
+        patiently(lambda: service.remove_node(f"soak-{n}", force=True))
+        generation[n] += 1
+        fresh = patiently(lambda: service.create_join_token({"soak": "yes"}).token)
+        work = f"agent-{n}-{generation[n]}"
+        victim.argv[victim.argv.index("--work-dir") + 1] = str(root / work)
+        victim.env = {**victim.env, "ORBIT_JOIN_TOKEN": fresh}
+        victim.start()
+
+    def patiently(step: Callable[[], Any]) -> Any:
+        """A step on the store, again while it is busy (SQLite's writer lock held by the
+        server), so that a fault is never left half made."""
+        for _ in range(9):
+            try:
+                return step()
+            except StoreError:
+                time.sleep(1)
+        return step()
+
     def inject() -> None:
-        while not stop_faults.wait(rng.uniform(2, 6)):
-            kind = rng.choice(["agent-kill", "agent-freeze", "server-kill"])
-            faults[kind] += 1
-            if kind == "agent-kill":
-                victim = rng.choice(agents)
-                victim.signal(signal.SIGKILL)
-                time.sleep(rng.uniform(0.5, 3))
-                victim.start()
-            elif kind == "agent-freeze":
-                victim = rng.choice(agents)
-                victim.signal(signal.SIGSTOP)
+        while not stop_faults.wait(rng.uniform(*args.fault_every_s)):
+            try:
+                one_fault()
+            except Exception as exc:  # a fault it could not make (a node still rejoining)
+                faults["faults not made"] += 1
+                print(f"fault: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+
+    def one_fault() -> None:
+        kinds = ["agent-kill", "agent-freeze", "server-kill", "wrapper-kill", "task-kill"]
+        kinds.append("node-revoke")
+        kind = rng.choice(kinds)
+        if kind in ("wrapper-kill", "task-kill"):
+            found = attempt_processes(root, wrapper=kind == "wrapper-kill")
+            if found:
+                pid, run_id = rng.choice(found)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    if kind == "task-kill":
+                        killed_runs.add(run_id)
+        elif kind == "node-revoke":
+            n = rng.randrange(len(agents))
+            service.revoke_node(f"soak-{n}")
+            rejoin(n)
+        elif kind == "agent-kill":
+            victim = rng.choice(agents)
+            victim.signal(signal.SIGKILL)
+            time.sleep(rng.uniform(0.5, 3))
+            victim.start()
+        elif kind == "agent-freeze":
+            victim = rng.choice(agents)
+            victim.signal(signal.SIGSTOP)
+            try:
                 time.sleep(rng.uniform(0.5, 8))
+            finally:
                 victim.signal(signal.SIGCONT)
-            else:
-                with server_lock:
-                    server.signal(signal.SIGKILL)
-                    time.sleep(rng.uniform(0.5, 2))
-                    server.start()
-                    wait_healthy(url)
+        else:
+            with server_lock:
+                server.signal(signal.SIGKILL)
+                time.sleep(rng.uniform(0.5, 2))
+                server.start()
+                wait_healthy(url)
+        faults[kind] += 1  # made (one that failed half way is counted as not made)
 
     injector = threading.Thread(target=inject, daemon=True)
     injector.start()
     task = (
-        f"echo start $ORBIT_RUN_ID $ORBIT_ATTEMPT_ID >> {ledger}; "
-        "sleep 0.$((RANDOM % 5)); "
-        f"echo end $ORBIT_RUN_ID $ORBIT_ATTEMPT_ID >> {ledger}"
+        f"trap 'echo stop $ORBIT_RUN_ID $ORBIT_ATTEMPT_ID $(date +%s.%N) >> {ledger}; exit 143' "
+        "TERM; "
+        f"echo start $ORBIT_RUN_ID $ORBIT_ATTEMPT_ID $(date +%s.%N) >> {ledger}; "
+        "sleep 0.$((RANDOM % 5)) & wait; "
+        f"echo end $ORBIT_RUN_ID $ORBIT_ATTEMPT_ID $(date +%s.%N) >> {ledger}"
     )
     spec = {
         "experiment": "soak",
@@ -227,7 +346,8 @@ def main() -> None:
     settle_from: float | None = None
     while pending:
         # faults go on while most runs are still to end; then they stop, and the rest settles
-        if settle_from is None and len(pending) <= len(run_ids) // 10:
+        few_left = len(pending) <= len(run_ids) // 10
+        if settle_from is None and (few_left or time.monotonic() - started > args.faults_max_s):
             stop_faults.set()
             injector.join()
             for agent in agents:
@@ -258,6 +378,7 @@ def main() -> None:
     twice_ended = [r for r, n in ends_per_run.items() if n > 1]
     ended_ids = {line.split()[2] for line in lines if line.startswith("end ")}
     stopped_midway = [a for a in starts if a not in ended_ids]
+    beside = running_beside_retries(lines)
     nodes = service.list_nodes()
     from datetime import UTC, datetime
 
@@ -266,6 +387,7 @@ def main() -> None:
         ("runs submitted", len(run_ids)),
         ("runs ended", len(final)),
         ("runs succeeded (last attempt)", succeeded),
+        ("runs whose task the soak killed (may end failed)", len(killed_runs)),
         ("runs not ended (freezes)", len(pending)),
         ("attempts", len(attempts)),
         *[(f"attempts ended {reason}", n) for reason, n in sorted(reasons.items())],
@@ -274,12 +396,31 @@ def main() -> None:
         # a node cut off past the timeout may finish the task meanwhile; the server, not
         # hearing of it, retried it elsewhere (that is what the timeout is for)
         ("runs whose task also finished on a node cut off", len(twice_ended)),
+        # what fencing is for: an attempt still running once its run's next attempt began
+        ("attempts still running when their retry started", len(beside)),
         ("attempts stopped midway (lost, then stopped)", len(stopped_midway)),
         ("nodes offline at the end", ", ".join(offline) or 0),
     ]
     print(f"\n| soak ({args.database}, seed {args.seed}) | count |\n|---|---:|")
     for name, value in rows:
         print(f"| {name} | {value} |")
+    # what went wrong, run by run: a failure says itself in the log it leaves
+    for run_id in run_ids:
+        run = final.get(run_id)
+        if run is not None and run["attempts"][-1]["state"] == "succeeded":
+            continue
+        if run is None:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                run = http.get(f"/api/v1/runs/{run_id}").json()
+        said = [
+            f"{a.get('state')} {a.get('reason') or ''} on {a.get('target')}: "
+            f"{(a.get('message') or '')[:160]}"
+            for a in (run or {}).get("attempts", [])
+        ]
+        killed = " (its task killed by the soak)" if run_id in killed_runs else ""
+        print(f"{run_id}{' not ended' if run_id in pending else ''}{killed}:", file=sys.stderr)
+        for line in said:
+            print(f"  {line}", file=sys.stderr)
     for agent in agents:
         agent.signal(signal.SIGKILL)
     server.signal(signal.SIGKILL)
@@ -295,7 +436,9 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     else:
         print(f"kept {root}")
-    ok = not pending and succeeded == len(run_ids) and not twice_started
+    unkilled = [r for r in run_ids if r not in killed_runs]
+    whole = all(final[r]["attempts"][-1]["state"] == "succeeded" for r in unkilled if r in final)
+    ok = not pending and whole and not twice_started and not beside
     sys.exit(0 if ok else 1)
 
 

@@ -44,9 +44,9 @@ from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProce
 from orbit.core.execution.bundle import freeze_bundle
 from orbit.core.execution.ssh.transfer import stage_bundle
 from orbit.core.execution.ssh.transport import Ssh, SshOptions
-from orbit.core.hosts import HostSpec
-from orbit.core.models import JobSpec, LaunchMode, RunHandle
-from orbit.core.tasks.base import StagedPath
+from orbit.model.hosts import HostSpec
+from orbit.model.models import JobSpec, LaunchMode, RunHandle
+from orbit.model.task import StagedPath
 
 CHUNK = 16 << 20
 JOB = JobSpec(

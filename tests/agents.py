@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
+from orbit.model.config import Settings
 from tests.orbit_server import Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,11 +134,18 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
         env: dict[str, str] | None = None,
         prefix: list[str] | None = None,
         extra: list[str] | None = None,
+        work_dir: Path | None = None,
+        task_uids: str = "none",
     ) -> AgentProc:
-        work = tmp_path / f"agent-{name}"
+        """`task_uids`: none (the tasks run as the agent's user: root here, where they can
+        write to the test's folders), or FIRST-LAST (each task a user of its own; the work
+        dir must then be one those users can pass through, not the test's 0700 tmp_path)."""
+        work = work_dir or tmp_path / f"agent-{name}"
+        token_file = tmp_path / f"join-{name}.token"
+        token_file.write_text(token or join_token(server))
         args = [sys.executable, "-m", "orbit", "agent", "--server", server.url]
         args += ["--name", name, "--work-dir", str(work), "--max-tasks", str(max_tasks)]
-        args += ["--join-token", token or join_token(server)]
+        args += ["--join-token-file", str(token_file), "--task-uids", task_uids]
         if labels:
             args += ["--labels", labels]
         args += extra or []

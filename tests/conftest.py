@@ -7,6 +7,7 @@ the PostgreSQL cases are skipped, unless ORBIT_REQUIRE_POSTGRES=1 (CI sets it), 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import uuid
@@ -15,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
 from orbit.core.execution.service import ExecutionService
 from orbit.core.execution.ssh.transport import options_for
 from orbit.core.tasks import TaskRegistry
-from orbit.core.templates import TemplateRegistry, default_search_path
+from orbit.model.config import Settings
+from orbit.model.templates import TemplateRegistry, default_search_path
 from orbit.store import Store
 
 pytest_plugins = [
@@ -42,8 +43,12 @@ def _pg_admin():  # type: ignore[no-untyped-def]
     return psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
+def _pg_url(database: str) -> str:
+    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{database}"
+
+
+def _pg_database(template: str | None = None) -> Iterator[str]:
+    """A database of its own for one test (a copy of `template`, else empty), dropped after."""
     import psycopg
 
     try:
@@ -54,21 +59,66 @@ def postgres_url() -> Iterator[str]:
         pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
     name = f"orbit_test_{uuid.uuid4().hex[:12]}"
     with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+        copy = f' TEMPLATE "{template}"' if template else ""
+        admin.execute(f'CREATE DATABASE "{name}"{copy}')
     try:
-        yield f"{base}/{name}"
+        yield _pg_url(name)
     finally:
         with _pg_admin() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@functools.cache
+def _migrated_template() -> str:
+    """A database migrated to head once, for every test (and xdist worker) to copy: a copy
+    takes a tenth of migrating afresh. Named by the migrations' digest, so a changed migration
+    makes a new one; made under a name of its own, then renamed, so no test copies half of it."""
+    import hashlib
+
+    import orbit.store
+
+    folder = Path(orbit.store.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted([folder / "schema.py", *(folder / "migrations").rglob("*.py")]):
+        digest.update(path.read_bytes())
+    name = f"orbit_template_{digest.hexdigest()[:16]}"
+    with _pg_admin() as admin:
+        admin.execute("SELECT pg_advisory_lock(hashtext(%s))", (name,))
+        try:
+            found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if found.fetchone() is None:
+                building = f"{name}_building"
+                admin.execute(f'DROP DATABASE IF EXISTS "{building}" WITH (FORCE)')
+                admin.execute(f'CREATE DATABASE "{building}"')
+                Store(_pg_url(building)).close()
+                admin.execute(f'ALTER DATABASE "{building}" RENAME TO "{name}"')
+        finally:
+            admin.execute("SELECT pg_advisory_unlock(hashtext(%s))", (name,))
+    return name
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """An empty PostgreSQL database of the test's own."""
+    yield from _pg_database()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The same test, once on SQLite and once on PostgreSQL."""
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The same test, once on SQLite and once on PostgreSQL (a copy of a database migrated to
+    head, or an empty one for a test marked fresh_database)."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'orbit.db'}"
-    return str(request.getfixturevalue("postgres_url"))
+        yield f"sqlite:///{tmp_path / 'orbit.db'}"
+    elif request.node.get_closest_marker("fresh_database"):
+        yield from _pg_database()
+    else:
+        import psycopg
+
+        try:
+            template = _migrated_template()
+        except psycopg.OperationalError:  # no server: _pg_database says so (skip, or fail)
+            template = None
+        yield from _pg_database(template)
 
 
 @pytest.fixture

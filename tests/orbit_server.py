@@ -4,6 +4,7 @@ its first start wrote, and kills it afterwards; `start_server` starts more (repl
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -136,3 +137,12 @@ def start_server(
 @pytest.fixture
 def orbit_server(start_server: Callable[..., Server]) -> Server:
     return start_server()
+
+
+@pytest.fixture
+def members_here(start_server: Callable[..., Server], tmp_path: Path) -> Server:
+    """A server whose own host members may run on too (local_roles), as on a machine one
+    would give them a shell on."""
+    config = tmp_path / "server.yaml"
+    config.write_text(json.dumps({"local_roles": ["admin", "member"]}), encoding="utf-8")
+    return start_server("--config", str(config))

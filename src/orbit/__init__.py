@@ -1,9 +1,10 @@
 """ORBIT: a control plane for ML jobs on GPUs that come and go.
 
 A run is a reproducible artifact (a frozen bundle), and control is split from execution.
+The top: may import any of its folders (it offers `orbit.Client`, loaded on first use).
 """
 
-__version__ = "0.1.0"
+from orbit.model.version import __version__ as __version__
 
 
 def __getattr__(name: str) -> object:

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from orbit.agent import protocol as p
-from orbit.core.config import Settings
+from orbit.model.config import Settings
 from orbit.store import Store
+from orbit.wire import protocol as p
 from tests.agent.test_pool_runs import ended, run_of, submit
 from tests.agents import AgentProc, control, join_token, wait_online
 from tests.helpers import eventually, orbit
@@ -273,7 +273,10 @@ def test_a_node_cannot_act_for_another(server: Server, gate: Gate, placed: Place
         ("/report", {**as_b, "seq": 99, "attempts": [report]}),
         ("/claim", {"node_id": b.id, **attempt}),
         ("/claim", {"node_id": b.id, **attempt, "refuse": "forged refusal"}),
-        ("/transfers", {"node_id": b.id, "transfer_id": "cmd-x", "error": "forged"}),
+        (
+            "/transfers",
+            {"node_id": b.id, "transfer_id": "cmd-" + "0" * 32, "error": "forged"},
+        ),
     ):
         refused(gate.post(path, body, a), 401, b.id)
     time.sleep(1.5)

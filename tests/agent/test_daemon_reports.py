@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orbit.agent.daemon import Agent, AgentOptions, Tracked, _ended
+from orbit.agent.daemon import Agent, AgentOptions
+from orbit.agent.reports import build_report
+from orbit.agent.sync import running
+from orbit.agent.tracked import Tracked, has_ended
 
 
 def agent_with(tmp_path: Path, tracked: Tracked) -> Agent:
@@ -28,18 +31,18 @@ def test_an_attempt_being_started_is_reported_alive_and_not_ended(tmp_path: Path
     tracked = attempt(tmp_path, launching=True)
     agent = agent_with(tmp_path, tracked)
     try:
-        report = agent.build_report()
+        report = build_report(agent)
         assert report is not None
         (reported,) = report.attempts
         assert reported.alive and not reported.ended
-        (running,) = agent.running()
-        assert running.alive and not running.ended
-        assert not _ended(tracked)  # it counts against max_tasks
+        (now,) = running(agent)
+        assert now.alive and not now.ended
+        assert not has_ended(tracked)  # it counts against max_tasks
         # once started, the wrapper's lock says: here, nobody holds it, so it is gone
         tracked.launching = False
-        report = agent.build_report()
+        report = build_report(agent)
         assert report is not None and not report.attempts[0].alive
-        assert _ended(tracked)
+        assert has_ended(tracked)
     finally:
         agent.http.close()
         agent.workers.shutdown()

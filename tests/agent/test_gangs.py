@@ -89,9 +89,16 @@ def test_a_gang_is_placed_on_as_many_nodes_and_its_ranks_meet(
     assert [r[0] for r in ranks] == ["0", "1", "2"], lines
     assert {r[4] for r in ranks} == {"g0", "g1", "g2"}, lines
     assert {(r[1], r[2], r[3]) for r in ranks} == {("3", "127.0.0.1", ranks[0][3])}, lines
-    assert 29500 <= int(ranks[0][3]) < 39500
+    assert 20000 <= int(ranks[0][3]) < 32000
     rank0_node = next(r[4] for r in ranks if r[0] == "0")
     assert attempt["handle"]["target"] == rank0_node
+    # where it ran, every node of it, rank 0 first (runs list, status, runs show)
+    by_rank = "+".join(r[4] for r in ranks)
+    assert orbit_json(orbit_server.env(), "runs", "show", run_id)["attempts"][0]["where"] == by_rank
+    assert f"on nodes {by_rank}" in orbit(orbit_server.env(), "status", run_id).stdout
+    assert [
+        r["id"] for r in orbit_json(orbit_server.env(), "runs", "list", "--node", ranks[2][4])
+    ] == [run_id]
     # and they met there: rank 0's log (the run's) says whom it heard
     log = orbit(orbit_server.env(), "logs", run_id).stdout
     others = sorted(f"rank {r[0]} from {r[4]}" for r in ranks if r[0] != "0")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from orbit.agent import nodeinfo
-from orbit.agent.protocol import NodeInfo
+from orbit.wire.protocol import NodeInfo
 from tests.dockerd import Dockerd
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from orbit.core.config import Settings
-from orbit.core.nodes import NodeState
+from orbit.model.config import Settings
+from orbit.model.nodes import NodeState
 from tests.agent.test_pool_runs import ended, run_of, submit
 from tests.agents import AgentProc, control, wait_online
 from tests.helpers import eventually, orbit

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from orbit.core.hosts import HostFacts
+from orbit.model.hosts import HostFacts
 from orbit.store import Store
 from tests.agent.test_pool_runs import ended, run_of
 from tests.agents import AgentProc, wait_online

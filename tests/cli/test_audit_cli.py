@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from orbit.core.audit_chain import verify_chain
-from orbit.core.models import RunState
-from orbit.core.records import AuditEvent
+from orbit.model.audit_chain import verify_chain
+from orbit.model.audit_key import load_audit_key
+from orbit.model.models import RunState
+from orbit.model.records import AuditEvent
 from orbit.store import Store
+from tests.orbit_server import Server
 from tests.store.raw import execute
+from tests.store.test_audit_keyed import rehash_from
 
 ORBIT = [sys.executable, "-m", "orbit"]
 
@@ -32,9 +35,10 @@ def env(orbit_home: Path, store_url: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def filled(store_url: str) -> Iterator[tuple[Store, str]]:
-    """A store with a run that went through a few states, and the run's id."""
-    store = Store(store_url)
+def filled(store_url: str, orbit_home: Path) -> Iterator[tuple[Store, str]]:
+    """A store with a run that went through a few states, and the run's id; keyed under the
+    audit key the CLI finds in its ORBIT home."""
+    store = Store(store_url, audit_key=load_audit_key(orbit_home / "audit-key"))
     exp = store.create_experiment("audited", "alice")
     run = store.create_run(
         experiment_id=exp.id,
@@ -68,6 +72,7 @@ def test_verify_passes_then_names_the_tampered_event(
     assert ok.stdout.splitlines() == [
         f"audit chain intact: {len(events)} events",
         f"head: {events[-1].hash}",
+        f"keyed from event {events[0].id} (audit key {store.check_audit().key_id})",
     ]
 
     edited, removed = events[3], events[5]
@@ -83,7 +88,15 @@ def test_verify_passes_then_names_the_tampered_event(
     as_json = orbit(env, "audit", "verify", "--json")
     assert as_json.returncode == 1
     report = json.loads(as_json.stdout)
-    assert report == {"intact": False, "events": 6, "head": events[-1].hash, "problems": lines}
+    assert report == {
+        "intact": False,
+        "events": 6,
+        "head": events[-1].hash,
+        "keyed_from": events[0].id,
+        "key_id": store.check_audit().key_id,
+        "anchors": 0,
+        "problems": lines,
+    }
 
 
 def test_export_round_trips_with_the_hashes(
@@ -127,6 +140,80 @@ def test_help_explains_the_listing_and_both_commands(orbit_home: Path) -> None:
     env = {**os.environ, "ORBIT_HOME": str(orbit_home), "COLUMNS": "200"}
     proc = orbit(env, "audit", "--help")
     assert proc.returncode == 0, proc.stderr
-    for word in ("--run", "--limit", "--json", "verify", "export", "--out"):
+    for word in ("--run", "--limit", "--json", "verify", "--anchor", "checkpoint", "export"):
         assert word in proc.stdout, word
     assert "audit" in orbit(env, "--help").stdout
+
+
+# -- attacks by someone who can write the database, but does not hold the audit key ----------
+
+
+def test_a_rehashed_chain_fails_verify(env: dict[str, str], filled: tuple[Store, str]) -> None:
+    store, _ = filled
+    events = store.list_events()
+    rehash_from(store, events[2], actor="mallory")
+    assert verify_chain(store.list_events()) == []  # every sha256 re-computed: whole again
+    bad = orbit(env, "audit", "verify")
+    assert bad.returncode == 1 and bad.stdout == "", bad
+    lines = bad.stderr.splitlines()
+    assert lines[0] == (
+        f"events {events[2].id} to {events[-1].id}: MAC does not match "
+        "(re-hashed by someone without the audit key?)"
+    ), lines
+    refused = orbit(env, "audit", "checkpoint")  # no anchor is taken of a chain like that
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.splitlines()[-1] == "no checkpoint: the chain does not verify"
+
+
+def test_a_truncated_chain_fails_verify_and_its_anchor(
+    orbit_server: Server, store_url: str, tmp_path: Path
+) -> None:
+    """Against a real server: an admin's checkpoint, then the last events deleted in the
+    database. The seal and the anchor each tell, through the API."""
+    env = orbit_server.env()
+    for name in ("a", "b", "c"):
+        assert orbit(env, "experiments", "create", name).returncode == 0
+    taken = orbit(env, "audit", "checkpoint")
+    assert taken.returncode == 0, taken.stderr
+    checkpoint = json.loads(taken.stdout)
+    anchors = tmp_path / "anchors.jsonl"
+    anchors.write_text(taken.stdout, encoding="utf-8")
+    held = orbit(env, "audit", "verify", "--anchor", str(anchors))
+    assert held.returncode == 0, held.stderr
+    assert held.stdout.splitlines()[-1] == "anchors hold: 1"
+
+    raw = Store(store_url)
+    try:
+        events = raw.list_events()
+        assert (events[-1].id, events[-1].hash) == (checkpoint["event"], checkpoint["hash"])
+        execute(raw, "DELETE FROM events WHERE id >= :id", id=events[-2].id)
+    finally:
+        raw.close()
+    bad = orbit(env, "audit", "verify", "--anchor", str(anchors))
+    assert bad.returncode == 1, bad
+    assert bad.stderr.splitlines() == [
+        f"the chain ends at event {events[-3].id}, but its seal names event {events[-1].id} "
+        f"({events[-1].hash[:12]}) as the last: events were removed from its end",
+        f"anchored event {events[-1].id} ({events[-1].hash[:12]}) is past its end (the chain "
+        f"ends at event {events[-3].id}): events were removed",
+    ]
+    garbled = tmp_path / "garbled.jsonl"
+    garbled.write_text("{}\n", encoding="utf-8")
+    refused = orbit(env, "audit", "verify", "--anchor", str(garbled))
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(f"orbit: error: --anchor: {garbled} line 1: not a checkpoint")
+
+
+def test_a_store_opened_with_another_key_is_refused_in_one_line(
+    env: dict[str, str], filled: tuple[Store, str], tmp_path: Path
+) -> None:
+    store, _ = filled
+    before = store.list_events()
+    other = {**env, "ORBIT_AUDIT_KEY_FILE": str(tmp_path / "another-key")}
+    refused = orbit(other, "runs", "list")
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    [line] = refused.stderr.splitlines()
+    assert line.startswith(
+        f"orbit: error: the audit chain is keyed under audit key {store.check_audit().key_id}"
+    )
+    assert store.list_events() == before  # nothing written under the wrong key

@@ -33,7 +33,24 @@ def env(request: pytest.FixtureRequest, orbit_home: Path, store_url: str) -> dic
     if request.param == "embedded":
         return embedded
     server: Server = request.getfixturevalue("orbit_server")
-    return {**server.env(), "ORBIT_DATABASE_URL": "sqlite:////nonexistent/not-used.db"}
+    # through a server the CLI opens no store of its own: this one must never come to exist
+    never = orbit_home.parent / "never" / "not-used.db"
+    request.addfinalizer(lambda: _never_made(never))
+    # (the tests look into the server's own store: TEST_STORE_URL)
+    return {
+        **server.env(),
+        "ORBIT_DATABASE_URL": f"sqlite:///{never}",
+        "TEST_STORE_URL": server.database_url,
+    }
+
+
+def store_of(env: dict[str, str]) -> Store:
+    """The store the commands in `env` write: the server's, or the embedded one."""
+    return Store(env.get("TEST_STORE_URL") or env["ORBIT_DATABASE_URL"])
+
+
+def _never_made(path: Path) -> None:
+    assert not path.parent.exists(), f"a CLI through the server opened {path}"
 
 
 def orbit(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -194,10 +211,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert len(lines) == 1 and lines[0].startswith("orbit: error: "), proc.stderr
     assert re.search(expected, lines[0]), lines[0]
     assert proc.stdout == ""
-    store = Store(env["ORBIT_DATABASE_URL"])
+    store = store_of(env)
     try:
         assert store.list_runs() == [] and store.list_experiments() == []
-        assert store.list_events() == []
+        # (a server's own first start is in its trail: its admin and that admin's token)
+        assert [e.action for e in store.list_events() if e.actor != "orbit-server"] == []
     finally:
         store.close()
 

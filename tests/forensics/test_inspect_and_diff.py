@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from orbit.core.control.service import CoreControlService
-from orbit.core.models import FailureReason, RetryPolicy, RunState
 from orbit.forensics.diagnose import Inspection, LayerReport, Verdict, inspect_run
 from orbit.forensics.rundiff import MASK, diff_runs, facts
+from orbit.model.models import FailureReason, RetryPolicy, RunState
 from tests.helpers import eventually, group_alive
 from tests.runtime.test_precheck import (
     attempt_dir,

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orbit.core.control.service import CoreControlService
-from orbit.core.models import RunState
 from orbit.forensics.progress import Progress, latest_progress, parse_tail
+from orbit.model.models import RunState
 from tests.runtime.test_precheck import make_venv, submit, wait_all
 
 

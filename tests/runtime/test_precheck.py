@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from orbit.core.control.service import CoreControlService
-from orbit.core.errors import InvalidInput
-from orbit.core.models import FailureKind, FailureReason, RunState, TaskSubmission
-from orbit.core.records import RunRecord
+from orbit.model.errors import InvalidInput
+from orbit.model.models import FailureKind, FailureReason, RunState, TaskSubmission
+from orbit.model.records import RunRecord
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PACKAGES = "importlib.metadata"

@@ -19,11 +19,12 @@ from typing import Any, TypeVar
 import pytest
 
 from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend, wrapper_alive
-from orbit.core.execution.bundle import create_bundle_archive, extract_bundle_archive, freeze_bundle
+from orbit.core.execution.bundle import freeze_bundle
+from orbit.core.execution.bundle_archive import create_bundle_archive, extract_bundle_archive
 from orbit.core.execution.runtime_state import parse_json, status_from_files
-from orbit.core.models import FailureKind, FailureReason, JobSpec, LaunchMode, RunHandle, RunState
-from orbit.core.tasks.base import StagedPath
-from orbit.runtime import hostside
+from orbit.model.models import FailureKind, FailureReason, JobSpec, LaunchMode, RunHandle, RunState
+from orbit.model.task import StagedPath
+from orbit.runtime import host_processes
 from tests.helpers import group_alive, process_alive
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -161,7 +162,7 @@ def bundles() -> Iterator[list[Path]]:
             os.kill(int((runtime / "pid").read_text()), signal.SIGKILL)
         # by the mark the task's processes carry, not by a recorded pid: one long ended may
         # be another test's process now
-        for pid in hostside.marked([f"ORBIT_BUNDLE_DIR={os.path.abspath(bundle)}"], set()):
+        for pid in host_processes.marked([f"ORBIT_BUNDLE_DIR={os.path.abspath(bundle)}"], set()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

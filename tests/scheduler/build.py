@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from orbit.scheduler.model import Ask, Gpu, NodeView, Request, Running, SchedConfig, Snapshot
-from orbit.scheduler.plan import Plan, schedule
+from orbit.scheduler.ordering import schedule
+from orbit.scheduler.plan import Plan
 from orbit.scheduler.resources import parse_gpu
 
 NOW = 1_800_000_000.0

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from orbit.scheduler.codec import dumps, pass_in, pass_out
 from orbit.scheduler.model import Quota, SchedConfig, Snapshot
-from orbit.scheduler.plan import schedule
+from orbit.scheduler.ordering import schedule
 from tests.scheduler.build import NOW, ask, node, plan, run, running, where
 
 
@@ -332,8 +332,8 @@ def test_no_node_is_over_capacity_no_run_is_placed_twice_and_replay_is_identical
 def test_a_node_record_becomes_a_view_with_catalog_models_and_health() -> None:
     from datetime import UTC, datetime
 
-    from orbit.core.nodes import NodeRecord, NodeState
-    from orbit.scheduler.inputs import node_view
+    from orbit.model.nodes import NodeRecord, NodeState
+    from orbit.scheduler.node_views import node_view
 
     info = {
         "accelerators": [
@@ -393,7 +393,7 @@ def test_a_waiting_run_is_given_an_estimated_start_from_max_runtimes() -> None:
 def test_a_running_attempts_progress_gives_its_likely_end_to_the_minute() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from orbit.scheduler.inputs import eta_from_progress
+    from orbit.scheduler.request_views import eta_from_progress
 
     at = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
     started = at - timedelta(seconds=100)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orbit.core.errors import InvalidInput
-from orbit.scheduler.checks import site_checks
+from orbit.model.errors import InvalidInput
 from orbit.scheduler.config import config_from_dict
 from orbit.scheduler.model import Snapshot
-from orbit.scheduler.plan import schedule
+from orbit.scheduler.ordering import schedule
+from orbit.scheduler.plugins import site_checks
 from tests.scheduler.build import NOW, ask, node, run, where
 
 

@@ -2,9 +2,9 @@
 store, each running its own scheduling passes, with real agents joined to one or the other, and
 a burst of pool runs submitted to both at once, so that both replicas plan the same queue on the
 same nodes at the same time. The store commits each placement in one transaction that refuses a
-stale plan (orbit.store.nodes.assign_attempt: a slot or a GPU taken meanwhile, an attempt already
-placed), so whichever replica loses a race waits for its next pass. Once on PostgreSQL (where
-replicas are meant to run) and once on a SQLite file both servers open.
+stale plan (orbit.store.placement.assign_attempt: a slot or a GPU taken meanwhile, an attempt
+already placed), so whichever replica loses a race waits for its next pass. Once on PostgreSQL
+(where replicas are meant to run) and once on a SQLite file both servers open.
 
 This would catch a replica placing an attempt the other placed (two `attempt.placed` events,
 a fence above 1, the task run twice or on two nodes: the ledger counts every start), and a
@@ -26,10 +26,10 @@ import httpx
 import pytest
 
 from orbit import Client
-from orbit.scheduler.checks import site_checks
 from orbit.scheduler.codec import pass_in
 from orbit.scheduler.config import config_from_dict
-from orbit.scheduler.plan import schedule
+from orbit.scheduler.ordering import schedule
+from orbit.scheduler.plugins import site_checks
 from orbit.store import Store
 from orbit.store.scheduling import unpack
 from orbit.store.sql import read_json

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orbit.core.errors import InvalidInput
+from orbit.model.errors import InvalidInput
 from orbit.scheduler.resources import MODELS, GpuAsk, canonical_model, parse_gpu
 
 H100S = ("H100-80GB", "H100-NVL")

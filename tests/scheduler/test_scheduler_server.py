@@ -144,6 +144,14 @@ def test_requests_the_scheduler_can_never_serve_are_refused_at_submit_in_one_lin
         "selector: no registered node has the labels rack=z": {
             "overrides": {"selector": {"rack": "z"}}
         },
+        # a node that does not exist is named as such, with the ones that do (not capacity)
+        "target: no node is named 'h100x3'; did you mean h100x2? (nodes: h100x2)": {
+            "overrides": {"target": "h100x3"}
+        },
+        "target: no node is named 'nosuch' (nodes: h100x2)": {"overrides": {"target": "nosuch"}},
+        "target: node h100x2 could never hold gpu H100-80GB:4; it has 2 GPU(s) (H100-80GB)": {
+            "overrides": {"target": "h100x2", "resources": {"gpu": "H100-80GB:4"}}
+        },
     }
     for expected, fields in cases.items():
         spec = write_spec(tmp_path, name="bad.yaml", template="pool", **fields)

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from orbit.core.control.submit import gather_inputs
-from orbit.core.spec import SubmitSpec, to_submission
 from orbit.core.tasks import TaskRegistry
+from orbit.model.spec import SubmitSpec, to_submission
 from tests.orbit_server import Server
 
 PROBLEM = "application/problem+json"
@@ -377,6 +377,10 @@ def test_an_unknown_run_is_a_404_everywhere(
         ("POST", "/api/v1/runs/nope/retry"),
         ("POST", "/api/v1/runs/nope/replay"),
         ("POST", "/api/v1/runs/nope/leftovers/stop"),
+        ("POST", "/api/v1/runs/nope/artifacts"),
+        ("GET", "/api/v1/runs/nope/storage"),
+        ("POST", "/api/v1/runs/nope/pin"),
+        ("DELETE", "/api/v1/runs/nope/pin"),
     ]:
         body = refused(http.request(method, path), 404, "unknown run 'nope'")
         assert body["error"] == "NotFound", path
@@ -390,9 +394,12 @@ def test_a_run_of_someone_else_is_not_a_members_to_control(
     token = _member_token(http)
     check = nothing()
     with limited.client(token) as member:
-        for path in ("cancel", "retry", "leftovers/stop"):
+        for path in ("cancel", "retry", "leftovers/stop", "pin"):
             body = refused(member.post(f"/api/v1/runs/{run_id}/{path}"), 403, "mallory", "member")
             assert body["error"] == "Forbidden"
+        deleting = member.post("/api/v1/runs/delete", json={"runs": [run_id]})
+        assert refused(deleting, 403, "mallory", "member")["error"] == "Forbidden"
+        assert refused(member.post("/api/v1/gc"), 403, "mallory", "admins only")
         assert member.get(f"/api/v1/runs/{run_id}").status_code == 200  # reading is allowed
     check.changed()
     attempts = http.get(f"/api/v1/runs/{run_id}").json()["attempts"]

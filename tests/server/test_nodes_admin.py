@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from orbit.agent.protocol import PREFIX, PROTOCOL_VERSION, VERSION_HEADER
 from orbit.store import Store
 from orbit.store.tables import Base
+from orbit.wire.protocol import PREFIX, PROTOCOL_VERSION, VERSION_HEADER
 from tests.agents import AgentProc, wait_online
 from tests.helpers import ORBIT, eventually, orbit, orbit_json
 from tests.orbit_server import Server
@@ -147,11 +147,12 @@ def test_a_node_joins_and_an_admin_drains_cordons_and_sets_it(
         table = orbit(admin, "nodes", "list").stdout
         header, row = table.splitlines()
         assert header.split() == [
-            "NAME", "CONDITION", "RUNNING", "GPUS", "CPUS", "MEM", "LAST", "SEEN", "LABELS"
+            "NAME", "CONDITION", "RUNNING", "GPUS", "CPUS", "MEM", "LAST", "SEEN", "LABELS",
+            "REASON",
         ]  # fmt: skip
         for cell in ("gpu-a", "ready", "0/2", "2x H100 80GB HBM3", "64", "512 GiB", "s ago"):
             assert cell in row, (cell, row)
-        assert row.endswith("gpu=h100,rack=r1,zone=c")
+        assert row.endswith("gpu=h100,rack=r1,zone=c  -")
 
         shown = orbit(admin, "nodes", "show", "gpu-a").stdout
         for text in (
@@ -197,6 +198,7 @@ def test_a_node_joins_and_an_admin_drains_cordons_and_sets_it(
             "max_tasks": 3,
             "state": "active",
             "resync": False,
+            "fence_after_s": 3615.0,  # the lost timeout: offline after 3600 s, 15 s of grace
         }
 
         # mistakes: one line, exit 2, nothing changed
@@ -379,8 +381,8 @@ def lines(proc: subprocess.CompletedProcess[bytes]) -> str:
     return proc.stderr.decode() + proc.stdout.decode()
 
 
-# orbit.store.nodes.pending_commands hands a command's body on as the store returns it: text on
-# SQLite (a JSON column is TEXT there), which the gateway's poll cannot read (a 500)
+# orbit.store.node_commands.pending_commands hands a command's body on as the store returns it:
+# text on SQLite (a JSON column is TEXT there), which the gateway's poll cannot read (a 500)
 
 
 def test_push_and_pull_move_files_through_the_agent(
@@ -467,6 +469,48 @@ def env(
     return {**env, "ORBIT_DATABASE_URL": store_url, "ORBIT_NODE_OFFLINE_S": "3600"}
 
 
+def test_a_drain_or_cordon_reason_is_shown_audited_and_cleared_when_it_takes_work(
+    env: dict[str, str], orbit_server: Server
+) -> None:
+    token = orbit(env, "nodes", "join-token", "create").stdout.strip()
+    join(orbit_server, token, "gpu-a", max_tasks=2).close()
+    why = "fan replacement, ticket 4711"
+    drained = orbit(env, "nodes", "drain", "gpu-a", "--reason", why).stdout
+    (listed,) = orbit_json(env, "nodes", "list")
+    actor = listed["reason_by"]  # who drained it: through the server, the token's user
+    assert actor == "admin" or "ORBIT_SERVER" not in env
+    assert listed["reason"] == why and listed["reason_at"] and listed["max_tasks"] == 0
+    assert f"reason: {why} (by {actor}, " in drained
+    table = orbit(env, "nodes", "list").stdout
+    assert table.splitlines()[0].split()[-1] == "REASON"
+    assert table.splitlines()[1].endswith(f"{why} ({actor})")
+    assert f"reason:          {why} (by {actor}, " in orbit(env, "nodes", "show", "gpu-a").stdout
+
+    # set --max-tasks N takes work again: the reason goes; a cordon gives a new one, which
+    # is shown as text, never obeyed by the terminal
+    assert orbit_json(env, "nodes", "set", "gpu-a", "--max-tasks", "2")["reason"] is None
+    odd = "disk\x1b[2J swap"
+    cordoned = orbit_json(env, "nodes", "cordon", "gpu-a", "--reason", odd)
+    assert cordoned["reason"] == odd and cordoned["condition"] == "cordoned (free)"
+    table = orbit(env, "nodes", "list").stdout
+    assert "\x1b" not in table and "disk\\x1b[2J swap" in table
+    one_line_error(
+        orbit(env, "nodes", "drain", "gpu-a", "--reason", "  ", check=False),
+        2,
+        "--reason: give a few words (1 to 256 characters)",
+    )
+    assert orbit_json(env, "nodes", "uncordon", "gpu-a")["reason"] is None
+
+    updates = [e for e in orbit_json(env, "audit") if e["action"] == "node.update"]
+    assert [(e["actor"], e["data"]) for e in updates] == [
+        (actor, {"node": "gpu-a", "max_tasks": 0, "reason": why}),
+        (actor, {"node": "gpu-a", "max_tasks": 2, "reason": None}),
+        (actor, {"node": "gpu-a", "state": "cordoned", "reason": odd}),
+        (actor, {"node": "gpu-a", "state": "active", "reason": None}),
+    ]
+    eventually(lambda: orbit(env, "nodes", "remove", "gpu-a").returncode == 0)
+
+
 def test_nodes_embedded_or_through_the_server(
     env: dict[str, str], orbit_server: Server, store_url: str
 ) -> None:
@@ -479,7 +523,8 @@ def test_nodes_embedded_or_through_the_server(
     token = made.stdout.strip()
     assert token.startswith("orbitjoin_") and len(made.stdout.splitlines()) == 1
     server = env.get("ORBIT_SERVER") or "URL"
-    assert f"orbit agent --server {server} --join-token {token}" in made.stderr
+    assert f"orbit agent --server {server} --join-token-file FILE" in made.stderr
+    assert token not in made.stderr  # the token is on stdout only, not in a command to copy
     node = join(orbit_server, token, "gpu-a")
     node.close()
     (shown,) = orbit_json(env, "nodes", "list")

@@ -70,14 +70,18 @@ def store_url(tmp_path: Path) -> str:
 def fenced(start_server: Callable[..., Server], tmp_path: Path) -> Server:
     """A server whose runs are never launched and whose loops never run; whose ssh reads an
     empty config (no alias or ProxyJump of this machine's sends it elsewhere); and whose
-    docker CLI, which checking a submission to a docker template asks, finds no daemon."""
+    docker CLI, which checking a submission to a docker template asks, finds no daemon. The
+    fuzzing shows a user's token to every agent route, where it is a failed node credential
+    each time: the limit on failed authentications is set out of its way."""
     (tmp_path / "ssh_config").write_text("")
+    config = tmp_path / "server.yaml"
+    config.write_text('{"auth_failures": {"burst": 1000000}}', encoding="utf-8")
     env = {
         "ORBIT_FAILPOINTS": "launch=skip",
         "ORBIT_SSH_CONFIG": str(tmp_path / "ssh_config"),
         "DOCKER_HOST": f"unix://{tmp_path / 'no-docker.sock'}",
     }
-    return start_server("--no-loops", env=env)
+    return start_server("--no-loops", "--config", str(config), env=env)
 
 
 @pytest.fixture

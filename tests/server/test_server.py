@@ -58,8 +58,9 @@ def test_first_start_writes_the_admin_token_once_and_the_store_keeps_only_hashes
 
 
 def test_roles_decide_who_may_do_what_and_the_audit_names_who_did_it(
-    orbit_server: Server, tmp_path: Path
+    members_here: Server, tmp_path: Path
 ) -> None:
+    orbit_server = members_here
     admin = orbit_server.env()
     member = orbit_server.env(token_for(orbit_server, "mia", "member"), ORBIT_ACTOR="mallory")
     viewer = orbit_server.env(token_for(orbit_server, "vic", "viewer"))
@@ -131,7 +132,9 @@ def test_login_saves_the_token_0600_and_later_commands_use_it(
     home = tmp_path / "laptop"
     env = {k: v for k, v in orbit_server.env().items() if k not in ("ORBIT_SERVER", "ORBIT_TOKEN")}
     env["ORBIT_HOME"] = str(home)
-    bad = orbit(env, "login", orbit_server.url, "--token", "orbit_wrong", check=False)
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("orbit_wrong\n", encoding="utf-8")
+    bad = orbit(env, "login", orbit_server.url, "--token-file", str(wrong), check=False)
     assert bad.returncode == 2 and not (home / "credentials.json").exists()
     token_file = orbit_server.home / "admin-token"
     said = orbit(env, "login", orbit_server.url, "--token-file", str(token_file)).stdout
@@ -252,7 +255,7 @@ def test_logs_follow_over_sse_resumes_after_dropped_connections_with_nothing_los
 
 def test_the_python_client_against_a_real_server(orbit_server: Server, tmp_path: Path) -> None:
     from orbit import Client
-    from orbit.core.records import CollectResult, RunRecord
+    from orbit.model.records import CollectResult, RunRecord
 
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "train.py").write_text(
@@ -280,7 +283,7 @@ def test_the_python_client_against_a_real_server(orbit_server: Server, tmp_path:
         again = run.retry()
         assert len(again.attempts) == 2
         assert run.cancel().state.value in {"terminated", "succeeded"}
-        from orbit.core.errors import NotFound
+        from orbit.model.errors import NotFound
 
         with pytest.raises(NotFound, match="unknown run"):
             client.run("run-doesnotexist")

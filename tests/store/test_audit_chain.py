@@ -19,10 +19,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, text
 
-from orbit.core.audit_chain import canonical_at, check_chain, event_hash, verify_chain
-from orbit.core.errors import InvalidInput
-from orbit.core.models import RunState
-from orbit.core.records import AuditEvent
+from orbit.model.audit_chain import canonical_at, check_chain, event_hash, verify_chain
+from orbit.model.errors import InvalidInput
+from orbit.model.models import RunState
+from orbit.model.records import AuditEvent
 from orbit.store import Conflict, Store
 from orbit.store.audit import append_event
 from orbit.store.schema import HEAD_REVISION, alembic_config, alembic_engine, current_revision
@@ -379,6 +379,7 @@ def migrate_to(engine: Engine, revision: str, *, down: bool = False) -> None:
         (command.downgrade if down else command.upgrade)(config, revision)
 
 
+@pytest.mark.fresh_database
 def test_a_0001_store_is_migrated_with_a_backfilled_chain(store_url: str) -> None:
     engine = alembic_engine(store_url)
     try:

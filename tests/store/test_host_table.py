@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orbit.core.errors import InvalidInput, NotFound
-from orbit.core.hosts import GpuInfo, HostFacts, HostSpec
-from orbit.core.models import FailureReason, RunState
+from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.hosts import GpuInfo, HostFacts, HostSpec
+from orbit.model.models import FailureReason, RunState
 from orbit.store import Store
 from tests.store.test_repository import ACTOR, make_run
 

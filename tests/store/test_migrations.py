@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from alembic.script import ScriptDirectory
 
-from orbit.core.auth import Role
+from orbit.model.auth import Role
 from orbit.store import Store, StoreError
 from orbit.store.schema import HEAD_REVISION, alembic_config, alembic_engine, current_revision
 from tests.store.raw import execute, table_names
@@ -19,6 +19,7 @@ def test_head_revision_constant_matches_the_migration_scripts() -> None:
     assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION
 
 
+@pytest.mark.fresh_database
 def test_a_new_store_is_migrated_to_head_with_every_table(store: Store) -> None:
     assert current_revision(store.db) == HEAD_REVISION
     tables = {"experiments", "runs", "attempts", "events", "hosts", "users", "tokens"}

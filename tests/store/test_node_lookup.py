@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from orbit.core.auth import token_hash
-from orbit.core.errors import Refused
-from orbit.core.models import FailureReason, RunState
+from orbit.model.auth import token_hash
+from orbit.model.errors import Refused
+from orbit.model.models import FailureReason, RunState
 from orbit.store import Store
 from orbit.store.sql import read_json
 
@@ -73,7 +73,7 @@ def test_a_placement_is_checked_against_the_node_as_it_is_now(store: Store) -> N
     """A plan made before an admin drained or cordoned a node is refused; one made before the
     admin raised max_tasks tells the agent the new figure, which its last heartbeat may not
     have brought yet."""
-    from orbit.core.nodes import NodeState
+    from orbit.model.nodes import NodeState
 
     store.create_join_token(token_hash("join"), {}, None, "tests")
     node = store.register_node(

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 import orbit.store.base as base
-from orbit.core.errors import IllegalTransition, InvalidInput, NotFound
-from orbit.core.models import FailureReason, RunState
-from orbit.core.records import AttemptRecord, AuditEvent, RunRecord
+from orbit.model.errors import IllegalTransition, InvalidInput, NotFound
+from orbit.model.models import FailureReason, RunState
+from orbit.model.records import AttemptRecord, AuditEvent, RunRecord
 from orbit.store import Store
-from orbit.store.runs import AutoRetry
+from orbit.store.attempt_states import AutoRetry
 from orbit.store.schema import HEAD_REVISION
 from tests.store.raw import query, table_names
 
@@ -53,6 +53,7 @@ def drive(store: Store, attempt_id: str, *moves: tuple[RunState, FailureReason |
 # --- migrations -------------------------------------------------------------------------------
 
 
+@pytest.mark.fresh_database
 def test_migrations_create_the_tables_and_reopening_is_a_no_op(store_url: str) -> None:
     first = Store(store_url)
     try:

@@ -16,11 +16,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from orbit.core.hosts import HostSpec
-from orbit.core.models import FailureReason, RunState
+from orbit.model.hosts import HostSpec
+from orbit.model.models import FailureReason, RunState
 from orbit.store import Store, StoreError, sql
+from orbit.store.drivers import PostgresDriver, SqliteDriver, driver_for, pyformat
 from orbit.store.schema import HEAD_REVISION
-from orbit.store.sql import PostgresDriver, SqliteDriver, Tx, driver_for, pyformat, read_time
+from orbit.store.sql import Tx, read_time
 from tests.store.raw import execute, query
 from tests.store.test_repository import ACTOR, make_run
 
@@ -118,8 +119,8 @@ def test_a_time_written_in_another_zone_reads_back_as_the_same_instant(store: St
 
 EVERYTHING = """
 import sys
-from orbit.core.hosts import HostSpec
-from orbit.core.models import FailureReason, RunState as S
+from orbit.model.hosts import HostSpec
+from orbit.model.models import FailureReason, RunState as S
 from orbit.store import Store
 
 store = Store(sys.argv[1])

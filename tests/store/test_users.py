@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orbit.core.auth import Role, new_token, token_hash
-from orbit.core.errors import InvalidInput, NotFound, Refused
-from orbit.core.models import FailureReason, RunState
+from orbit.model.auth import Role, new_token, token_hash
+from orbit.model.errors import InvalidInput, NotFound, Refused
+from orbit.model.models import FailureReason, RunState
 from orbit.store import Store
 from tests.store.raw import execute, query
 from tests.store.test_repository import ACTOR, make_run, race

@@ -1,4 +1,4 @@
-"""What this node has, as the agent reports it (orbit.agent.protocol.NodeInfo): accelerators
+"""What this node has, as the agent reports it (orbit.wire.protocol.NodeInfo): accelerators
 from NVML, CPUs, memory, free disk in the work dir, Docker and its NVIDIA runtime."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orbit import __version__
-from orbit.agent.protocol import Accelerator, NodeInfo
+from orbit.model.version import __version__
+from orbit.wire.protocol import Accelerator, NodeInfo
 
 MB = 1024 * 1024
 

@@ -1,5 +1,7 @@
 """`orbit agent install-service`: the systemd unit that keeps the agent running. The join token
-goes to an environment file beside it (mode 0600), never into the unit, which anyone can read."""
+goes into the agent's work dir (mode 0600), where the agent reads it once, joins, and removes
+it: never into the unit, which anyone can read, nor into the agent's argv or environment, which
+`ps` and every process it starts would see."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import shutil
 from pathlib import Path
 
 
-def unit_text(argv: list[str], user: str | None, env_file: Path | None) -> str:
+def unit_text(argv: list[str], user: str | None) -> str:
     lines = [
         "[Unit]",
         "Description=ORBIT agent (connects out to the orbit server; listens on no port)",
@@ -27,8 +29,6 @@ def unit_text(argv: list[str], user: str | None, env_file: Path | None) -> str:
     ]
     if user:
         lines.append(f"User={user}")
-    if env_file is not None:
-        lines.append(f"EnvironmentFile=-{env_file}")
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
 
@@ -53,15 +53,18 @@ def write_unit(
     if labels:
         argv += ["--labels", labels]
     written = []
-    env_file = None
     if join_token:
-        env_file = unit.with_suffix(".env")
-        env_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        work_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+        token_file = work_dir / "join-token"
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(f"ORBIT_JOIN_TOKEN={join_token}\n")
-        written.append(env_file)
+            out.write(f"{join_token}\n")
+        os.chmod(token_file, 0o600)
+        if user:
+            shutil.chown(token_file, user)
+        argv += ["--join-token-file", str(token_file)]
+        written.append(token_file)
     unit.parent.mkdir(parents=True, exist_ok=True)
-    unit.write_text(unit_text(argv, user, env_file))
+    unit.write_text(unit_text(argv, user))
     written.insert(0, unit)
     return written

@@ -1,4 +1,6 @@
-"""The `orbit` command line: a client of the control plane (see orbit.core.control.api)."""
+"""The `orbit` command line: a client of the control plane (see orbit.core.control.api).
+
+May import the vocabulary, orbit.client, and of the control plane only its interface."""
 
 import os
 

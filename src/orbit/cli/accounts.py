@@ -11,7 +11,7 @@ from orbit.cli.common import JSON, console, err, print_json, service
 from orbit.cli.text import Table, paint
 
 if TYPE_CHECKING:
-    from orbit.core.auth import TokenRecord, UserRecord
+    from orbit.model.auth import TokenRecord, UserRecord
 
 users_app = typer.Typer(
     help="Users of an orbit server and their roles (admins only).", no_args_is_help=True
@@ -25,44 +25,89 @@ ROLE_HELP = "viewer: reads; member: submits and controls its own runs; admin: ev
 
 def login(
     url: str = typer.Argument(..., metavar="URL", help="The server, e.g. https://orbit.lab:8470"),
-    token: str | None = typer.Option(
-        None, "--token", envvar="ORBIT_TOKEN", help="The token (default: asked for, hidden)."
+    token_file: str | None = typer.Option(
+        None,
+        "--token-file",
+        metavar="PATH",
+        help="Read the token from this file, or from stdin with '-'.",
     ),
-    token_file: Path | None = typer.Option(
-        None, "--token-file", metavar="PATH", help="Read the token from this file."
+    token: str | None = typer.Option(
+        None, "--token", hidden=True, help="Refused: argv is kept in shell history and ps."
     ),
 ) -> None:
     """Check a token against a server and save both for the next commands.
 
-    Saved in $ORBIT_HOME/credentials.json (mode 0600); from then on every command talks to
-    that server (ORBIT_SERVER and ORBIT_TOKEN still win). `orbit logout` forgets it.
+    The token comes from --token-file PATH, from stdin (--token-file -), from ORBIT_TOKEN, or
+    is asked for with a hidden prompt on a terminal; never from the command line, where shell
+    history and ps would keep it. Saved in $ORBIT_HOME/credentials.json (mode 0600); from
+    then on every command talks to that server (ORBIT_SERVER and ORBIT_TOKEN still win).
+    `orbit logout` forgets it.
     """
     from orbit.cli.common import settings
     from orbit.client.remote import RemoteControl
-    from orbit.core.config import save_login
-    from orbit.core.errors import InvalidInput
+    from orbit.model.config import save_login
 
-    if token_file is not None:
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise InvalidInput(f"--token-file: {token_file}: {exc.strerror or exc}") from None
-    if not token:
-        token = typer.prompt("token", hide_input=True).strip()
+    found = _login_token(token_file, token)
     url = url.rstrip("/")
-    remote = RemoteControl(url, token)
+    remote = RemoteControl(url, found)
     try:
         user = remote.whoami()
     finally:
         remote.close()
     assert user is not None
-    save_login(settings().credentials_file, url, token)
+    save_login(settings().credentials_file, url, found)
     console.print(f"logged in to {url} as {paint(user.name, 'bold')} ({user.role.value})")
+
+
+TOKEN_SOURCES = "--token-file PATH, --token-file - (stdin), ORBIT_TOKEN, or the hidden prompt"
+
+
+def _login_token(token_file: str | None, argv_token: str | None) -> str:
+    """The token from a file or stdin, else ORBIT_TOKEN, else a hidden prompt on a terminal."""
+    import os
+    import sys
+
+    from orbit.model.errors import InvalidInput
+
+    if argv_token is not None:
+        raise InvalidInput(
+            "--token: a token on the command line stays in shell history and ps; "
+            f"give it by {TOKEN_SOURCES}"
+        )
+    if token_file is not None:
+        return _token_from_file(token_file)
+    if os.environ.get("ORBIT_TOKEN"):
+        return os.environ["ORBIT_TOKEN"].strip()
+    if not sys.stdin.isatty():
+        raise InvalidInput(f"no token: give it by {TOKEN_SOURCES} (on a terminal)")
+    import getpass
+
+    typed = getpass.getpass("token: ").strip()
+    if not typed:
+        raise InvalidInput("no token typed")
+    return typed
+
+
+def _token_from_file(token_file: str) -> str:
+    import sys
+
+    from orbit.model.errors import InvalidInput
+
+    where = "stdin" if token_file == "-" else token_file
+    try:
+        text = sys.stdin.read() if token_file == "-" else Path(token_file).read_text("utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"--token-file: {token_file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"--token-file: {where}: not a text file") from None
+    if not text.strip():
+        raise InvalidInput(f"--token-file: {where} holds no token")
+    return text.strip()
 
 
 def logout() -> None:
     """Forget the server and token `orbit login` saved: commands are embedded again."""
-    from orbit.core.config import orbit_home
+    from orbit.model.config import orbit_home
 
     path = orbit_home() / "credentials.json"  # read nothing: a damaged file goes just the same
     if path.exists():
@@ -96,8 +141,8 @@ def users_add(
     as_json: bool = JSON,
 ) -> None:
     """Add a user. Then make them a token: orbit tokens create --user NAME."""
-    from orbit.core.auth import Role
-    from orbit.core.errors import InvalidInput
+    from orbit.model.auth import Role
+    from orbit.model.errors import InvalidInput
 
     try:
         chosen = Role(role)
@@ -165,11 +210,16 @@ def tokens_create(
     """Make a token. It is printed this once and never again (the server keeps its hash)."""
     made = service().create_token(user, name, expires)
     if as_json:
-        print_json({"token": made.token, **made.record.model_dump(mode="json")})
+        record = made.record.model_dump(mode="json")
+        print_json({"token": made.token, **record, "clamped": made.clamped})
         return
     print(made.token)
+    until = made.record.expires_at
+    lasts = f"expires {until:%Y-%m-%d %H:%M} UTC" if until else "lasts until revoked"
+    if made.clamped:
+        lasts += " (no later than the token that made it)"
     err.print(
-        f"token {made.record.id} for {made.record.user}: shown this once; store it now",
+        f"token {made.record.id} for {made.record.user}, {lasts}: shown this once; store it now",
         style="dim",
     )
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from orbit.agent.cleanup import CleanupOptions
 
 agent_app = typer.Typer(no_args_is_help=False, invoke_without_command=True)
 
@@ -21,9 +25,42 @@ def _work_dir(given: Path | None) -> Path:
     return Path("~/.orbit-agent").expanduser()
 
 
+def _join_token(given: str | None, path: Path | None) -> str | None:
+    """The join token from stdin (--join-token-file -) or ORBIT_JOIN_TOKEN, which is then
+    taken out of this process's environment: nothing the agent starts (a task, a container)
+    inherits it. Never from argv, where `ps` shows it for the agent's whole life. A file
+    (--join-token-file FILE) is read by the agent, and only if it has not joined yet."""
+    from orbit.model.errors import InvalidInput
+
+    from_env = os.environ.pop("ORBIT_JOIN_TOKEN", None)
+    if given is not None:
+        raise InvalidInput(
+            "--join-token: a token on the command line is visible in `ps` and shell history; "
+            "put it in a file (mode 0600) and give --join-token-file FILE, or pipe it in with "
+            "--join-token-file -"
+        )
+    if path is not None and str(path) == "-":
+        from orbit.agent.daemon import read_join_token
+
+        return read_join_token(sys.stdin.read(), "--join-token-file -")
+    if path is not None:
+        return None  # the file wins: the agent reads it when it has not joined yet
+    return (from_env or "").strip() or None
+
+
+def _read_file(path: Path) -> str:
+    from orbit.agent.daemon import read_join_token
+    from orbit.model.errors import InvalidInput
+
+    try:
+        return read_join_token(path.expanduser().read_text(), f"--join-token-file {path}")
+    except OSError as exc:
+        raise InvalidInput(f"--join-token-file: {path}: {exc.strerror or exc}") from None
+
+
 def _labels(text: str | None) -> dict[str, str]:
-    from orbit.agent.protocol import parse_labels
-    from orbit.core.errors import InvalidInput
+    from orbit.model.errors import InvalidInput
+    from orbit.wire.protocol import parse_labels
 
     if not text:
         return {}
@@ -34,8 +71,8 @@ def _labels(text: str | None) -> dict[str, str]:
 
 
 def _services(texts: list[str]) -> tuple[tuple[str, str], ...]:
-    from orbit.agent.protocol import parse_service
-    from orbit.core.errors import InvalidInput
+    from orbit.model.errors import InvalidInput
+    from orbit.wire.protocol import parse_service
 
     found: dict[str, str] = {}
     for text in texts:
@@ -55,13 +92,21 @@ SERVER = typer.Option(
     metavar="URL",
     help="The orbit server to connect to (https://... in production). Default: ORBIT_SERVER.",
 )
+JOIN_FILE = typer.Option(
+    None,
+    "--join-token-file",
+    metavar="FILE",
+    help="The join token, needed the first time only (`orbit nodes join-token create` makes "
+    "one): a file holding it (mode 0600), or - to read it from stdin. Used once to join; the "
+    "node keeps only its own credential, in the work dir (mode 0600). A file in the work dir "
+    "named join-token is removed once joined. ORBIT_JOIN_TOKEN also serves (and is taken out "
+    "of the agent's environment at once).",
+)
 JOIN = typer.Option(
     None,
     "--join-token",
     metavar="TOKEN",
-    envvar="ORBIT_JOIN_TOKEN",
-    help="Needed the first time only (`orbit nodes join-token create` makes one); the node "
-    "credential it gets is kept in the work dir (mode 0600).",
+    hidden=True,  # refused: a token in argv is in `ps` and shell history (see _join_token)
 )
 NAME = typer.Option(None, "--name", help="The node's name (default: this host's short name).")
 LABELS = typer.Option(
@@ -79,7 +124,7 @@ WORK_DIR = typer.Option(
     "--work-dir",
     metavar="DIR",
     help="Attempts, cached bundles and the node's credential (default /var/lib/orbit-agent as "
-    "root, else ~/.orbit-agent). `orbit nodes push/pull` are confined to it.",
+    "root, else ~/.orbit-agent). `orbit nodes push` and `pull` are confined to it.",
 )
 MODELS = typer.Option(
     None, "--model", metavar="NAME", help="A model cached on this node (repeat); reported."
@@ -102,15 +147,57 @@ ADDRESS = typer.Option(
     help="Where the other nodes reach this one (an IP or a name they resolve; default: its "
     "hostname): a run across several nodes (num_nodes) meets at its rank 0's address.",
 )
+TASK_UIDS = typer.Option(
+    None,
+    "--task-uids",
+    metavar="FIRST-LAST|none",
+    help="Who tasks run as. As root (the default for a service): each attempt's wrapper and "
+    "task run as a uid of their own from this range (default 2000000000-2000000999; uids an "
+    "account or a process already has are skipped), so that no task reads the agent's "
+    "credential, writes its bundle cache or reaches another attempt. `none`: as the agent's "
+    "own user (the only choice when the agent is not root).",
+)
 CA = typer.Option(
     None, "--ca-file", metavar="PEM", help="Trust this CA for the server's certificate."
 )
+CLEAN_AFTER = typer.Option(
+    "1d",
+    "--clean-after",
+    metavar="DURATION",
+    help="Remove an ended attempt's folder this long after it ended (12h, 7d, ...), once "
+    "every file of it is on the control plane. Never one that runs or still uploads.",
+)
+MIN_FREE = typer.Option(
+    "10%",
+    "--min-free",
+    metavar="PERCENT",
+    help="While less than this share of the work dir's filesystem is free, remove ended, "
+    "uploaded attempts' folders at once (oldest first), then cached bundles no live "
+    "attempt uses (fetched again when needed).",
+)
+
+
+def _cleanup(clean_after: str, min_free: str) -> CleanupOptions:
+    from orbit.agent.cleanup import CleanupOptions
+    from orbit.model.auth import parse_duration
+    from orbit.model.errors import InvalidInput
+
+    after = parse_duration(clean_after, "--clean-after").total_seconds()
+    text = min_free.strip().removesuffix("%")
+    try:
+        share = float(text) / 100
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise InvalidInput(f"--min-free: expected a percentage from 0% to 100%, got {min_free!r}")
+    return CleanupOptions(clean_after_s=after, min_free=share)
 
 
 @agent_app.callback()
 def agent(
     ctx: typer.Context,
     server: str | None = SERVER,
+    join_token_file: Path | None = JOIN_FILE,
     join_token: str | None = JOIN,
     name: str | None = NAME,
     labels: str | None = LABELS,
@@ -120,7 +207,10 @@ def agent(
     dataset: list[str] | None = DATASETS,
     service: list[str] | None = SERVICES,
     address: str | None = ADDRESS,
+    task_uids: str | None = TASK_UIDS,
     ca_file: Path | None = CA,
+    clean_after: str = CLEAN_AFTER,
+    min_free: str = MIN_FREE,
 ) -> None:
     """Run this machine as a node: it registers once with a join token, then keeps a
     long-poll open to the server, runs the attempts placed on it, and streams their logs and
@@ -128,7 +218,7 @@ def agent(
     goes on, and a restarted agent picks it up again.
 
     \b
-      orbit agent --server https://orbit.example:8470 --join-token orbitjoin_... \\
+      orbit agent --server https://orbit.example:8470 --join-token-file join.token \\
           --labels gpu=h100,rack=b2 --max-tasks 4
     """
     if ctx.invoked_subcommand is not None:
@@ -137,11 +227,14 @@ def agent(
     import signal
 
     from orbit.agent.daemon import Agent, AgentOptions
-    from orbit.core.errors import InvalidInput
+    from orbit.agent.isolation import parse_uids
+    from orbit.model.errors import InvalidInput
 
     url = server or os.environ.get("ORBIT_SERVER")
     if not url:
         raise InvalidInput("--server: give the orbit server's URL (or set ORBIT_SERVER)")
+    token = _join_token(join_token, join_token_file)
+    cleanup = _cleanup(clean_after, min_free)
     logging.basicConfig(
         level=os.environ.get("ORBIT_AGENT_LOG", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -150,7 +243,8 @@ def agent(
     options = AgentOptions(
         server=url,
         work_dir=_work_dir(work_dir),
-        join_token=join_token,
+        join_token=token,
+        join_token_file=None if str(join_token_file) == "-" else join_token_file,
         name=name,
         labels=_labels(labels),
         max_tasks=max_tasks,
@@ -159,6 +253,8 @@ def agent(
         services=_services(service or []),
         address=address or "",
         verify=str(ca_file) if ca_file else True,
+        task_uids=parse_uids(task_uids),
+        cleanup=cleanup,
     )
     daemon = Agent(options)
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop.set())
@@ -169,6 +265,7 @@ def agent(
 @agent_app.command("install-service")
 def install_service(
     server: str | None = SERVER,
+    join_token_file: Path | None = JOIN_FILE,
     join_token: str | None = JOIN,
     name: str | None = NAME,
     labels: str | None = LABELS,
@@ -185,10 +282,11 @@ def install_service(
     ),
 ) -> None:
     """Write a systemd unit that runs `orbit agent` with these options, then print how to
-    start it. The join token is written to an environment file beside the unit (mode 0600),
-    never into the unit itself."""
+    start it. The join token is copied into the work dir as `join-token` (mode 0600, the
+    work dir's owner only), never into the unit, which anyone can read; the agent joins with
+    it once and removes it."""
     from orbit.agent.service_unit import write_unit
-    from orbit.core.errors import InvalidInput
+    from orbit.model.errors import InvalidInput
 
     url = server or os.environ.get("ORBIT_SERVER")
     if not url:
@@ -197,7 +295,8 @@ def install_service(
     written = write_unit(
         unit,
         server=url,
-        join_token=join_token,
+        join_token=_join_token(join_token, join_token_file)
+        or (_read_file(join_token_file) if join_token_file else None),
         name=name,
         labels=labels,
         max_tasks=max_tasks,

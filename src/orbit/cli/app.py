@@ -11,11 +11,11 @@ import sys
 
 import typer
 
-from orbit import __version__
 from orbit.cli import (
     accounts,
     agent,
     audit,
+    bulk,
     catalog,
     clusters,
     forensics,
@@ -24,8 +24,11 @@ from orbit.cli import (
     nodes,
     runs,
     sched,
+    sched_config,
     server,
+    storage,
 )
+from orbit.model.version import __version__
 
 app = typer.Typer(
     help=__doc__,
@@ -45,12 +48,15 @@ app.command()(sched.explain)
 app.command()(sched.queue)
 app.add_typer(sched.quotas_app, name="quotas")
 app.add_typer(sched.sched_app, name="sched")
+sched.sched_app.add_typer(sched_config.config_app, name="config")
 app.command()(runs.status)
 app.command()(logs.logs)
-app.command()(runs.cancel)
-app.command()(runs.retry)
+app.command()(bulk.cancel)
+app.command()(bulk.retry)
 app.command()(runs.replay)
 app.command()(runs.collect)
+app.command()(storage.gc)
+app.command()(storage.usage)
 app.add_typer(audit.audit_app, name="audit")
 app.command("inspect")(forensics.inspect)
 app.command("diff")(forensics.diff)
@@ -90,7 +96,7 @@ def root(
 
 
 def main() -> None:
-    from orbit.core.errors import OrbitError, StoreError
+    from orbit.model.errors import OrbitError, StoreError
 
     try:
         app()

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from orbit.cli.common import JSON, console, err, print_json, service
+
+if TYPE_CHECKING:
+    from orbit.model.audit_chain import Anchor
 
 audit_app = typer.Typer(invoke_without_command=True)
 
@@ -19,11 +23,13 @@ def audit(
     as_json: bool = JSON,
 ) -> None:
     """The audit trail: who did what to which run, and when. Each event holds the digest of
-    the one before it, so a changed, removed or inserted event breaks the chain.
+    the one before it, so a changed, removed or inserted event breaks the chain; a MAC under
+    the audit key ($ORBIT_HOME/audit-key) and a sealed head show one re-hashed or cut short.
 
     \b
     orbit audit [--run RUN] [--limit N] [--json]   list the events
-    orbit audit verify                             check the chain; exit 1 naming each problem
+    orbit audit verify [--anchor FILE]             check the chain; exit 1 naming each problem
+    orbit audit checkpoint >> anchors.jsonl        the verified head, to keep elsewhere
     orbit audit export --json [--out FILE]         write the whole chain, hashes included
     """
     if ctx.invoked_subcommand is not None:
@@ -38,19 +44,33 @@ def audit(
 
 
 @audit_app.command("verify")
-def audit_verify(as_json: bool = JSON) -> None:
-    """Check the hash chain: each event's digest and its link to the one before.
+def audit_verify(
+    anchors: list[Path] = typer.Option(
+        [],
+        "--anchor",
+        metavar="FILE",
+        help="Checkpoints from `orbit audit checkpoint` (one JSON a line); each anchored event "
+        "must still be in the chain with its hash (repeatable).",
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Check the hash chain: each event's digest and its link to the one before; under the
+    audit key, each event's MAC and the seal on the chain's head; and every anchor given.
 
-    Prints the count and the head digest (keep it elsewhere: a chain cut short at its end is
-    still whole) and exits 0; or one line per problem on stderr, naming the event, and exits 1.
+    Prints the count, the head digest and from which event the chain is keyed, and exits 0;
+    or one line per problem on stderr, naming the event, and exits 1.
     """
-    check = service().verify_audit()
+    anchored = [a for path in anchors for a in read_anchors(path)]
+    check = service().verify_audit(anchored)
     if as_json:
         print_json(
             {
                 "intact": check.intact,
                 "events": check.events,
                 "head": check.head,
+                "keyed_from": check.keyed_from,
+                "key_id": check.key_id,
+                "anchors": len(anchored),
                 "problems": list(check.problems),
             }
         )
@@ -58,11 +78,71 @@ def audit_verify(as_json: bool = JSON) -> None:
         console.print(f"audit chain intact: {check.events} events")
         if check.head:
             console.print(f"head: {check.head}")
+        if check.keyed_from is not None:
+            console.print(f"keyed from event {check.keyed_from} (audit key {check.key_id})")
+        elif check.events:
+            console.print("not keyed yet: no event was written under the audit key")
+        if anchored:
+            console.print(f"anchors hold: {len(anchored)}")
     else:
         for problem in check.problems:
             err.print(problem)
     if not check.intact:
         raise typer.Exit(1)
+
+
+@audit_app.command("checkpoint")
+def audit_checkpoint() -> None:
+    """Verify the chain, then print its head as one JSON line: {"event", "hash", "at"}.
+
+    Keep these lines away from the server (`orbit audit checkpoint >> anchors.jsonl` on
+    another machine); `orbit audit verify --anchor anchors.jsonl` then shows whether the
+    chain was cut or re-hashed since, even by someone holding the audit key.
+    """
+    check = service().verify_audit()
+    if not check.intact:
+        for problem in check.problems:
+            err.print(problem)
+        err.print("no checkpoint: the chain does not verify")
+        raise typer.Exit(1)
+    events = service().audit(None, 1)
+    if not events:
+        from orbit.model.errors import InvalidInput
+
+        raise InvalidInput("no checkpoint: the audit trail is empty")
+    head = events[-1]
+    import json
+
+    print(json.dumps({"event": head.id, "hash": head.hash, "at": head.at.isoformat()}))
+
+
+def read_anchors(path: Path) -> list[Anchor]:
+    """The checkpoints in `path`, one JSON object a line (what `audit checkpoint` prints)."""
+    import json
+
+    from orbit.model.audit_chain import Anchor
+    from orbit.model.errors import InvalidInput
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not text"
+        raise InvalidInput(f"--anchor: {path}: {why}") from None
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            found.append(Anchor.parse(f"{data['event']}:{data['hash']}"))
+        except (ValueError, TypeError, KeyError, InvalidInput):
+            raise InvalidInput(
+                f'--anchor: {path} line {number}: not a checkpoint ({{"event": ID, "hash": '
+                "SHA256}, as `orbit audit checkpoint` prints)"
+            ) from None
+    if not found:
+        raise InvalidInput(f"--anchor: {path}: no checkpoint in it")
+    return found
 
 
 @audit_app.command("export")

@@ -10,7 +10,7 @@ from orbit.cli.common import JSON, console, err, print_json, service
 from orbit.cli.text import paint
 
 if TYPE_CHECKING:
-    from orbit.core.clusters import ClusterCheck, ClusterFacts, ClusterRecord, SlurmOrphan
+    from orbit.model.clusters import ClusterCheck, ClusterFacts, ClusterRecord, SlurmOrphan
 
 clusters_app = typer.Typer(
     help="Slurm clusters that runs can target: add one, then submit with --template slurm "
@@ -143,9 +143,9 @@ def clusters_add(
     """
     from pydantic import ValidationError
 
-    from orbit.core.clusters import ClusterSpec
-    from orbit.core.errors import InvalidInput, describe_validation_error
-    from orbit.core.hosts import HostSpec
+    from orbit.model.clusters import ClusterSpec
+    from orbit.model.errors import InvalidInput, describe_validation_error
+    from orbit.model.hosts import HostSpec
 
     try:
         login = None

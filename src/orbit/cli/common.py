@@ -11,8 +11,8 @@ import typer
 from orbit.cli.text import Printer
 
 if TYPE_CHECKING:
-    from orbit.core.config import Settings
     from orbit.core.control.api import ControlAPI
+    from orbit.model.config import Settings
 
 
 console = Printer("stdout")
@@ -33,7 +33,7 @@ SETS = typer.Option(
 
 @cache
 def settings() -> Settings:
-    from orbit.core.config import Settings
+    from orbit.model.config import Settings
 
     return Settings.from_env()
 
@@ -41,7 +41,7 @@ def settings() -> Settings:
 @cache
 def service() -> ControlAPI:
     """The control plane this CLI talks to, through its one client interface."""
-    from orbit.core.control import connect
+    from orbit.client.connect import connect
 
     return connect(settings())
 

@@ -10,7 +10,7 @@ from orbit.cli.common import JSON, console, err, print_json, service
 from orbit.cli.text import paint
 
 if TYPE_CHECKING:
-    from orbit.core.hosts import HostRecord
+    from orbit.model.hosts import HostRecord
 
 hosts_app = typer.Typer(
     help="SSH hosts that runs can target: add one, then submit with --set target=NAME.",
@@ -92,8 +92,8 @@ def hosts_add(
     """
     from pydantic import ValidationError
 
-    from orbit.core.errors import InvalidInput, describe_validation_error
-    from orbit.core.hosts import HostSpec
+    from orbit.model.errors import InvalidInput, describe_validation_error
+    from orbit.model.hosts import HostSpec
 
     try:
         spec = HostSpec(

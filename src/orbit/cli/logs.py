@@ -8,7 +8,7 @@ import time
 import typer
 
 from orbit.cli.common import ATTEMPT, RUN, err, service
-from orbit.core.layers import LogLayer
+from orbit.model.layers import LogLayer
 
 
 def logs(
@@ -29,7 +29,7 @@ def logs(
     attempt: int | None = ATTEMPT,
 ) -> None:
     """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
-    from orbit.core.errors import Unreachable
+    from orbit.model.errors import Unreachable
 
     svc = service()
     out = sys.stdout.buffer

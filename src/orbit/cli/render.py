@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orbit.cli.text import Printer, Table, paint
-from orbit.core.control.views import RunView, SubmitPlan, TemplateView
-from orbit.core.hosts import HostFacts
-from orbit.core.models import RunState
-from orbit.core.records import AttemptRecord, AuditEvent, ExperimentRecord
+from orbit.core.control.views import RunView, SubmitPlan, TemplateView, WaitView
+from orbit.model.hosts import HostFacts
+from orbit.model.models import RunState
+from orbit.model.records import AttemptRecord, AuditEvent, ExperimentRecord
 
 STATE_STYLE = {
     RunState.SUCCEEDED: "green",
@@ -39,7 +39,9 @@ def styled(state: RunState) -> str:
     return paint(str(state), STATE_STYLE.get(state))
 
 
-def outcome(attempt: AttemptRecord) -> str:
+def outcome(attempt: AttemptRecord, wait: WaitView | None = None) -> str:
+    """How the attempt ended, or, not launched yet, what it waits for (`wait`, made when it
+    was read: a backoff's real remaining time, room, a quota; never a stale reason)."""
     parts = []
     if attempt.reason is not None:
         parts.append(f"{attempt.reason} ({attempt.reason.kind})")
@@ -47,16 +49,30 @@ def outcome(attempt: AttemptRecord) -> str:
         parts.append(f"exit {attempt.exit_code}")
     if attempt.unreachable and attempt.last_contact_at is not None:
         parts.append(f"last contact {attempt.last_contact_at:%Y-%m-%d %H:%M:%S} UTC")
-    if attempt.state is RunState.PREPARED and attempt.not_before is not None:
-        wait = max(0, int((attempt.not_before - datetime.now(UTC)).total_seconds()))
-        why = "waiting for its host" if attempt.unreachable else f"{attempt.trigger} backoff"
-        parts.append(f"starts in {wait}s ({why})" if wait else f"due now ({why})")
+    if wait is not None and attempt.state is RunState.PREPARED:
+        from orbit.core.control.waits import reason
+
+        parts.append(reason(wait, datetime.now(UTC)))
     return ", ".join(parts)
+
+
+def where(attempt: AttemptRecord) -> str:
+    """`node gpu-b`, `host h100-a`, `cluster hpc`, `localhost`: where it runs (or is pinned
+    to); `-` before it is placed."""
+    place = attempt.where
+    if place is None:
+        return "-"
+    kind = attempt.backend_key.split("_", 1)[0]
+    word = {"agent": "node", "ssh": "host", "targon": "host", "slurm": "cluster"}.get(kind)
+    if attempt.gang_nodes:
+        word = "nodes"
+    return f"{word} {place}" if word else place
 
 
 def attempt_json(a: AttemptRecord) -> dict[str, Any]:
     data = a.model_dump(mode="json")
     data["failure_kind"] = a.reason.kind.value if a.reason else None
+    data["where"] = a.where
     return data
 
 
@@ -100,6 +116,8 @@ def run_json(view: RunView) -> dict[str, Any]:
         "progress": view.progress.model_dump(mode="json") if view.progress else None,
         "provenance": view.provenance,
         "dirty": view.dirty,
+        "wait": view.wait.model_dump(mode="json") if view.wait else None,
+        "storage": view.storage.model_dump(mode="json") if view.storage else None,
     }
 
 
@@ -112,9 +130,11 @@ def runs_table(views: tuple[RunView, ...]) -> Table:
     out = table(
         "RUN",
         "EXPERIMENT",
+        "USER",
         "STATE",
         "TASK",
         "TEMPLATE",
+        "WHERE",
         "TRY",
         "CREATED",
         "OUTCOME",
@@ -124,12 +144,14 @@ def runs_table(views: tuple[RunView, ...]) -> Table:
         out.add_row(
             run.id,
             run.experiment_name,
+            run.created_by,
             styled(run.state) + (" " + paint("dirty", "yellow") if view.dirty else ""),
             run.task_type,
             run.template_id,
+            run.current.where or "-",
             str(run.current.number),
             ago(run.created_at),
-            outcome(run.current),
+            outcome(run.current, view.wait),
         )
     return out
 
@@ -137,7 +159,7 @@ def runs_table(views: tuple[RunView, ...]) -> Table:
 def show_run(console: Printer, view: RunView) -> None:
     run, progress = view.run, view.progress
     a = run.current
-    console.print(f"{paint(run.id, 'bold')}  {styled(run.state)}  {outcome(a)}".rstrip())
+    console.print(f"{paint(run.id, 'bold')}  {styled(run.state)}  {outcome(a, view.wait)}".rstrip())
     rows = [
         ("experiment", f"{run.experiment_name} ({run.experiment_id})"),
         ("task", run.task_type),
@@ -145,6 +167,7 @@ def show_run(console: Printer, view: RunView) -> None:
         ("bundle", run.bundle_digest),
         ("cached at", view.bundle_path),
         ("created", f"{when(run.created_at)} by {run.created_by}"),
+        ("where", where(a)),
         ("target", a.target or "-"),
     ]
     code = provenance_line(view.provenance, view.dirty)
@@ -157,7 +180,10 @@ def show_run(console: Printer, view: RunView) -> None:
         rows.append(("image", image))
     if run.replay_of:
         rows.append(("replays", run.replay_of))
-    if a.message:
+    after = run.submission.get("after") or {}
+    rows += [(f"after.{k}", ", ".join(after[k])) for k in ("ok", "any") if after.get(k)]
+    rows += storage_rows(view)
+    if a.message and view.wait is None:  # a wait says what it waits for as of now
         rows.append(("message", a.message))
     if progress is not None:
         rows.append(("progress", f"{progress.describe()}  ({progress.file})"))
@@ -165,19 +191,33 @@ def show_run(console: Printer, view: RunView) -> None:
         rows.append(("location", f"{a.handle.target}:{a.handle.location}"))
     for key, value in rows:
         console.print(f"  {key:<10} {value}")
-    attempts = Table("#", "STATE", "TRIGGER", "TARGET", "STARTED", "FINISHED", "OUTCOME")
+    attempts = Table("#", "STATE", "TRIGGER", "WHERE", "STARTED", "FINISHED", "OUTCOME")
     attempts.title = "attempts"
     for attempt in run.attempts:
         attempts.add_row(
             str(attempt.number),
             styled(attempt.state),
             attempt.trigger,
-            attempt.target or "-",
+            attempt.where or "-",
             when(attempt.started_at),
             when(attempt.finished_at),
-            outcome(attempt),
+            outcome(attempt, view.wait if attempt is a else None),
         )
-    console.print(str(attempts))
+    console.print(attempts)
+
+
+def storage_rows(view: RunView) -> list[tuple[str, str]]:
+    """Pinned, deleted, its artifacts expired: what `runs show` says of a run's storage."""
+    marks, rows = view.storage, []
+    if marks is not None and marks.pinned:
+        rows.append(
+            ("pinned", f"{when(marks.pinned_at)} by {marks.pinned_by} (retention skips it)")
+        )
+    if marks is not None and marks.deleted_at is not None:
+        rows.append(("deleted", f"{when(marks.deleted_at)} by {marks.deleted_by} (artifacts gone)"))
+    elif marks is not None and marks.expired_at is not None:
+        rows.append(("expired", f"{when(marks.expired_at)}: artifacts removed by retention"))
+    return rows
 
 
 def placement_name(view: TemplateView) -> str:

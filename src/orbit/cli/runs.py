@@ -1,4 +1,4 @@
-"""`orbit submit`, `runs list|show`, `status`, `cancel`, `retry`, `replay`, `collect`."""
+"""`orbit submit`, `runs list|show`, `status`, `replay`, `collect` (`cancel`, `retry`: bulk.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from orbit.cli.common import ATTEMPT, JSON, RUN, SETS, console, err, print_json,
 from orbit.cli.text import paint
 
 if TYPE_CHECKING:
-    from orbit.core.models import ExecutionOverrides, RunState
+    from orbit.model.models import ExecutionOverrides, RunState
 
 runs_app = typer.Typer(help="Runs: list them and look at one closely.", no_args_is_help=True)
 WAIT = typer.Option(False, "--wait", help="Wait until the run ends; exit 1 unless it succeeded.")
@@ -40,6 +40,14 @@ def submit(
     spec_file: Path = typer.Argument(
         ..., metavar="SPEC.yaml", help="experiment, task_type, template, task, overrides, retry."
     ),
+    template: str | None = typer.Option(
+        None,
+        "--template",
+        "-t",
+        metavar="NAME",
+        help="Run with this template instead of the spec's `template:` (see `orbit templates "
+        "list`); the spec's overrides and --set are checked against its allow_overrides.",
+    ),
     sets: list[str] = SETS,
     wait: bool = WAIT,
     dry_run: bool = typer.Option(
@@ -61,6 +69,19 @@ def submit(
         "(for nodes yet to join); without it, such a run is refused with the largest node's "
         "figures.",
     ),
+    after: list[str] = typer.Option(
+        [],
+        "--after",
+        metavar="RUN",
+        help="Start only once RUN has succeeded (repeatable; adds to the spec's after.ok). "
+        "If it ends otherwise, this run fails (dependency_failed).",
+    ),
+    after_any: list[str] = typer.Option(
+        [],
+        "--after-any",
+        metavar="RUN",
+        help="Start only once RUN has ended, however it ended (repeatable; after.any).",
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Validate a run spec, freeze it into a bundle and start it.
@@ -79,10 +100,11 @@ def submit(
     retry: {max_retries: 2, on_exit_codes: [75]}
     priority: normal             # agent pools: urgent | high | normal | batch
     preemptible: false
+    after: {ok: [RUN], any: [RUN]}  # start once these succeeded (ok) / ended (any)
     """
-    from orbit.core.spec import load_spec, to_submission
+    from orbit.model.spec import add_after, load_spec, to_submission
 
-    spec = load_spec(spec_file, sets)
+    spec = add_after(load_spec(spec_file, sets, template), after, after_any)
     submission = to_submission(spec, str(spec_file), allow_dirty, queue_anyway)
     base_dir = spec_file.resolve().parent
     if dry_run:
@@ -106,8 +128,8 @@ def submit(
 
 
 def parse_states(values: list[str]) -> set[RunState]:
-    from orbit.core.errors import OrbitError
-    from orbit.core.states import RunState
+    from orbit.model.errors import OrbitError
+    from orbit.model.states import RunState
 
     states = set()
     for value in values:
@@ -129,11 +151,31 @@ def runs_list(
     state: list[str] = typer.Option(
         [], "--state", "-s", help="Only runs in this state (repeatable)."
     ),
+    user: str | None = typer.Option(
+        None, "--user", "-u", metavar="USER", help="Only runs this user submitted."
+    ),
+    mine: bool = typer.Option(False, "--mine", help="Only runs you submitted."),
+    node: str | None = typer.Option(
+        None,
+        "--node",
+        metavar="NODE",
+        help="Only runs whose current attempt is there: an agent node, SSH host or Slurm "
+        "cluster, by name (or the node a run waits for, pinned).",
+    ),
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many, newest first."),
     as_json: bool = JSON,
 ) -> None:
-    """List runs, newest first. Runs still active are refreshed from the execution plane."""
-    page = service().run_page(experiment=experiment, states=parse_states(state), limit=limit)
+    """List runs, newest first: who submitted each (USER), where its current attempt runs
+    (WHERE: node, host or cluster) and, for one not launched yet, what it waits for. Runs
+    still active are refreshed from the execution plane."""
+    page = service().run_page(
+        experiment=experiment,
+        states=parse_states(state),
+        limit=limit,
+        user=user,
+        node=node,
+        mine=mine,
+    )
     from orbit.cli import render
 
     if as_json:
@@ -146,7 +188,8 @@ def runs_list(
             style="dim",
         )
     elif not page.runs:
-        err.print("no runs" + (" match" if state or experiment else " yet"), style="dim")
+        filtered = state or experiment or user or mine or node
+        err.print("no runs" + (" match" if filtered else " yet"), style="dim")
 
 
 @runs_app.command("show")
@@ -162,7 +205,8 @@ def runs_show(run: str = RUN, as_json: bool = JSON) -> None:
 
 
 def status(run: str = RUN, as_json: bool = JSON) -> None:
-    """Refresh a run's state from where it executes, and show it with its latest step/loss."""
+    """Refresh a run's state from where it executes, and show it: where it runs (node, host
+    or cluster), who submitted it, its latest step/loss, or what it waits for."""
     from orbit.cli import render
 
     view = service().run_view(run)
@@ -171,60 +215,26 @@ def status(run: str = RUN, as_json: bool = JSON) -> None:
         return
     record, a = view.run, view.run.current
     line = f"{record.id}  {render.styled(record.state)}  attempt {a.number}"
-    if render.outcome(a):
-        line += f"  {render.outcome(a)}"
+    if a.where is not None:
+        line += f"  on {render.where(a)}"
+    line += f"  by {record.created_by}"
+    said = render.outcome(a, view.wait)
+    if said:
+        line += f"  {said}"
     if view.dirty:
         line += "  " + paint("DIRTY code", "yellow")
     console.print(line)
     if view.progress is not None:
         console.print(f"  {view.progress.describe()}")
-    if a.message:
+    if a.message and view.wait is None:  # a wait says what it waits for as of now
         console.print(f"  {a.message}")
 
 
-def cancel(run: str = RUN, as_json: bool = JSON) -> None:
-    """Stop a run gracefully (SIGTERM, then SIGKILL after the template's stop_grace_s). Of an
-    ended run, what still runs (a host given up on that came back) is stopped."""
-    from orbit.cli import render
-
-    svc = service()
-    before = svc.get_run(run)
-    if before.state.terminal:
-        stopped, record = svc.stop_leftovers(run), before
-    else:
-        stopped, record = 0, svc.cancel_run(run)
-    if as_json:
-        view = svc.run_view(record.id, refresh=False)
-        print_json(render.run_json(view) | {"leftovers_stopped": stopped})
-    elif before.state.terminal and stopped:
-        plural = "es" if stopped != 1 else ""
-        console.print(
-            f"{record.id} already {record.state}; stopped {stopped} leftover process{plural}"
-        )
-    elif before.state.terminal:
-        console.print(f"{record.id} already {record.state}: nothing to cancel")
-    else:
-        console.print(
-            f"{record.id}: {render.styled(record.state)} {render.outcome(record.current)}"
-        )
-
-
 def overrides_from(sets: list[str]) -> ExecutionOverrides:
-    from orbit.core.overrides import parse_overrides
-    from orbit.core.spec import parse_sets
+    from orbit.model.overrides import parse_overrides
+    from orbit.model.spec import parse_sets
 
     return parse_overrides(parse_sets(sets), "--set")
-
-
-def retry(run: str = RUN, sets: list[str] = SETS, wait: bool = WAIT, as_json: bool = JSON) -> None:
-    """Run the same bundle again as a new attempt (on another box: --set target=h100-b)."""
-    from orbit.cli import render
-
-    record = service().retry_run(run, overrides_from(sets))
-    if not as_json and not wait:
-        console.print(f"{record.id}: attempt {record.current.number} {render.styled(record.state)}")
-        return
-    show(record.id, wait, as_json)
 
 
 def replay(
@@ -255,8 +265,11 @@ def collect(
     attempt: int | None = ATTEMPT,
     as_json: bool = JSON,
 ) -> None:
-    """Copy a run's artifacts here and verify each file against its manifest."""
-    from orbit.core.errors import OrbitError
+    """Copy a run's artifacts here and verify each file against its manifest. Incremental:
+    only files DEST lacks (or has otherwise) move, so a second collect of unchanged artifacts
+    moves 0 bytes; a transfer cut short goes on from where it stopped when run again (its
+    state: DEST/.orbit-collect/). Says what retention removed, and the bytes moved."""
+    from orbit.model.errors import OrbitError
 
     svc = service()
     record = svc.get_run(run)
@@ -271,13 +284,20 @@ def collect(
                 "dest": str(result.dest),
                 "files": result.files,
                 "bytes": result.bytes,
+                "moved": result.moved,
                 "verified": result.verified,
                 "problems": list(result.problems),
+                "removed": list(result.removed),
             }
         )
     else:
         note = "verified against manifest.json" if result.verified else "NOT verified"
-        console.print(f"{result.files} files, {result.bytes} bytes -> {result.dest} ({note})")
+        console.print(
+            f"{result.files} files, {result.bytes} bytes ({result.moved} moved) -> "
+            f"{result.dest} ({note})"
+        )
+        for removed in result.removed:
+            err.print(f"  {removed}", style="dim")
         for problem in result.problems:
             err.print(f"  {problem}")
     if result.problems:

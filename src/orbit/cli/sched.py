@@ -19,7 +19,9 @@ removing are for admins.""",
     no_args_is_help=True,
 )
 sched_app = typer.Typer(
-    help="The scheduler's policy, tried before it applies.", no_args_is_help=True
+    help="The scheduler's policy: the config in force (config show, config set FILE), and "
+    "another one tried on recorded passes before it applies (simulate).",
+    no_args_is_help=True,
 )
 
 SCOPE = typer.Argument(..., metavar="SCOPE", help="user or experiment.")
@@ -59,9 +61,13 @@ def explain(
 
 
 def queue(as_json: bool = JSON) -> None:
-    """Agent-pool runs waiting to be placed: by tier and position, each with its reason, how
-    long it has waited, and when it may start (STARTS: the soonest the attempts in its way
-    must end by their max_runtime_s; ? where one of them has no limit)."""
+    """Agent-pool runs not launched yet: those waiting to be placed, by tier and position,
+    each with its reason as of now, how long it has waited (since its attempt was made), and
+    when it may start (STARTS: the soonest the attempts in its way must end by their
+    max_runtime_s; ? where one of them has no limit); then (POS -) those in a retry's
+    backoff, with its real remaining time, or placed and not started yet; then the runs of any
+    placement held on their dependencies (`after:` in the spec; STARTS after them), with the
+    runs each still waits for and how those stand."""
     entries = service().queue()
     if as_json:
         print_json([e.model_dump(mode="json") for e in entries])
@@ -74,11 +80,14 @@ def queue(as_json: bool = JSON) -> None:
     table = Table("POS", "TIER", "RUN", "WAITED", "STARTS", "REASON")
     now = datetime.now(UTC)
     for e in entries:
-        starts = "?"
+        starts = "after deps" if e.outcome == "held" else "?"
         if e.estimated_start is not None:
             ahead = (e.estimated_start - now).total_seconds()
             starts = f"in ~{_ago(ahead)}" if ahead > 0 else "now"
-        table.add_row(str(e.position), e.tier, e.run, _ago(e.waited_s), starts, e.reason)
+        if e.position is None and e.outcome != "held":
+            starts = "-"  # not in a pass's queue: its reason says what it waits for
+        position = "-" if e.position is None else str(e.position)
+        table.add_row(position, e.tier, e.run, _ago(e.waited_s), starts, e.reason)
     console.print(table)
 
 
@@ -133,7 +142,7 @@ def quotas_rm(scope: str = SCOPE, name: str = NAME) -> None:
 
 def _scope(scope: str) -> None:
     if scope not in ("user", "experiment"):
-        from orbit.core.errors import InvalidInput
+        from orbit.model.errors import InvalidInput
 
         raise InvalidInput(f"SCOPE: expected user or experiment, not '{scope}'")
 
@@ -149,7 +158,7 @@ def simulate(
     """Replay the recorded scheduler passes under another config (tiers, weights, quotas,
     preemption) and say what would have changed: runs placed elsewhere, placed instead of
     waiting, waiting instead of placed, preempted differently. Nothing is changed."""
-    from orbit.core.yamlio import load_yaml_mapping
+    from orbit.model.yamlio import load_yaml_mapping
     from orbit.scheduler.config import config_from_dict
 
     data = load_yaml_mapping(config)
@@ -172,7 +181,7 @@ def simulate(
 def _seconds(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if m is None or float(m.group(1)) <= 0:
-        from orbit.core.errors import InvalidInput
+        from orbit.model.errors import InvalidInput
 
         raise InvalidInput(f"--since: expected a duration such as 30m, 12h or 7d, not '{text}'")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]

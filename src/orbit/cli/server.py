@@ -25,7 +25,10 @@ def server(
         "-c",
         metavar="FILE",
         help="YAML settings: host, port, database_url, admin_token_file, limits, "
-        "reconcile_every_s, ssl_certfile, ssl_keyfile... (flags win over it).",
+        "reconcile_every_s, local_roles (default [admin]: who may use templates placed on "
+        "this machine), auth_failures (burst, window_s, block_s, sources), "
+        "min_free_disk_mb, storage (retention rules, gc_every_s), ssl_certfile, "
+        "ssl_keyfile... (flags win over it).",
     ),
     admin_token_file: Path | None = typer.Option(
         None,
@@ -53,11 +56,12 @@ def server(
     Everyone's CLI talks to it with ORBIT_SERVER=URL and a token (ORBIT_TOKEN, or
     `orbit login URL`). On an empty store the first start creates the user `admin` and
     writes its token to $ORBIT_HOME/admin-token. Placements run from here: `local` is
-    this machine, and SSH hosts are reached with this machine's SSH configuration.
-    Several replicas may serve one PostgreSQL store side by side.
+    this machine (admins only, unless local_roles names members), and SSH hosts are
+    reached with this machine's SSH configuration. What it keeps is its user's only
+    (umask 077). Several replicas may serve one PostgreSQL store side by side.
     """
     from orbit.cli.common import settings
-    from orbit.core.errors import InvalidInput
+    from orbit.model.errors import InvalidInput
     from orbit.server.config import load_config
     from orbit.server.main import serve
 

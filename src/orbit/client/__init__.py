@@ -8,8 +8,11 @@
         print(chunk.decode(), end="")
     record = run.wait()                                    # a RunRecord, as the service has it
     run.collect("out/")
+    client.cancel_runs(experiment="sweep", state="running")   # many at once; or ids
 
-It speaks the same ControlAPI as the CLI and returns the same pydantic records."""
+It speaks the same ControlAPI as the CLI and returns the same pydantic records.
+
+May import the vocabulary, forensics and the two planes (orbit.core)."""
 
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from orbit.core.control.api import ControlAPI
     from orbit.core.control.views import TemplateView
-    from orbit.core.models import ExecutionOverrides
-    from orbit.core.records import CollectResult, ExperimentRecord, RunRecord
+    from orbit.model.bulk import BulkResult
+    from orbit.model.models import ExecutionOverrides
+    from orbit.model.records import CollectResult, ExperimentRecord, RunRecord
 
 
 class Client:
@@ -38,8 +42,8 @@ class Client:
         """The control plane in this process, on the store in `home` (default $ORBIT_HOME)."""
         import dataclasses
 
-        from orbit.core.config import Settings
         from orbit.core.control.service import CoreControlService
+        from orbit.model.config import Settings
 
         settings = Settings.from_env()
         if home is not None:
@@ -52,8 +56,8 @@ class Client:
     @classmethod
     def from_env(cls) -> Client:
         """What the CLI would talk to: ORBIT_SERVER/ORBIT_TOKEN, `orbit login`'s, or local."""
-        from orbit.core.config import Settings
-        from orbit.core.control import connect
+        from orbit.client.connect import connect
+        from orbit.model.config import Settings
 
         return cls._of(connect(Settings.from_env()))
 
@@ -80,29 +84,22 @@ class Client:
         sets: list[str] | None = None,
         allow_dirty: bool = False,
         queue_anyway: bool = False,
+        template: str | None = None,
     ) -> Run:
         """Submit a run spec: a YAML file, or a mapping shaped like one (its relative paths
-        are relative to `base_dir`, default the current folder). `sets` are --set overrides."""
-        from pydantic import ValidationError
-
-        from orbit.core.errors import InvalidInput, describe_validation_error
-        from orbit.core.overrides import merge
-        from orbit.core.spec import SubmitSpec, load_spec, parse_sets, to_submission
+        are relative to `base_dir`, default the current folder). `sets` are --set overrides;
+        `template` replaces the spec's template (`orbit submit --template`)."""
+        from orbit.model.spec import load_spec, spec_of, to_submission
 
         if isinstance(spec, Mapping):
             source = "spec"
-            try:
-                parsed = SubmitSpec.model_validate(dict(spec))
-            except ValidationError as exc:
-                raise InvalidInput(describe_validation_error(source, exc)) from None
-            if sets:
-                overrides = merge(parsed.overrides, parse_sets(sets))
-                parsed = parsed.model_copy(update={"overrides": overrides})
+            data = dict(spec) | ({"template": template} if template is not None else {})
+            parsed = spec_of(data, source, sets)
             folder = Path(base_dir or Path.cwd())
         else:
             path = Path(spec)
             source = str(path)
-            parsed = load_spec(path, sets)
+            parsed = load_spec(path, sets, template)
             folder = Path(base_dir) if base_dir else path.resolve().parent
         submission = to_submission(parsed, source, allow_dirty, queue_anyway)
         record = self.api.submit_task(submission, base_dir=folder.resolve(), source=source)
@@ -118,14 +115,43 @@ class Client:
         experiment: str | None = None,
         state: str | list[str] | None = None,
         limit: int | None = 50,
+        user: str | None = None,
+        node: str | None = None,
+        mine: bool = False,
     ) -> list[Run]:
-        """Runs, newest first."""
-        from orbit.core.states import RunState
+        """Runs, newest first; `user` submitted them (`mine`: you), `node` is where their
+        current attempt is (an agent node, SSH host or Slurm cluster)."""
+        from orbit.model.states import RunState
 
         names = [state] if isinstance(state, str) else list(state or [])
         states = {RunState(s) for s in names} or None
-        page = self.api.run_page(experiment=experiment, states=states, limit=limit)
+        page = self.api.run_page(
+            experiment=experiment, states=states, limit=limit, user=user, node=node, mine=mine
+        )
         return [Run(self, view.run) for view in page.runs]
+
+    def cancel_runs(
+        self,
+        *ids: str,
+        experiment: str | None = None,
+        state: str | list[str] | None = None,
+        user: str | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """Cancel these runs, or those a filter matches (`experiment`, `state`, `user`), in
+        one call; the result says what became of each (a run you may not control: refused)."""
+        return self.api.cancel_runs(_selection(ids, experiment, state, user), dry_run=dry_run)
+
+    def retry_runs(
+        self,
+        *ids: str,
+        experiment: str | None = None,
+        state: str | list[str] | None = None,
+        user: str | None = None,
+        dry_run: bool = False,
+    ) -> BulkResult:
+        """A new attempt of each of these ended runs, or of those a filter matches."""
+        return self.api.retry_runs(_selection(ids, experiment, state, user), dry_run=dry_run)
 
     def templates(self) -> list[TemplateView]:
         return self.api.list_templates()
@@ -177,7 +203,7 @@ class Run:
     ) -> Iterator[bytes]:
         """The log's bytes as they come; with `follow`, until the run ends (through its
         automatic retries, each announced by a `--- attempt N ---` line, as the CLI prints)."""
-        from orbit.core.layers import LogLayer
+        from orbit.model.layers import LogLayer
 
         chosen = LogLayer(layer)
         pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=64)
@@ -242,6 +268,17 @@ class Run:
                 continue
             self.api.refresh_run_status(self.record.id)
             time.sleep(0.5)
+
+
+def _selection(
+    ids: tuple[str, ...], experiment: str | None, state: str | list[str] | None, user: str | None
+) -> Any:
+    from orbit.model.bulk import RunSelection
+    from orbit.model.states import RunState
+
+    names = [state] if isinstance(state, str) else list(state or [])
+    states = tuple(RunState(s) for s in names)
+    return RunSelection(ids=ids, experiment=experiment, states=states, user=user)
 
 
 class _Stopped(Exception):

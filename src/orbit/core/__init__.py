@@ -1,6 +1,5 @@
-"""The pure core: records, the state table, retry policy, templates, overrides, spec files and
-task plugins. Plain functions over plain data; no I/O beyond reading the files a user names.
+"""The two planes: `orbit.core.control` (CoreControlService, the one API every client calls)
+and `orbit.core.execution` (ExecutionService, bundles, backends), with the task plugins.
 
-The two planes build on it: `orbit.core.control` (CoreControlService, the one API every client
-calls) and `orbit.core.execution` (ExecutionService, bundles, backends, launch modes).
+Imports the vocabulary (`orbit.model`, `orbit.wire`), the store, the scheduler and forensics.
 """

@@ -10,9 +10,9 @@ from enum import StrEnum
 from functools import partial
 from typing import Any
 
-from orbit.core.models import FailureKind, FailureReason, Record, RunState
 from orbit.forensics.evidence import IMAGE_FILE, Evidence
 from orbit.forensics.progress import _step as step_of
+from orbit.model.models import FailureKind, FailureReason, Record, RunState
 
 
 class Verdict(StrEnum):

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from orbit.core.records import AttemptRecord, RunRecord
+from orbit.model.records import AttemptRecord, RunRecord
 
 # which container image an attempt ran (docker launch mode), written by the wrapper before the
 # container started

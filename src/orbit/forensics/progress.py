@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orbit.core.models import Record
+from orbit.model.models import Record
 
 PROGRESS_GLOB = "artifacts/**/logging.jsonl"
 TAIL_BYTES = 64 * 1024

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orbit.core.models import Record
-from orbit.core.secret_names import looks_secret
 from orbit.forensics.evidence import Evidence
+from orbit.model.models import Record
+from orbit.model.secret_names import looks_secret
 
 MASK = "***"
 

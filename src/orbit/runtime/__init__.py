@@ -1,1 +1,3 @@
-"""The runtime wrapper that travels inside every bundle (scripts/). Standard library only."""
+"""The runtime wrapper that travels inside every bundle (scripts/). Standard library only.
+
+Imports nothing of ORBIT: it runs on a bare host."""

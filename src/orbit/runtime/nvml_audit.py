@@ -226,7 +226,8 @@ def load_nvml() -> Any:
 def run(out: str, interval: float, max_samples: int | None) -> int:
     stopper = Stopper()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "a", encoding="utf-8") as f:
+    nofollow = getattr(os, "O_NOFOLLOW", 0)  # never through a link left in artifacts/
+    with open(out, "a", encoding="utf-8", opener=lambda p, f: os.open(p, f | nofollow, 0o644)) as f:
         try:
             auditor = Auditor(load_nvml())
             reason = auditor.open()

@@ -24,6 +24,13 @@ PRECHECK_MISSING = 10  # the exit statuses of orbit_precheck.py
 PRECHECK_MISMATCH = 11
 
 
+def nofollow(path: str, flags: int) -> int:
+    """open()'s opener for what the wrapper writes in runtime/ and artifacts/: never through a
+    link left there (a container's root may write both): the write fails instead of landing
+    where the link points, on the host, as the wrapper's user."""
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o644)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -90,7 +97,7 @@ def _start_precheck(
     except OSError as exc:
         message = f"precheck could not run {interpreter!r}: {exc}"
         w.log(message)
-        with open(os.path.join(w.artifacts, "runtime-precheck.log"), "a") as f:
+        with open(os.path.join(w.artifacts, "runtime-precheck.log"), "a", opener=nofollow) as f:
             f.write(message + "\n")
         if exc.errno == errno.E2BIG:
             return too_long(argv[0], exc)  # the task could not start either
@@ -125,7 +132,7 @@ def precheck(
     verdict = w.docker.precheck_verdict(code, stderr, critical) if w.docker else None
     if verdict is not None:  # docker's own exit codes, not the precheck's
         w.log(verdict["log"])
-        with open(os.path.join(w.artifacts, "runtime-precheck.log"), "a") as f:
+        with open(os.path.join(w.artifacts, "runtime-precheck.log"), "a", opener=nofollow) as f:
             f.write(verdict["log"] + "\n")
         return verdict["failure"]  # type: ignore[no-any-return]
     return _verdict(w, code, stderr)
@@ -196,12 +203,12 @@ def start_audit(w: Any) -> None:
     if not any(os.path.exists(p) for p in NVIDIA_DRIVER):
         # NVML cannot answer on this host: the audit's one line, without its start (~20-50 ms
         # of every attempt's start and a pynvml import, on a node of a CPU partition)
-        with open(out, "a", encoding="utf-8") as f:
+        with open(out, "a", encoding="utf-8", opener=nofollow) as f:
             f.write(json.dumps({"ts": _now(), "nvml": "unavailable", "reason": NO_DRIVER}) + "\n")
         return
     try:
-        err = os.open(
-            os.path.join(w.runtime, "nvml-audit.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+        err = nofollow(
+            os.path.join(w.runtime, "nvml-audit.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND
         )
         try:
             pid = os.fork()

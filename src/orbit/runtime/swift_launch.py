@@ -106,7 +106,7 @@ def newest_checkpoint(path: str) -> str | None:
         if m and os.path.isdir(os.path.join(path, entry)):
             numbered.append((int(m.group(1)), os.path.join(path, entry)))
     # a save cut short (a stop during it) has no trainer_state.json, its last file, yet (as
-    # scripts/orbit_hostside.py's newest_checkpoint reads it, for ORBIT's own staging)
+    # orbit.runtime.checkpoint_finder's newest_checkpoint reads it, for ORBIT's own staging)
     saved = [n for n in numbered if os.path.exists(os.path.join(n[1], "trainer_state.json"))]
     return max(saved or numbered)[1] if numbered else None
 

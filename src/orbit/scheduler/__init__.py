@@ -1,2 +1,4 @@
 """The scheduler: pure filters and scorers over a snapshot of nodes; it computes a plan and
-the store commits it."""
+the store commits it.
+
+May import only the vocabulary (orbit.model, orbit.wire)."""

@@ -5,12 +5,11 @@ its own to try them out in a simulation."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orbit.core.errors import InvalidInput, describe_validation_error
+from orbit.model.errors import InvalidInput, describe_validation_error
 from orbit.scheduler.model import DEFAULT_TIERS, Quota, SchedConfig
 
 
@@ -52,7 +51,7 @@ def quota_of(raw: dict[str, Any], where: str) -> Quota:
     try:
         q = _Quota.model_validate(raw)
     except ValidationError as exc:
-        raise InvalidInput(describe_validation_error(where, exc)) from None
+        raise InvalidInput(describe_validation_error(where, exc, _Quota)) from None
     if (q.user is None) == (q.experiment is None):
         raise InvalidInput(f"{where}: a quota names either a user or an experiment, not both")
     scope, name = ("user", q.user) if q.user is not None else ("experiment", q.experiment)
@@ -67,7 +66,7 @@ def config_from_dict(
     try:
         f = _File.model_validate(data)
     except ValidationError as exc:
-        raise InvalidInput(describe_validation_error(where, exc)) from None
+        raise InvalidInput(describe_validation_error(where, exc, _File)) from None
     weights = {"binpack": 1.0, "spread": 1.0, "cached": 0.5, **f.weights}
     if f.quotas is not None:
         quotas = tuple(
@@ -85,14 +84,6 @@ def config_from_dict(
         quotas=tuple(sorted(quotas, key=lambda q: (q.scope, q.name))),
         filters=tuple(f.filters),
     )
-
-
-def load_config(path: Path | None, quotas: tuple[Quota, ...] = ()) -> SchedConfig:
-    if path is None:
-        return config_from_dict({}, quotas=quotas)
-    from orbit.core.yamlio import load_yaml_mapping
-
-    return config_from_dict(load_yaml_mapping(path), str(path), quotas)
 
 
 def config_to_dict(config: SchedConfig) -> dict[str, Any]:

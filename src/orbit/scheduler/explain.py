@@ -157,3 +157,26 @@ def lines(record: dict[str, Any]) -> list[str]:
             out.append("  no estimated start: what holds its nodes has no max_runtime")
     out.append(f"  snapshot {record['snapshot']}, scheduler config {record['config']}")
     return out
+
+
+def as_of(record: dict[str, Any], age_s: float) -> dict[str, Any]:
+    """The decision as it stands `age_s` after its pass, for a run that still waits on it:
+    its wait that much longer, and each offline node silent that much longer (a pass keeps a
+    decision again only when it changes, so these figures would otherwise stay as first
+    written)."""
+    if age_s <= 0:
+        return record
+    aged = dict(record)
+    aged["waited_s"] = round(float(record.get("waited_s", 0.0)) + age_s, 1)
+    aged["alternatives"] = [_aged(alt, age_s) for alt in record.get("alternatives", ())]
+    return aged
+
+
+def _aged(alt: dict[str, Any], age_s: float) -> dict[str, Any]:
+    nodes = []
+    for verdict in alt.get("nodes", ()):
+        used = verdict.get("used")
+        if verdict.get("reason") == "offline" and isinstance(used, int | float) and used >= 0:
+            verdict = {**verdict, "used": round(used + age_s, 1)}
+        nodes.append(verdict)
+    return {**alt, "nodes": nodes}

@@ -22,7 +22,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from orbit.core.errors import InvalidInput
+from orbit.model.errors import InvalidInput
 
 
 @dataclass(frozen=True)

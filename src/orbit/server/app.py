@@ -1,5 +1,6 @@
-"""The server as an ASGI app: /api/v1 (routes.py), /healthz, /metrics and /openapi.json, with
-problem-details errors, request size limits, and the reconcile loop running beside it."""
+"""The server as an ASGI app: /api/v1 (the routes package, one router per resource),
+/healthz, /metrics and /openapi.json, with problem-details errors, request size limits, limits
+on failed authentications, and the reconcile, scheduler and gc loops running beside it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -14,20 +16,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orbit import __version__
-from orbit.agent.protocol import PREFIX as AGENT_PREFIX
-from orbit.agent.protocol import REGISTER_PATH
-from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
-from orbit.core.nodes import MAX_TRANSFER_BYTES
+from orbit.model.config import Settings
+from orbit.model.nodes import MAX_TRANSFER_BYTES
+from orbit.model.version import __version__
 from orbit.server import problems
 from orbit.server.auth import RequireToken
+from orbit.server.auth_failures import AuthGuard
 from orbit.server.config import ServerConfig
+from orbit.server.health import Health
 from orbit.server.loops import Reconciler, SchedulerLoop
-from orbit.server.metrics import Metrics
-from orbit.server.routes import make_router, me
+from orbit.server.metrics import Metrics, SchedConfigState, StorageUsage
+from orbit.server.routes import api_routers
+from orbit.server.routes.common import me
+from orbit.server.storage_loop import GcLoop
+from orbit.wire.protocol import PREFIX as AGENT_PREFIX
+from orbit.wire.protocol import REGISTER_PATH
 
 UPLOAD_PATHS = frozenset({"/api/v1/runs", "/api/v1/runs/plan"})
+# a collect's list of what the client has: as large as an upload may be
+COLLECT_PATH = re.compile(r"/api/v1/runs/[^/]+/artifacts")
 # `orbit nodes push`: one file (at most MAX_TRANSFER_BYTES) and its form around it
 PUSH_PATH = re.compile(r"/api/v1/nodes/[^/]+/push")
 PUSH_BYTES = MAX_TRANSFER_BYTES + 64 * 1024
@@ -35,9 +43,11 @@ PROBLEM_CONTENT = {problems.PROBLEM: {"schema": problems.PROBLEM_SCHEMA}}
 
 
 def create_app(service: CoreControlService, config: ServerConfig, settings: Settings) -> FastAPI:
-    from orbit.server.agents import Gateway, Heartbeats, Mailbox, make_agent_router
+    from orbit.server.agents.mailbox import Heartbeats, Mailbox
+    from orbit.server.agents.routes import Gateway, make_agent_router
 
     metrics = Metrics(service.store)
+    metrics.registry.register(SchedConfigState(service.live_config))
     mailbox, beats = Mailbox(service), Heartbeats(service)
     reconciler = (
         Reconciler(service, metrics, config.reconcile_every_s, config.reconcile_workers)
@@ -45,6 +55,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         else None
     )
     scheduler = SchedulerLoop(service, metrics, config.reconcile_every_s) if config.loops else None
+    gc_loop = GcLoop(service, config.storage.gc_every_s) if config.loops else None
     if scheduler is not None:
         service.schedule_hook = scheduler.poke
 
@@ -57,9 +68,13 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
             reconciler.start()
         if scheduler is not None:
             scheduler.start()
+        if gc_loop is not None:
+            gc_loop.start()
         try:
             yield
         finally:
+            if gc_loop is not None:
+                gc_loop.stop()
             if scheduler is not None:
                 scheduler.stop()
             if reconciler is not None:
@@ -74,16 +89,25 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         lifespan=lifespan,
         responses={
             413: {"description": "too large", "content": PROBLEM_CONTENT},
+            429: {
+                "description": "this address failed to authenticate too often: try again "
+                "after Retry-After seconds",
+                "content": PROBLEM_CONTENT,
+            },
             503: {"description": "the server's store failed", "content": PROBLEM_CONTENT},
+            507: {"description": "the server's disk is full", "content": PROBLEM_CONTENT},
         },
         openapi_url=None,  # served below, behind a token like everything but /healthz
         docs_url=None,
         redoc_url=None,
     )
     app.state.service = service
+    app.state.config = config
     app.state.reconciler = reconciler
-    problems.install(app)
-    app.include_router(make_router(service, config, metrics))
+    problems.install(app, problems.internal_paths(settings))
+    for router in api_routers(service, config, metrics):
+        app.include_router(router)
+    metrics.registry.register(StorageUsage(service.usage))
 
     def ended() -> None:  # an attempt ended on its node: its run moves, its slot is free
         if reconciler is not None:
@@ -94,10 +118,15 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
     gateway = Gateway(service, settings, ended, config.reconcile_every_s)
     app.include_router(make_agent_router(gateway, mailbox, beats))
 
+    health = Health(service, settings, config.min_free_disk_mb)
+
     @app.get("/healthz", tags=["server"], response_model=dict[str, str])
-    def healthz() -> dict[str, str]:
-        """Alive, and the store answers. Needs no token."""
-        service.store.count_runs(states=set())
+    async def healthz() -> Any:
+        """Alive, the store answers, and its disk has room (503 with the reason if not).
+        Needs no token, and no free thread of those that serve the API."""
+        unhealthy = await health.problem()
+        if unhealthy is not None:
+            return problems.problem(503, unhealthy, "ServerError")
         return {"status": "ok", "version": __version__}
 
     @app.get("/metrics", tags=["server"], response_class=PlainTextResponse)
@@ -116,7 +145,8 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         upload_bytes=config.limits.upload_bytes,
         agent_bytes=config.limits.agent_bytes,
     )
-    app.add_middleware(RequireToken, service=service)  # runs before BodyLimit reads a byte
+    guard = AuthGuard(config.auth_failures, metrics, app.router.routes)
+    app.add_middleware(RequireToken, service=service, guard=guard)  # before BodyLimit reads
     app.add_middleware(Timed, metrics=metrics)
     return app
 
@@ -151,7 +181,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope["path"] in UPLOAD_PATHS:
+        if scope["path"] in UPLOAD_PATHS or COLLECT_PATH.fullmatch(scope["path"]):
             limit, what = self.upload_bytes, "limits.upload_bytes"
         elif PUSH_PATH.fullmatch(scope["path"]):
             limit, what = PUSH_BYTES, "a pushed file: 48 MiB, and its form"

@@ -1,5 +1,6 @@
 """Who is calling: the bearer token, looked up (by its hash) on every request, so that a revoked
-or expired token is refused at once; and what that user's role allows."""
+or expired token is refused at once; and what that user's role allows. A source that failed to
+authenticate too often is turned away first (auth_failures.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ import anyio
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from orbit.agent.protocol import PREFIX as AGENT_PREFIX
-from orbit.agent.protocol import REGISTER_PATH, VERSION_HEADER
-from orbit.core.auth import Role, UserRecord, can, token_hash
 from orbit.core.control.service import CoreControlService
-from orbit.core.errors import Forbidden, StoreError, Unauthorized
-from orbit.core.records import RunRecord
+from orbit.core.execution.service import canonical_placement
+from orbit.model.auth import Role, TokenRecord, UserRecord, can, token_hash
+from orbit.model.errors import Forbidden, StoreError
+from orbit.model.records import RunRecord
+from orbit.server.auth_failures import MALFORMED, MISSING, AuthFailed, AuthGuard
+from orbit.wire.protocol import PREFIX as AGENT_PREFIX
+from orbit.wire.protocol import REGISTER_PATH, VERSION_HEADER
+
+# placement kinds whose tasks run on the server's own host, as the server's user
+SERVER_HOST = frozenset({"local"})
 
 WHAT = {
     "submit": "submit runs",
@@ -33,6 +39,8 @@ class Caller:
 
     user: UserRecord
     service: CoreControlService
+    token: TokenRecord | None = None  # the token this request came with
+    local_roles: tuple[Role, ...] = (Role.ADMIN,)  # the server setting of that name
 
     @contextmanager
     def acting(self) -> Iterator[CoreControlService]:
@@ -51,78 +59,135 @@ class Caller:
         """Control of a run: its owner (a member or admin), or any admin."""
         self.require("control", own=run.created_by == self.user.name)
 
+    def require_placement(self, template_id: str, kind: str) -> None:
+        """Submitting, replaying or retrying into a template whose placement runs on this
+        server's own host: its task could read what the server's user can (the store, the
+        admin token), so only the roles the server setting `local_roles` names may."""
+        if canonical_placement(kind) not in SERVER_HOST or self.user.role in self.local_roles:
+            return
+        allowed = " and ".join(f"{r.value}s" for r in self.local_roles)
+        raise Forbidden(
+            f"{self.user.name} ({self.user.role.value}) may not run template '{template_id}': "
+            f"it runs on the server's own host, which only {allowed} may use "
+            "(server setting local_roles)"
+        )
+
+    def refusal(self, run: RunRecord) -> str | None:
+        """Why this user may not control `run` (one of many acted on at once), or None."""
+        if can(self.user.role, "control", own=run.created_by == self.user.name):
+            return None
+        return f"{run.created_by}'s run: a {self.user.role.value} controls only its own runs"
+
     @property
     def admin(self) -> bool:
         return self.user.role is Role.ADMIN
 
 
-def authenticate(service: CoreControlService, request: Request) -> UserRecord:
+def authenticate(service: CoreControlService, request: Request) -> tuple[UserRecord, TokenRecord]:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
-        raise Unauthorized(
+        raise AuthFailed(
             "this server needs a token: set ORBIT_TOKEN or run `orbit login URL` "
-            "(the first admin token is in the server's admin-token file)"
+            "(the first admin token is in the server's admin-token file)",
+            MISSING,
         )
     if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("the Authorization header must be `Bearer <token>`")
-    found = service.store.authenticate(token_hash(token.strip()), datetime.now(UTC))
+        raise AuthFailed("the Authorization header must be `Bearer <token>`", MALFORMED)
+    hashed, now = token_hash(token.strip()), datetime.now(UTC)
+    found = service.store.authenticate(hashed, now)
     if found is None:
-        raise Unauthorized("the token was not accepted (unknown, revoked or expired)")
-    return found[0]
+        raise AuthFailed(
+            "the token was not accepted (unknown, revoked or expired)",
+            service.store.token_refusal(hashed, now),
+        )
+    return found
+
+
+def user_state(service: CoreControlService, request: Request) -> dict[str, object]:
+    """What RequireToken keeps of an authenticated user's request (see routes.caller)."""
+    user, token = authenticate(service, request)
+    return {"user": user, "token": token}
 
 
 class RequireToken:
     """Every request but /healthz shows a token the store accepts, checked before anything
     reads its body: a client without one is turned away at once (401), not after uploading
-    and parsing, and learns nothing of the API from validation errors."""
+    and parsing, and learns nothing of the API from validation errors. A source that failed
+    too often lately is turned away before that (429), without a look at the store."""
 
     OPEN = frozenset({"/healthz"})
 
-    def __init__(self, app: ASGIApp, service: CoreControlService) -> None:
-        self.app, self.service = app, service
+    def __init__(self, app: ASGIApp, service: CoreControlService, guard: AuthGuard) -> None:
+        self.app, self.service, self.guard = app, service, guard
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.OPEN:
             await self.app(scope, receive, send)
             return
+        if await self.limited(scope, receive, send):
+            return
         if scope["path"].startswith(AGENT_PREFIX):
             await self.agent(scope, receive, send)
             return
-        who = partial(authenticate, self.service, Request(scope))
+        who = partial(user_state, self.service, Request(scope))
         if await self.identify(scope, receive, send, "user", who):
             await self.app(scope, receive, send)
 
-    @staticmethod
+    async def limited(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer 429 (and True) when the request's source is refused for a while."""
+        from orbit.server.problems import problem
+
+        wait = self.guard.retry_after(scope)
+        if wait is None:
+            return False
+        detail = (
+            f"too many failed authentications from this address: try again in {wait} s "
+            "(server setting auth_failures)"
+        )
+        answer = problem(429, detail, "Unauthorized", headers={"Retry-After": str(wait)})
+        await answer(scope, receive, send)
+        return True
+
     async def identify(
-        scope: Scope, receive: Receive, send: Send, key: str, who: Callable[[], object]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        kind: str,
+        who: Callable[[], dict[str, object]],
     ) -> bool:
         """Who is calling, found by `who` (in a worker thread: it reads the store) and kept in
-        the request's state under `key`; or the answer that refuses it (401, or 503 when the
-        store fails), and False."""
+        the request's state; or the answer that refuses it (401, or 503 when the store
+        fails), and False. A refused `kind` of credential is counted, logged and limited by
+        its source."""
         from orbit.server.problems import problem, store_failed
 
         try:
             found = await anyio.to_thread.run_sync(who)
-        except Unauthorized as exc:
+        except AuthFailed as exc:
+            self.guard.failed(scope, kind, exc.reason)
             await problem(401, str(exc), "Unauthorized")(scope, receive, send)
             return False
         except StoreError as exc:
             await store_failed(exc)(scope, receive, send)
             return False
-        scope.setdefault("state", {})[key] = found
+        scope.setdefault("state", {}).update(found)
         return True
 
     async def agent(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An agent's request: its node credential (registering needs none: its join token
         is in the body), then its protocol version."""
-        from orbit.server.agents import authenticate_node, other_version
+        from orbit.server.agents.identity import authenticate_node, other_version
         from orbit.server.problems import problem
 
         request = Request(scope)
         if scope["path"] != REGISTER_PATH:
             header = request.headers.get("authorization", "")
-            who = partial(authenticate_node, self.service, header)
+
+            def who() -> dict[str, object]:
+                return {"node": authenticate_node(self.service, header)}
+
             if not await self.identify(scope, receive, send, "node", who):
                 return
         why = other_version(request.headers.get(VERSION_HEADER))

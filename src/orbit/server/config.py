@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from orbit.core.models import Strict
+from orbit.model.auth import Role
+from orbit.model.models import Strict
+from orbit.model.retention import StorageConfig
 
 MiB = 1024 * 1024
 
@@ -38,6 +40,22 @@ class NodeTimings(Strict):
     heartbeat_s: float | None = Field(default=None, gt=0, le=3600)
     offline_after_s: float | None = Field(default=None, gt=0, le=86400)
     lost_grace_s: float | None = Field(default=None, ge=0, le=86400)
+    # a node that has heard nothing from the server for offline_after_s + lost_grace_s stops
+    # its attempts (default: ORBIT_NODE_FENCE, else true)
+    fence: bool | None = None
+
+
+class AuthFailures(Strict):
+    """Failed authentications (a user's token, a node's credential) from one source address:
+    after `burst` of them within `window_s`, every request from it is answered 429 for
+    `block_s`, without a look at the store. At most `sources` addresses are remembered (the
+    longest quiet ones are forgotten first); an IPv6 address counts by its /64, which one
+    machine holds whole. A missing credential is counted, never held against an address."""
+
+    burst: int = Field(default=20, ge=1, le=1_000_000)
+    window_s: float = Field(default=60.0, gt=0, le=86400)
+    block_s: float = Field(default=60.0, gt=0, le=86400)
+    sources: int = Field(default=10_000, ge=1, le=10_000_000)
 
 
 class ServerConfig(Strict):
@@ -46,25 +64,40 @@ class ServerConfig(Strict):
     database_url: str | None = None  # default: ORBIT_DATABASE_URL, else $ORBIT_HOME/orbit.db
     admin_token_file: Path | None = None  # default: $ORBIT_HOME/admin-token
     limits: Limits = Limits()
+    auth_failures: AuthFailures = AuthFailures()
     reconcile_every_s: float = Field(
         default=1.0, gt=0, description="how often each active attempt is looked at"
     )
     reconcile_workers: int = Field(
         default=8, ge=1, le=256, description="attempts looked at side by side"
     )
+    # /healthz answers 503 when $ORBIT_HOME's disk (or the SQLite store's) has less free
+    min_free_disk_mb: int = Field(default=64, ge=0, le=1_000_000)
     nodes: NodeTimings = NodeTimings()
+    storage: StorageConfig = StorageConfig()  # retention rules and the gc loop's period
     loops: bool = True  # off: the API only (runs move when a client looks, as embedded)
+    # who may submit, replay or retry into a template that runs on this server's own host
+    # (placement kind `local`): such a task can read what the server's user can
+    local_roles: tuple[Role, ...] = (Role.ADMIN,)
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     ssl_keyfile_password: str | None = None
     log_level: str = "info"
 
+    @field_validator("local_roles")
+    @classmethod
+    def _admins_always(cls, roles: tuple[Role, ...]) -> tuple[Role, ...]:
+        """An admin does everything; a viewer submits nothing anywhere."""
+        if Role.VIEWER in roles:
+            raise ValueError("a viewer submits nothing: name admin and member only")
+        return tuple(dict.fromkeys((Role.ADMIN, *roles)))
+
 
 def load_config(path: Path | None) -> ServerConfig:
     from pydantic import ValidationError
 
-    from orbit.core.errors import InvalidInput, describe_validation_error
-    from orbit.core.yamlio import load_yaml_mapping
+    from orbit.model.errors import InvalidInput, describe_validation_error
+    from orbit.model.yamlio import load_yaml_mapping
 
     if path is None:
         return ServerConfig()
@@ -73,4 +106,4 @@ def load_config(path: Path | None) -> ServerConfig:
     try:
         return ServerConfig.model_validate(data)
     except ValidationError as exc:
-        raise InvalidInput(describe_validation_error(str(path), exc)) from None
+        raise InvalidInput(describe_validation_error(str(path), exc, ServerConfig)) from None

@@ -14,9 +14,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
-from orbit.core.control.lifecycle import launcher_id, process_gone
+from orbit.core.control.leases import launcher_id, process_gone
 from orbit.core.control.service import CoreControlService
-from orbit.core.errors import NoBackend, OrbitError
+from orbit.model.errors import NoBackend, OrbitError
 from orbit.server.metrics import Metrics
 
 log = logging.getLogger("orbit.server.loops")

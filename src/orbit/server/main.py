@@ -8,8 +8,9 @@ import logging
 import os
 from pathlib import Path
 
-from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
+from orbit.model.config import Settings
+from orbit.model.private import PRIVATE_UMASK
 from orbit.server.config import ServerConfig
 
 log = logging.getLogger("orbit.server")
@@ -25,6 +26,7 @@ def server_settings(settings: Settings, config: ServerConfig) -> Settings:
         ("node_heartbeat_s", timings.heartbeat_s),
         ("node_offline_s", timings.offline_after_s),
         ("node_lost_grace_s", timings.lost_grace_s),
+        ("node_fence", timings.fence),
     ):
         if value is not None:
             changes[field] = value
@@ -34,6 +36,7 @@ def server_settings(settings: Settings, config: ServerConfig) -> Settings:
 def open_service(settings: Settings, config: ServerConfig) -> CoreControlService:
     service = CoreControlService.from_settings(settings, actor="orbit-server", live_templates=True)
     service.looks_on_read = not config.loops  # the loops look; reads answer from the store
+    service.retention = config.storage.retention  # the server's rules, not storage.yaml
     return service
 
 
@@ -42,7 +45,7 @@ def bootstrap_admin(service: CoreControlService, token_file: Path) -> Path | Non
     (0600), like k3s's node-token. The token reaches the file before the store and the file
     is named only once the store took it, so neither a crash nor a second replica starting at
     the same moment leaves a token that does not work. Returns the file when it wrote one."""
-    from orbit.core.auth import new_token, token_hash
+    from orbit.model.auth import new_token, token_hash
 
     if service.store.count_users() > 0:
         return None
@@ -71,6 +74,8 @@ def serve(settings: Settings, config: ServerConfig) -> None:
 
     from orbit.server.app import create_app
 
+    # what the server writes (the store, bundles, attempts' files) is its user's only
+    os.umask(PRIVATE_UMASK)
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

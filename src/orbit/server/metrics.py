@@ -1,19 +1,25 @@
 """/metrics: Prometheus text. Runs by state (counted when scraped), submissions, the API's
-latency by route (the route's template, never a run id), and how late the reconcile loop is."""
+latency by route (the route's template, never a run id), how late the reconcile loop is, and
+the bytes stored by user and experiment."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orbit.core.states import RunState
+from orbit.core.control.sched_config import LiveSchedConfig
+from orbit.model.states import RunState
+from orbit.model.storage import Usage
 from orbit.store import Store
 
+USAGE_EVERY_S = 30.0  # a scrape at most this often walks the storage (settled copies: once)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -26,6 +32,60 @@ class RunsByState(Collector):
         for state in RunState:
             family.add_metric([state.value], self.store.count_runs(states={state}))
         yield family
+
+
+class SchedConfigState(Collector):
+    """1 while the scheduler config file holds a config that was refused (the last good one
+    is live): the alert to set on it."""
+
+    def __init__(self, watch: LiveSchedConfig) -> None:
+        self.watch = watch
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with contextlib.suppress(Exception):  # a look at the file now, as a pass makes
+            self.watch.live()
+        yield GaugeMetricFamily(
+            "orbit_scheduler_config_invalid",
+            "1 while the scheduler config file holds a refused config (the last good is live).",
+            value=1.0 if self.watch.error is not None else 0.0,
+        )
+
+
+class StorageUsage(Collector):
+    """Bytes on the control plane by user and experiment (orbit.core.control.usage), counted
+    when scraped, at most every USAGE_EVERY_S (the same figures as `orbit usage`)."""
+
+    def __init__(self, usage: Callable[[], Usage]) -> None:
+        self.usage = usage
+        self._last: tuple[float, Usage] | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families without samples: registering counts nothing."""
+        yield from (self._family(label) for label in ("user", "experiment"))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        found = self._fresh()
+        for label, rows in (("user", found.users), ("experiment", found.experiments)):
+            family = self._family(label)
+            for row in rows:
+                family.add_metric([row.name, "artifacts"], row.artifacts_bytes)
+                family.add_metric([row.name, "bundles"], row.bundles_bytes)
+            yield family
+
+    @staticmethod
+    def _family(label: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            f"orbit_storage_{label}_bytes",
+            f"Bytes on the control plane by {label}: artifacts (attempts' copies) and bundles.",
+            labels=[label, "kind"],
+        )
+
+    def _fresh(self) -> Usage:
+        with self._lock:
+            if self._last is None or time.monotonic() - self._last[0] >= USAGE_EVERY_S:
+                self._last = (time.monotonic(), self.usage())
+            return self._last[1]
 
 
 class Metrics:

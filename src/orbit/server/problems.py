@@ -1,18 +1,25 @@
 """Errors as HTTP answers: problem details (RFC 9457) whose `detail` is the one line the CLI
 prints, and whose `error` names ORBIT's error class, so a client raises the very error the
-service raised and the CLI exits with the same code and says the same thing."""
+service raised and the CLI exits with the same code and says the same thing. No answer shows
+where the server keeps its files: a path under them is said as "(a path on the server)", and
+the full text goes to the server's log."""
 
 from __future__ import annotations
 
+import errno
 import logging
-from typing import Any
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from orbit.core.errors import (
+from orbit.model.errors import (
     Forbidden,
     InvalidInput,
     NoBackend,
@@ -25,6 +32,9 @@ from orbit.core.errors import (
     Unreachable,
     pydantic_location,
 )
+
+if TYPE_CHECKING:
+    from orbit.model.config import Settings
 
 log = logging.getLogger("orbit.server")
 
@@ -48,10 +58,16 @@ TITLES = {
     409: "Refused",
     413: "Too large",
     422: "Invalid input",
+    429: "Too many requests",
     500: "Server error",
     502: "Host unreachable",
     503: "Store unavailable",
+    507: "Disk full",
 }
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+SERVER_PATH = "(a path on the server)"
+# the server's own folders, as a pattern that finds a path under them (install sets it)
+_hidden: re.Pattern[str] | None = None
 # what FastAPI says of a JSON body that json.loads refused with other than a JSONDecodeError
 UNPARSED = "There was an error parsing the body"
 # what an answer's body may hold, for the OpenAPI document
@@ -69,16 +85,47 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 
-def problem(status: int, detail: str, error: str, **extra: Any) -> JSONResponse:
+def internal_paths(settings: Settings) -> list[str]:
+    """Where the server keeps what no client needs to know the place of: $ORBIT_HOME, the
+    SQLite store's file, and the scratch folders of uploads."""
+    from orbit.store.drivers import sqlite_path
+
+    places = [settings.home, Path(tempfile.gettempdir()) / "orbit-inputs-"]
+    store = sqlite_path(settings.database_url)
+    if store is not None:
+        places.append(store.absolute())
+    found = {str(p) for p in places} | {str(p.resolve()) for p in places}
+    return sorted(found, key=len, reverse=True)
+
+
+def hide_paths(roots: Iterable[str]) -> None:
+    """From now on, a path under one of `roots` in a problem's detail is not shown."""
+    global _hidden
+    names = [re.escape(r.rstrip("/")) for r in roots if r.strip("/")]
+    _hidden = re.compile(rf"(?:{'|'.join(names)})[^\s'\"]*") if names else None
+
+
+def hidden(detail: str) -> str:
+    return detail if _hidden is None else _hidden.sub(SERVER_PATH, detail)
+
+
+def problem(
+    status: int,
+    detail: str,
+    error: str,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
     body = {
         "type": "about:blank",
         "title": TITLES.get(status, "Error"),
         "status": status,
-        "detail": detail,
+        "detail": hidden(detail),
         "error": error,
         **extra,
     }
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer", **(headers or {})}
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
@@ -95,7 +142,11 @@ def status_of(exc: OrbitError) -> int:
     return 400
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, internal: Iterable[str] = ()) -> None:
+    """The handlers that turn every error into a problem; `internal`: the server's own
+    folders, never shown (see internal_paths)."""
+    hide_paths(internal)
+
     @app.exception_handler(OrbitError)
     async def orbit_error(request: Request, exc: OrbitError) -> JSONResponse:
         return problem(status_of(exc), str(exc), type(exc).__name__)
@@ -133,6 +184,17 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     async def store_down(request: Request, exc: StoreError) -> JSONResponse:
         return store_failed(exc)
+
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError) -> JSONResponse:
+        """The server's own disk failed it: said without the file's name (logged in full)."""
+        log.error("%s %s failed: %s", request.method, request.url.path, exc)
+        if exc.errno in DISK_FULL:
+            why = "the server is out of disk space: its admin must free some"
+            return problem(507, why, "ServerError")
+        return problem(
+            500, f"the server failed: {exc.strerror or type(exc).__name__}", "ServerError"
+        )
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:

@@ -1,6 +1,6 @@
 """A submission's gathered inputs, as a client sent them (tar.gz): unpacked into a scratch
 folder that is removed afterwards, refusing anything that could write outside it (absolute
-paths, `..`, links that lead out or are walked through, devices; see orbit.core.tarsafe) and
+paths, `..`, links that lead out or are walked through, devices; see orbit.model.tarsafe) and
 anything over the configured limits."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from orbit.core.errors import InvalidInput
-from orbit.core.tarsafe import check_member
+from orbit.model.errors import InvalidInput
+from orbit.model.tarsafe import check_member
 from orbit.server.config import Limits
+from orbit.server.problems import DISK_FULL
 
 
 @contextmanager
@@ -37,7 +38,7 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
             links: set[str] = set()
             files: set[str] = set()
             for member in tar:
-                check_member(member, links, files, "inputs")  # see orbit.core.tarsafe
+                check_member(member, links, files, "inputs")  # see orbit.model.tarsafe
                 members.append(member)
                 size += max(member.size, 0)
                 if len(members) > limits.inputs_files:
@@ -55,8 +56,8 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
                 except tarfile.FilterError as exc:
                     raise InvalidInput(f"inputs: {member.name}: {_why(exc)}") from None
     except (tarfile.TarError, EOFError, OSError) as exc:
-        if isinstance(exc, tarfile.FilterError):
-            raise
+        if isinstance(exc, tarfile.FilterError) or getattr(exc, "errno", None) in DISK_FULL:
+            raise  # a full disk is the server's: not the archive's fault
         why = " ".join(str(exc).split())  # tarfile's own can run over several lines
         raise InvalidInput(f"inputs: not a readable tar archive ({why})") from None
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
+from orbit.store.audit_seal import check_audit_key
 from orbit.store.schema import migrate
 from orbit.store.sql import Database, Tx
 
@@ -20,11 +21,16 @@ def new_id(prefix: str) -> str:
 
 
 class StoreBase:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, audit_key: bytes | None = None) -> None:
+        """`audit_key`: key the audit chain with it (orbit.model.audit_chain); a store whose
+        chain is keyed under another key is refused here, before anything is written."""
         self.url = url
         self.db = Database(url)
+        self.db.audit_key = audit_key
         try:
             migrate(self.db)
+            if audit_key is not None:
+                check_audit_key(self.db, audit_key)
         except BaseException:
             self.db.close()
             raise
@@ -45,6 +51,6 @@ class StoreBase:
 
     @contextmanager
     def _write(self) -> Iterator[Tx]:
-        """A write transaction: BEGIN IMMEDIATE on SQLite (see sql.SqliteDriver.begin)."""
+        """A write transaction: BEGIN IMMEDIATE on SQLite (see drivers.SqliteDriver.begin)."""
         with self.db.transaction(write=True) as tx:
             yield tx

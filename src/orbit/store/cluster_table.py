@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orbit.core.clusters import ClusterFacts, ClusterRecord, ClusterSpec
-from orbit.core.errors import InvalidInput, NotFound
-from orbit.core.models import RunState
+from orbit.model.clusters import ClusterFacts, ClusterRecord, ClusterSpec
+from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.models import RunState
 from orbit.store.audit import append_event
 from orbit.store.base import utcnow
+from orbit.store.drivers import Conflict
 from orbit.store.host_table import HOST_COLUMNS, is_cluster
-from orbit.store.sql import Conflict, Row, expand, read_json, read_time_required
+from orbit.store.sql import Row, expand, read_json, read_time_required
 
 if TYPE_CHECKING:
     from orbit.store.base import StoreBase

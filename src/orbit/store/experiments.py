@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 
-from orbit.core.errors import InvalidInput, NotFound
-from orbit.core.models import NAME_PATTERN
-from orbit.core.records import ExperimentRecord
+from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.models import NAME_PATTERN
+from orbit.model.records import ExperimentRecord
 from orbit.store.audit import append_event
 from orbit.store.base import StoreBase, new_id, utcnow
-from orbit.store.sql import Conflict, read_time_required
+from orbit.store.drivers import Conflict
+from orbit.store.sql import read_time_required
 
 
 def check_experiment_name(name: str) -> None:

@@ -5,16 +5,20 @@ of that page only."""
 
 from __future__ import annotations
 
-from orbit.core.errors import InvalidInput, NotFound
-from orbit.core.models import FailureReason, RunHandle, RunState
-from orbit.core.records import AttemptRecord, RunRecord
+from dataclasses import dataclass, replace
+from typing import Any
+
+from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.models import FailureReason, RunHandle, RunState
+from orbit.model.records import AttemptRecord, RunRecord
 from orbit.store.base import StoreBase
 from orbit.store.sql import Row, Tx, expand, like_prefix, read_json, read_time, read_time_required
 
 ATTEMPT_COLUMNS = (
     'id, run_id, number, state, reason, target, backend_key, "trigger", handle, exit_code, '
     "message, cancel_requested, created_at, updated_at, started_at, finished_at, "
-    "last_contact_at, unreachable_since, lease_owner, lease_expires_at, not_before, preempted_by"
+    "last_contact_at, unreachable_since, lease_owner, lease_expires_at, not_before, preempted_by, "
+    "held, (SELECT n.name FROM nodes n WHERE n.id = attempts.node_id) AS node_name"
 )
 RUN_COLUMNS = (
     "r.id, r.experiment_id, e.name AS experiment_name, r.task_type, r.template_id, "
@@ -51,6 +55,8 @@ def attempt_record(row: Row) -> AttemptRecord:
         lease_expires_at=read_time(row["lease_expires_at"]),
         not_before=read_time(row["not_before"]),
         preempted_by=row["preempted_by"],
+        held=row["held"],
+        node=row["node_name"],
     )
 
 
@@ -62,16 +68,53 @@ def ambiguous(ref: str, matches: list[str]) -> InvalidInput:
     return InvalidInput(f"run id '{ref}' is ambiguous: it matches {named} (give more characters)")
 
 
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a listing takes: an experiment's, in some states (of their current
+    attempt), submitted by a user, on a node (see runs_filter)."""
+
+    experiment_id: str | None = None
+    states: set[RunState] | None = None
+    user: str | None = None
+    node: str | None = None
+
+    def but(self, **changes: Any) -> RunFilter:
+        return replace(self, **changes)
+
+    def query(self) -> dict[str, Any]:
+        """As list_runs' and count_runs' keywords."""
+        return {
+            "experiment_id": self.experiment_id,
+            "states": self.states,
+            "user": self.user,
+            "node": self.node,
+        }
+
+
 def runs_filter(
-    experiment_id: str | None, states: set[RunState] | None
+    experiment_id: str | None,
+    states: set[RunState] | None,
+    user: str | None = None,
+    node: str | None = None,
 ) -> tuple[str, dict[str, object]]:
     """The joins and WHERE clause shared by list_runs and count_runs (runs are `r`). `states`
-    filters on each run's current attempt, its highest number."""
+    filters on each run's current attempt, its highest number; `user` on who submitted it
+    (ix_runs_created_by_created_at); `node` on where its current attempt is: an agent node by
+    name or id (attempts.node_id, any rank of a gang), or a host, cluster or pinned node by
+    name (ix_attempts_target)."""
     clauses: list[str] = []
-    params: dict[str, object] = {"experiment_id": experiment_id}
+    params: dict[str, object] = {"experiment_id": experiment_id, "user": user, "node": node}
     joins = ""
     if experiment_id is not None:
         clauses.append("r.experiment_id = :experiment_id")
+    if user is not None:
+        clauses.append("r.created_by = :user")
+    if node is not None:
+        clauses.append(
+            "r.id IN (SELECT x.run_id FROM attempts x WHERE (x.node_id IN (SELECT n.id FROM "
+            "nodes n WHERE n.name = :node OR n.id = :node) OR x.target = :node) AND x.number = "
+            "(SELECT max(y.number) FROM attempts y WHERE y.run_id = x.run_id))"
+        )
     if states:
         placeholders, values = expand("state", sorted(s.value for s in states))
         params.update(values)
@@ -125,12 +168,22 @@ class RunQueriesMixin(StoreBase):
             return []
         placeholders, params = expand("run", [r["id"] for r in rows])
         attempts: dict[str, list[AttemptRecord]] = {r["id"]: [] for r in rows}
-        for a in tx.all(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run_id IN ({placeholders}) "
-            "AND gang_of IS NULL ORDER BY run_id, number",
+        ranks: dict[str, list[str]] = {}  # a gang's leader -> its other nodes, by rank
+        leaders: list[Row] = []
+        for a in tx.all(  # leaders and gang members in one read: rank 0 comes first
+            f"SELECT {ATTEMPT_COLUMNS}, gang_of FROM attempts WHERE run_id IN ({placeholders}) "
+            "ORDER BY run_id, number, rank",
             params,
         ):
-            attempts[a["run_id"]].append(attempt_record(a))
+            if a["gang_of"] is None:
+                leaders.append(a)
+            elif a["node_name"] is not None:
+                ranks.setdefault(a["gang_of"], []).append(a["node_name"])
+        for a in leaders:
+            record = attempt_record(a)
+            if a["id"] in ranks and record.node is not None:
+                record = record.model_copy(update={"gang_nodes": (record.node, *ranks[a["id"]])})
+            attempts[a["run_id"]].append(record)
         return [
             RunRecord.model_construct(
                 id=r["id"],
@@ -163,9 +216,12 @@ class RunQueriesMixin(StoreBase):
         experiment_id: str | None = None,
         states: set[RunState] | None = None,
         limit: int | None = None,
+        user: str | None = None,
+        node: str | None = None,
     ) -> list[RunRecord]:
-        """Newest first. `states` filters on each run's current attempt."""
-        condition, params = runs_filter(experiment_id, states)
+        """Newest first. `states` and `node` filter on each run's current attempt, `user` on
+        who submitted it."""
+        condition, params = runs_filter(experiment_id, states, user, node)
         page = " LIMIT :limit" if limit is not None else ""
         with self._read() as tx:
             rows = tx.all(
@@ -176,10 +232,14 @@ class RunQueriesMixin(StoreBase):
             return self._run_records(tx, rows)
 
     def count_runs(
-        self, experiment_id: str | None = None, states: set[RunState] | None = None
+        self,
+        experiment_id: str | None = None,
+        states: set[RunState] | None = None,
+        user: str | None = None,
+        node: str | None = None,
     ) -> int:
         """How many runs `list_runs` would list with the same filters and no limit."""
-        condition, params = runs_filter(experiment_id, states)
+        condition, params = runs_filter(experiment_id, states, user, node)
         with self._read() as tx:
             count = tx.scalar(f"SELECT count(*) FROM runs r{condition}", params)
         return int(count or 0)

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from orbit.core.errors import InvalidInput, NotFound
-from orbit.core.models import RunState
-from orbit.core.nodes import NodeRecord
+from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.models import RunState
+from orbit.model.nodes import NodeRecord
+from orbit.store.attempt_states import ACTIVE_IN
 from orbit.store.audit import append_event
 from orbit.store.base import StoreBase, utcnow
 from orbit.store.nodes import NODE_COLUMNS, NodesMixin
-from orbit.store.runs import ACTIVE_IN
 from orbit.store.sql import Row
 
 PASS_KEEP = timedelta(days=7)  # a pass no decision refers to is kept this long (simulate)
@@ -68,7 +68,7 @@ class SchedulingMixin(NodesMixin, StoreBase):
                 f"SELECT a.id, a.run_id, a.created_at, {_RUN_FIELDS} FROM attempts a "
                 "JOIN runs r ON r.id = a.run_id JOIN experiments e ON e.id = r.experiment_id "
                 "WHERE a.state = :prepared AND a.handle IS NULL AND a.node_id IS NULL "
-                "AND a.lease_owner IS NULL AND a.backend_key LIKE 'agent_pool%' "
+                "AND a.lease_owner IS NULL AND a.held IS NULL AND a.backend_key LIKE 'agent_pool%' "
                 "AND a.cancel_requested = :no AND (a.not_before IS NULL OR a.not_before <= :at "
                 "OR EXISTS (SELECT 1 FROM sched_decisions d WHERE d.attempt_id = a.id)) "
                 "ORDER BY a.id",
@@ -232,17 +232,6 @@ class SchedulingMixin(NodesMixin, StoreBase):
             return tx.all(
                 "SELECT id, at, config, inputs FROM sched_passes WHERE at >= :s ORDER BY at, id",
                 {"s": since},
-            )
-
-    def queued_decisions(self) -> list[Row]:
-        """The decisions of runs still waiting to be placed, in the order of their pass."""
-        with self._read() as tx:
-            return tx.all(
-                "SELECT d.run_id, d.attempt_id, d.outcome, d.tier, d.position, d.body, d.at "
-                "FROM sched_decisions d JOIN attempts a ON a.id = d.attempt_id "
-                "WHERE d.outcome <> 'placed' AND a.state = :prepared AND a.node_id IS NULL "
-                "ORDER BY d.position",
-                {"prepared": RunState.PREPARED.value},
             )
 
     def mark_preempted(

@@ -13,12 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orbit.store.sql import Database, SqliteDriver, StoreError, sqlite_path
+from orbit.store.drivers import SqliteDriver, sqlite_path
+from orbit.store.sql import Database, StoreError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions/. A test checks it against Alembic's own view;
 # knowing it here spares every CLI call the import of Alembic when the store is current.
-HEAD_REVISION = "0009"
+HEAD_REVISION = "0014"
 # pg_advisory_lock key ("ORBITMIG") held by the one process migrating a PostgreSQL store
 MIGRATION_LOCK_KEY = 0x4F524249544D4947
 
@@ -65,8 +66,8 @@ def migrate(db: Database) -> None:
 def _migration_lock(db: Database) -> Iterator[None]:
     path = sqlite_path(db.url)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

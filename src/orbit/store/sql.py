@@ -1,81 +1,30 @@
-"""The store's SQL layer: DB-API connections for a URL, read and write transactions, values.
+"""The store's SQL layer: read and write transactions on a small pool of connections for a
+URL (each driver's own: orbit.store.drivers), and the helpers its queries use.
 
 The store speaks plain SQL through the drivers themselves (the standard library's sqlite3,
 psycopg 3 for PostgreSQL): importing SQLAlchemy costs more than a whole `orbit runs list` may
 take, so only migrations use it (see orbit.store.schema). SQL is written once, with `:name`
-parameters; psycopg gets them as `%(name)s`.
-
-Values keep the formats SQLAlchemy gave existing stores: on SQLite a datetime is UTC text
-`2026-11-23 08:24:27.123456` and JSON is text; on PostgreSQL they are `timestamp with time zone`
-and `json`. Every datetime read back is timezone-aware UTC, whatever the session's zone.
+parameters. Every datetime read back is timezone-aware UTC, whatever the session's zone.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import re
-import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from orbit.core.errors import StoreError as StoreError
+from orbit.model.errors import StoreError as StoreError
+from orbit.model.stored import read_json as read_json
+from orbit.model.stored import read_time as read_time
+from orbit.model.stored import read_time_required as read_time_required
+from orbit.store.drivers import BUSY_TIMEOUT_S, Driver, Params, driver_for
 
 Row = dict[str, Any]
-Params = Mapping[str, Any]
 
-BUSY_TIMEOUT_S = 30.0  # how long a SQLite writer waits for its turn
 IDLE_CONNECTIONS = 4  # kept open per Store for the next transaction; more are closed on return
 PING_AFTER_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before it is used
-
-
-class Conflict(StoreError):
-    """A write broke a constraint (a unique name, a second attempt with the same number, a
-    foreign key): the drivers' IntegrityError (sqlite3.IntegrityError, psycopg's
-    UniqueViolation and the like)."""
-
-
-def sqlite_path(url: str) -> Path | None:
-    """`sqlite:///relative.db` or `sqlite:////abs/orbit.db` -> its path; None for other URLs."""
-    if not re.match(r"sqlite(\+\w+)?:", url):
-        return None
-    found = re.match(r"sqlite(\+\w+)?:///([^?]*)", url)
-    path = found.group(2) if found else ""
-    if not path or path == ":memory:":
-        raise StoreError(f"{url}: give SQLite a file (each connection would see its own memory)")
-    return Path(path)
-
-
-def utc(value: datetime) -> datetime:
-    """A naive datetime is UTC (SQLite hands them back without a zone)."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def read_time(value: Any) -> datetime | None:
-    """A stored datetime, aware and in UTC: SQLite's text (with or without `+00:00`) or
-    PostgreSQL's datetime in the session's zone."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    assert isinstance(value, datetime), value
-    return utc(value)
-
-
-def read_time_required(value: Any) -> datetime:
-    result = read_time(value)
-    assert result is not None
-    return result
-
-
-def read_json(value: Any) -> Any:
-    """A JSON column: text on SQLite, already decoded by psycopg on PostgreSQL."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def expand(name: str, values: Any) -> tuple[str, dict[str, Any]]:
@@ -90,169 +39,16 @@ def like_prefix(prefix: str) -> str:
     return escaped + "%"
 
 
-@functools.lru_cache(maxsize=512)
-def pyformat(sql: str) -> str:
-    """`:name` -> `%(name)s` for psycopg (a literal `%` doubled; `::type` casts left alone)."""
-    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql.replace("%", "%%"))
-
-
-class Driver:
-    """What differs between the two databases: connecting, beginning, values, errors."""
-
-    dialect: str
-    errors: tuple[type[Exception], ...]
-    integrity: tuple[type[Exception], ...]
-
-    def connect(self) -> Any:
-        raise NotImplementedError
-
-    def begin(self, conn: Any, write: bool) -> None:
-        raise NotImplementedError
-
-    def commit(self, conn: Any) -> None:
-        conn.commit()
-
-    def rollback(self, conn: Any) -> None:
-        conn.rollback()
-
-    def sql(self, text: str) -> str:
-        return text
-
-    def encode_time(self, value: datetime) -> Any:
-        raise NotImplementedError
-
-    def encode(self, params: Params | None) -> dict[str, Any]:
-        """Parameters as the driver takes them: a dict is a JSON column's value."""
-        out: dict[str, Any] = {}
-        for key, value in (params or {}).items():
-            if isinstance(value, datetime):
-                value = self.encode_time(value)
-            elif isinstance(value, dict):
-                value = json.dumps(value)
-            out[key] = value
-        return out
-
-    def ping(self, conn: Any) -> bool:
-        return True
-
-    def translate(self, exc: Exception) -> StoreError:
-        kind = Conflict if isinstance(exc, self.integrity) else StoreError
-        return kind(str(exc).strip() or type(exc).__name__)
-
-
-class SqliteDriver(Driver):
-    dialect = "sqlite"
-    errors = (sqlite3.Error,)
-    integrity = (sqlite3.IntegrityError,)
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: the driver opens no transactions of its own, `begin` opens all;
-        # check_same_thread=False: a pooled connection serves one thread at a time, any thread
-        conn = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
-        try:
-            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-            conn.execute("PRAGMA foreign_keys=ON")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def enable_wal(self, deadline_s: float = 30.0) -> None:
-        """Put the database file in WAL mode (it stays so): readers never wait for the writer.
-        The switch needs the file to itself and SQLite answers "locked" at once rather than
-        waiting for busy_timeout, so it is tried again while others finish their reads."""
-        conn = self.connect()
-        try:
-            deadline = time.monotonic() + deadline_s
-            while True:
-                try:
-                    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-                    continue
-                if str(mode).lower() != "wal":
-                    raise StoreError(f"{self.path}: SQLite refused WAL mode (it says {mode})")
-                return
-        finally:
-            conn.close()
-
-    def begin(self, conn: sqlite3.Connection, write: bool) -> None:
-        # A write takes the write lock up front: two writers queue (for busy_timeout) instead of
-        # both reading and then failing to upgrade, and whatever a writer read (the last event's
-        # hash, say) is still the newest when it commits. Reads stay DEFERRED: in WAL mode they
-        # never wait for a writer, nor writers for them.
-        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-
-    def commit(self, conn: sqlite3.Connection) -> None:
-        conn.execute("COMMIT")
-
-    def rollback(self, conn: sqlite3.Connection) -> None:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-
-    def encode_time(self, value: datetime) -> str:
-        return utc(value).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-
-
-class PostgresDriver(Driver):
-    dialect = "postgresql"
-
-    def __init__(self, conninfo: str) -> None:
-        import psycopg  # only for PostgreSQL URLs: it costs an import of its own
-
-        self._psycopg = psycopg
-        self.conninfo = conninfo
-        self.errors = (psycopg.Error,)
-        self.integrity = (psycopg.IntegrityError,)  # UniqueViolation, ForeignKeyViolation, ...
-
-    def connect(self) -> Any:
-        return self._psycopg.connect(self.conninfo)
-
-    def begin(self, conn: Any, write: bool) -> None:
-        pass  # psycopg opens the transaction with the first statement
-
-    def sql(self, text: str) -> str:
-        return pyformat(text)
-
-    def encode_time(self, value: datetime) -> datetime:
-        return utc(value)
-
-    def ping(self, conn: Any) -> bool:
-        if conn.closed:
-            return False
-        try:
-            conn.execute("SELECT 1")
-            conn.rollback()
-        except self._psycopg.Error:
-            return False
-        return True
-
-
-def driver_for(url: str) -> Driver:
-    path = sqlite_path(url)
-    if path is not None:
-        return SqliteDriver(path)
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme in ("postgresql", "postgres", "postgresql+psycopg"):
-        return PostgresDriver(f"postgresql://{rest}")
-    raise StoreError(f"{url}: not a store URL (sqlite:///path or postgresql://...)")
-
-
 class Tx:
     """One transaction on one connection; statements take `:name` parameters."""
 
-    def __init__(self, driver: Driver, conn: Any, write: bool) -> None:
+    def __init__(
+        self, driver: Driver, conn: Any, write: bool, audit_key: bytes | None = None
+    ) -> None:
         self.driver = driver
         self.dialect = driver.dialect
         self.write = write
+        self.audit_key = audit_key  # the store's (orbit.store.audit keys the events with it)
         self._conn = conn
 
     def _run(self, sql: str, params: Params | None) -> Any:
@@ -321,6 +117,9 @@ class Database:
         # its own first, each woken as soon as the one before is done (p99 ~90 ms, and more
         # writes per second); other processes still meet at the file's lock, as before.
         self._writer = threading.RLock() if self.dialect == "sqlite" else None
+        # the audit key (orbit.model.audit_key) every transaction carries to the audit writer;
+        # none: events are appended unkeyed (tools and tests that open a bare Store)
+        self.audit_key: bytes | None = None
 
     def connect(self) -> Any:
         """A new connection of the driver's own, outside the pool (the caller closes it)."""
@@ -371,7 +170,7 @@ class Database:
         try:
             try:
                 self.driver.begin(conn, write)
-                tx = Tx(self.driver, conn, write)
+                tx = Tx(self.driver, conn, write, self.audit_key)
                 try:
                     yield tx
                 finally:

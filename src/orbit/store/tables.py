@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -32,6 +43,19 @@ class RunRow(Base):
     created_at: Mapped[datetime] = mapped_column(index=True)
     created_by: Mapped[str] = mapped_column(String(128))
     replay_of: Mapped[str | None] = mapped_column(String(40))
+    # `runs list --user U`: a user's runs, newest first
+    __table_args__ = (Index("ix_runs_created_by_created_at", "created_by", "created_at"),)
+
+
+class SubmitKeyRow(Base):
+    """A submission's idempotency key and the run it made (orbit.store.submit_keys)."""
+
+    __tablename__ = "submit_keys"
+    user_name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))  # sha256 of what was submitted
+    run_id: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[datetime] = mapped_column(index=True)
 
 
 class AttemptRow(Base):
@@ -41,7 +65,7 @@ class AttemptRow(Base):
     number: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str | None] = mapped_column(String(32))
-    target: Mapped[str | None] = mapped_column(String(256))
+    target: Mapped[str | None] = mapped_column(String(256), index=True)  # runs list --node
     backend_key: Mapped[str] = mapped_column(String(64))
     trigger: Mapped[str] = mapped_column(String(16))
     handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -73,7 +97,19 @@ class AttemptRow(Base):
     # Members follow their leader's state; only leaders are listed, reconciled and retried
     gang_of: Mapped[str | None] = mapped_column(String(48), index=True)
     rank: Mapped[int] = mapped_column(Integer, server_default="0")
+    # a prepared attempt held back by a gate (`after`: its run's dependencies have not ended)
+    held: Mapped[str | None] = mapped_column(String(16))
     __table_args__ = (Index("ix_attempts_run_number", "run_id", "number", "rank", unique=True),)
+
+
+class RunDependencyRow(Base):
+    """A run waits for another (`after:` in its spec, orbit.model.dependencies)."""
+
+    __tablename__ = "run_dependencies"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    needs: Mapped[str] = mapped_column(String(40), primary_key=True, index=True)
+    kind: Mapped[str] = mapped_column(String(8))  # ok | any
+    position: Mapped[int] = mapped_column(Integer)  # as written in the spec
 
 
 class HostRow(Base):
@@ -105,8 +141,8 @@ class NodeRow(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     credential_hash: Mapped[str] = mapped_column(String(64), unique=True)
     labels: Mapped[dict[str, Any]]
-    info: Mapped[dict[str, Any]]  # orbit.agent.protocol.NodeInfo
-    state: Mapped[str] = mapped_column(String(16))  # orbit.core.nodes.NodeState
+    info: Mapped[dict[str, Any]]  # orbit.wire.protocol.NodeInfo
+    state: Mapped[str] = mapped_column(String(16))  # orbit.model.nodes.NodeState
     max_tasks: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(128))
@@ -114,6 +150,10 @@ class NodeRow(Base):
     session: Mapped[str | None] = mapped_column(String(64))
     report_seq: Mapped[int] = mapped_column(Integer, server_default="0")
     preempted_at: Mapped[datetime | None]  # the last time work was pushed off it
+    # why it is out of service (drain or cordon --reason), who said so and when
+    reason: Mapped[str | None] = mapped_column(Text)
+    reason_by: Mapped[str | None] = mapped_column(String(128))
+    reason_at: Mapped[datetime | None]
 
 
 class NodeCommandRow(Base):
@@ -159,6 +199,19 @@ class SchedDecisionRow(Base):
     at: Mapped[datetime]
 
 
+class SchedConfigRow(Base):
+    """One row (id 1): the scheduler config last seen valid, as written (orbit.store.
+    sched_config_table): the last good one stays live when the file turns invalid."""
+
+    __tablename__ = "sched_config"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    text: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(1024))
+    set_at: Mapped[datetime]
+    set_by: Mapped[str] = mapped_column(String(128))
+
+
 class QuotaRow(Base):
     __tablename__ = "quotas"
     scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # user | experiment
@@ -173,7 +226,7 @@ class UserRow(Base):
     __tablename__ = "users"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
-    role: Mapped[str] = mapped_column(String(16))  # orbit.core.auth.Role
+    role: Mapped[str] = mapped_column(String(16))  # orbit.model.auth.Role
     created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(128))
 
@@ -183,7 +236,7 @@ class TokenRow(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     name: Mapped[str | None] = mapped_column(String(128))
-    hash: Mapped[str] = mapped_column(String(64), unique=True)  # orbit.core.auth.token_hash
+    hash: Mapped[str] = mapped_column(String(64), unique=True)  # orbit.model.auth.token_hash
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
@@ -199,11 +252,73 @@ class EventRow(Base):
     run_id: Mapped[str | None] = mapped_column(String(40), index=True)
     attempt_id: Mapped[str | None] = mapped_column(String(48))
     data: Mapped[dict[str, Any]]
-    # the hash chain (orbit.core.audit_chain): each event names the one before it, so a fork (two
+    # the hash chain (orbit.model.audit_chain): each event names the one before it, so a fork (two
     # events after the same one) is refused by the unique index as well as by the writers' lock
     prev_hash: Mapped[str | None] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
+    # the keyed chain: HMAC of `hash` under the audit key, none before keying began
+    mac: Mapped[str | None] = mapped_column(String(64))
     __table_args__ = (
         Index("ix_events_hash", "hash", unique=True),
         Index("ix_events_prev_hash", "prev_hash", unique=True),
     )
+
+
+class AuditSealRow(Base):
+    """One row (id 1): the first keyed event, the key's id and the chain's head, under a MAC
+    (orbit.model.audit_chain.Seal), rewritten by every keyed append."""
+
+    __tablename__ = "audit_seal"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    keyed_from: Mapped[int] = mapped_column(Integer)
+    key_id: Mapped[str] = mapped_column(String(32))
+    head_id: Mapped[int] = mapped_column(Integer)
+    head_hash: Mapped[str] = mapped_column(String(64))
+    mac: Mapped[str] = mapped_column(String(64))
+
+
+class RunStorageRow(Base):
+    """A run pinned (retention keeps it), deleted or its artifacts expired (orbit.store.storage)."""
+
+    __tablename__ = "run_storage"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    pinned: Mapped[bool] = mapped_column(Boolean, server_default="0")
+    pinned_by: Mapped[str | None] = mapped_column(String(128))
+    pinned_at: Mapped[datetime | None]
+    deleted_at: Mapped[datetime | None]
+    deleted_by: Mapped[str | None] = mapped_column(String(128))
+    expired_at: Mapped[datetime | None]
+
+
+class ArtifactRemovalRow(Base):
+    """What was removed of an attempt's files: its whole copy (path '') or one entry of it."""
+
+    __tablename__ = "artifact_removals"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(40))
+    attempt_id: Mapped[str] = mapped_column(String(48), index=True)
+    path: Mapped[str] = mapped_column(String(1024))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[int] = mapped_column(Integer)
+    why: Mapped[str] = mapped_column(String(32))
+    at: Mapped[datetime]
+
+
+class StorageSizeRow(Base):
+    """The measured size of a copy that can no longer change: `attempt:ID` or `bundle:DIGEST`."""
+
+    __tablename__ = "storage_sizes"
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[int] = mapped_column(Integer)
+    measured_at: Mapped[datetime]
+
+
+class StorageGcRow(Base):
+    """One row (id 1): when the server's next gc pass is due, and who ran the last one."""
+
+    __tablename__ = "storage_gc"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    due_at: Mapped[datetime]
+    ran_at: Mapped[datetime | None]
+    holder: Mapped[str | None] = mapped_column(String(128))

@@ -1,6 +1,6 @@
 """Users and their API tokens in the store; each change audited, in its own transaction.
 
-The store keeps a token's sha256 only (orbit.core.auth.token_hash): neither the token nor its
+The store keeps a token's sha256 only (orbit.model.auth.token_hash): neither the token nor its
 hash is ever returned in a record or written to the audit trail."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import re
 from contextlib import suppress
 from datetime import datetime, timedelta
 
-from orbit.core.auth import Role, TokenRecord, UserRecord
-from orbit.core.errors import InvalidInput, NotFound, Refused
+from orbit.model.auth import Role, TokenRecord, UserRecord
+from orbit.model.errors import InvalidInput, NotFound, Refused
 from orbit.store.audit import append_event
 from orbit.store.base import StoreBase, new_id, utcnow
-from orbit.store.sql import Conflict, Row, StoreError, Tx, read_time, read_time_required
+from orbit.store.drivers import Conflict
+from orbit.store.sql import Row, StoreError, Tx, read_time, read_time_required
 
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -152,7 +153,7 @@ class UsersMixin(StoreBase):
         expires_at: datetime | None,
         actor: str,
     ) -> TokenRecord:
-        """Keep a new token of `user`'s, by its hash (orbit.core.auth.token_hash)."""
+        """Keep a new token of `user`'s, by its hash (orbit.model.auth.token_hash)."""
         if name is not None and len(name) > TOKEN_NAME_MAX:
             raise InvalidInput(f"token name: at most {TOKEN_NAME_MAX} characters")
         with self._write() as tx:
@@ -181,7 +182,7 @@ class UsersMixin(StoreBase):
         actor: str,
     ) -> TokenRecord:
         if not SHA256_HEX.fullmatch(token_hash):  # never the plain token by mistake
-            raise ValueError("token_hash: expected a sha256 hex digest (orbit.core.auth)")
+            raise ValueError("token_hash: expected a sha256 hex digest (orbit.model.auth)")
         record = TokenRecord(
             id=new_id("tok"),
             user=user,
@@ -278,6 +279,21 @@ class UsersMixin(StoreBase):
                     {"at": at, "id": token.id},
                 )
         return user, token
+
+    def token_refusal(self, token_hash: str, at: datetime) -> str:
+        """Why authenticate() found no user for this hash at `at`: unknown, revoked or
+        expired. For the server's log and metrics; the client is not told which."""
+        with self._read() as tx:
+            row = tx.one(
+                "SELECT revoked_at, expires_at FROM tokens WHERE hash = :hash",
+                {"hash": token_hash},
+            )
+        if row is None:
+            return "unknown"
+        if row["revoked_at"] is not None:
+            return "revoked"
+        expires_at = read_time(row["expires_at"])
+        return "expired" if expires_at is not None and expires_at <= at else "unknown"
 
     def bootstrap_admin(self, *, name: str, token_hash: str, actor: str) -> UserRecord | None:
         """The first admin, with a token named `bootstrap`, if the store has no users at all;

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from orbit.core.control.service import CoreControlService
-from orbit.core.errors import InvalidInput, NotFound, Refused
-from orbit.core.models import (
+from orbit.model.errors import InvalidInput, NotFound, Refused
+from orbit.model.models import (
     ExecutionOverrides,
     FailureReason,
     RetryPolicy,
@@ -241,7 +241,7 @@ def test_replay_is_a_new_run_of_the_same_bundle(
 
 
 def test_secret_looking_env_is_never_frozen(service: CoreControlService, tmp_path: Path) -> None:
-    with pytest.raises(Refused, match="env HF_TOKEN: looks like a secret"):
+    with pytest.raises(Refused, match=r"env\.HF_TOKEN: the name looks like a secret"):
         service.submit_task(
             submission(task_request={"command": "true", "env": {"HF_TOKEN": "hf_x"}}),
             base_dir=tmp_path,

@@ -17,20 +17,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orbit.core.errors import InvalidInput
 from orbit.core.execution.bundle import (
     FrozenBundle,
-    UnsafeArchive,
     canonical_json,
     compute_digest,
     copy_frozen,
-    create_bundle_archive,
-    extract_bundle_archive,
     freeze_bundle,
     load_job,
 )
-from orbit.core.models import JobSpec, LaunchMode, Resources
-from orbit.core.tasks.base import StagedPath
+from orbit.core.execution.bundle_archive import (
+    UnsafeArchive,
+    create_bundle_archive,
+    extract_bundle_archive,
+)
+from orbit.model.errors import InvalidInput
+from orbit.model.models import JobSpec, LaunchMode, Resources
+from orbit.model.task import StagedPath
 
 # A tree is {relative path: (content, executable)}. Folder names carry no dot and file names
 # end in ".txt", so no path is both a file and a folder, and none is an ignored name.
@@ -290,7 +292,7 @@ def test_runtime_and_artifacts_never_affect_the_digest(tree: Tree, live: dict[st
         root = Path(d)
         bundle = freeze(write_tree(root / "src", tree), root / "cache")
         attempt = root / "attempt"
-        copy_frozen(bundle.path, attempt)
+        copy_frozen(bundle, attempt)
         assert compute_digest(attempt) == bundle.digest
         for rel, content in live.items():
             path = attempt / rel
@@ -307,7 +309,7 @@ def test_a_copy_keeps_its_digest_whatever_its_modes_and_mtimes(
     until an executable bit changes."""
     bundle = freeze(workdir, tmp_path / "cache")
     copy = tmp_path / "copy"
-    copy_frozen(bundle.path, copy)
+    copy_frozen(bundle, copy)
     staged = copy / "inputs" / "workdir"
     os.chmod(staged / "config.yaml", 0o600)
     os.chmod(staged / "train.sh", 0o700)
@@ -436,7 +438,7 @@ def attempt(workdir: Path, tmp_path: Path) -> tuple[FrozenBundle, Path]:
     (workdir / "empty").mkdir()
     bundle = freeze(workdir, tmp_path / "cache")
     copy = tmp_path / "attempt"
-    copy_frozen(bundle.path, copy)
+    copy_frozen(bundle, copy)
     (copy / "runtime" / "status.json").write_text('{"state": "running"}')
     (copy / "artifacts" / "checkpoints").mkdir()
     (copy / "artifacts" / "checkpoints" / "step-1.pt").write_bytes(b"\0" * 100)

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from orbit.core.errors import Refused
 from orbit.core.execution.exec_limits import (
     HOST_ENV_RESERVE,
     MAX_ARG_STRLEN,
     arg_max,
     check_exec_limits,
 )
-from orbit.core.models import ExecutionRequest, JobSpec, LaunchMode, Placement, Resources
+from orbit.model.errors import Refused
+from orbit.model.models import ExecutionRequest, JobSpec, LaunchMode, Placement, Resources
 from tests.helpers import orbit, sqlite_env, write_spec
 
 KIB = 1024

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from orbit.core.errors import Refused
 from orbit.core.execution.local_gpus import LocalGpus, check_local_gpus, query_gpus
 from orbit.core.execution.ssh.hosts import CHECK_SCRIPT, NVIDIA_SMI_QUERY, parse_gpu
-from orbit.core.models import ExecutionRequest, LaunchMode, Placement, Resources
+from orbit.model.errors import Refused
+from orbit.model.models import ExecutionRequest, LaunchMode, Placement, Resources
 
 # nvidia-smi's csv,noheader,nounits lines on a 2 x H100 box (as in tests/core/execution/ssh)
 H100_LINES = (

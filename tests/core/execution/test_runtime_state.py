@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbit.core.execution.runtime_state import parse_json, status_from_files
-from orbit.core.models import FailureKind, FailureReason, RunState
+from orbit.model.models import FailureKind, FailureReason, RunState
 
 STARTED = "2024-05-01T10:00:00.000+00:00"
 FINISHED = "2024-05-01T10:05:30.250+00:00"

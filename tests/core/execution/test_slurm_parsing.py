@@ -14,7 +14,7 @@ from orbit.core.execution.slurm.facts import (
     parse_nodes_text,
 )
 from orbit.core.execution.slurm.jobs import SlurmJob, parse_squeue
-from orbit.core.models import FailureReason, RunState, RunStatus
+from orbit.model.models import FailureReason, RunState, RunStatus
 
 
 def test_gres_time_limits_and_hostlists_are_read_as_slurm_writes_them() -> None:

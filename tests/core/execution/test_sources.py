@@ -13,7 +13,6 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 
-from orbit.core.errors import InvalidInput
 from orbit.core.execution.sources import (
     SourceSpec,
     is_dirty,
@@ -24,6 +23,7 @@ from orbit.core.execution.sources import (
     stage_source,
     write_provenance,
 )
+from orbit.model.errors import InvalidInput
 
 SENTENCE = "ref must be an exact 40-character commit hash"
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from orbit.core.errors import InvalidInput
 from orbit.core.tasks import TaskRegistry
+from orbit.model.errors import InvalidInput
 
 PLUGIN = """
 from typing import ClassVar
 from pydantic import BaseModel
-from orbit.core.tasks.base import ShapedTask
+from orbit.model.task import ShapedTask
 
 
 class EchoRequest(BaseModel):

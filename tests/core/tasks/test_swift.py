@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from orbit.core.control.service import CoreControlService
-from orbit.core.errors import InvalidInput
-from orbit.core.models import FailureReason, RunState
-from orbit.core.nodes import SERVICE_LABEL
 from orbit.core.tasks import TaskRegistry
 from orbit.core.tasks.swift import LAUNCHER
-from orbit.runtime import hostside
+from orbit.model.errors import InvalidInput
+from orbit.model.models import FailureReason, RunState
+from orbit.model.nodes import SERVICE_LABEL
+from orbit.runtime.checkpoint_finder import newest_checkpoint
 from tests.runtime.test_precheck import (
     attempt_dir,
     make_venv,
@@ -167,7 +167,7 @@ def test_an_unknown_argument_is_refused_with_the_nearest_known_names() -> None:
 
 
 def test_a_grpo_batch_ms_swift_would_reject_is_refused_by_its_processes() -> None:
-    from orbit.core.models import ExecutionRequest, LaunchMode, Placement, Resources
+    from orbit.model.models import ExecutionRequest, LaunchMode, Placement, Resources
 
     def check(args: dict[str, Any], gpus: int, nodes: int = 1) -> None:
         execution = ExecutionRequest(
@@ -347,7 +347,7 @@ def test_resume_goes_on_from_the_newest_checkpoint_of_the_newest_run_folder(
     swift_run(checkpoints, 9, [5, 10])
     newest = swift_run(checkpoints, 10, [15, 20], link=20)  # v10 after v9, not by name
     swift_run(checkpoints, 11, [])  # a failed start leaves an empty one behind
-    relpath = hostside.newest_checkpoint(str(tmp_path / "artifacts"))
+    relpath = newest_checkpoint(str(tmp_path / "artifacts"))
     assert relpath == str((newest / "checkpoint-20").relative_to(tmp_path / "artifacts"))
     for resume in (checkpoints, newest, newest / "checkpoint-20"):
         argv, _ = launch(tmp_path, SFT, ORBIT_RESUME_FROM=str(resume))
@@ -363,7 +363,7 @@ def test_a_checkpoint_whose_save_was_cut_short_is_passed_over(tmp_path: Path) ->
     run = swift_run(checkpoints, 0, [4, 8, 12])
     for step in (4, 8):
         (run / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
-    relpath = hostside.newest_checkpoint(str(tmp_path / "artifacts"))
+    relpath = newest_checkpoint(str(tmp_path / "artifacts"))
     assert relpath == str((run / "checkpoint-8").relative_to(tmp_path / "artifacts"))
     argv, _ = launch(tmp_path, SFT, ORBIT_RESUME_FROM=str(run))
     assert argv[argv.index("--resume_from_checkpoint") + 1] == str(run / "checkpoint-8")
@@ -404,7 +404,7 @@ def test_the_precheck_records_swifts_stack_and_gates_grpo_on_what_swift_does_not
 
 
 def test_a_model_path_missing_on_this_machine_is_refused_for_a_local_run(tmp_path: Path) -> None:
-    from orbit.core.models import ExecutionRequest, LaunchMode, Placement, Resources
+    from orbit.model.models import ExecutionRequest, LaunchMode, Placement, Resources
 
     def check(model: str, kind: str) -> None:
         execution = ExecutionRequest(

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from orbit.core.control.service import CoreControlService
-from orbit.core.models import RunState
 from orbit.forensics.progress import Progress, latest_progress
-from orbit.runtime import hostside
+from orbit.model.models import RunState
+from orbit.runtime.checkpoint_finder import newest_checkpoint
 from tests.helpers import eventually
 from tests.runtime.test_precheck import attempt_dir, submit
 
@@ -108,7 +108,7 @@ def test_swift_sft_through_orbit_progress_cancel_collect_and_resume(
 
     collected = tmp_path / "collected"
     service.collect_run_artifacts(run.id, collected)
-    relpath = hostside.newest_checkpoint(str(first / "artifacts"))
+    relpath = newest_checkpoint(str(first / "artifacts"))
     assert relpath is not None and relpath.startswith("checkpoints/v0-")
     step = int(relpath.rsplit("-", 1)[1])
     assert step % SAVE_EVERY == 0

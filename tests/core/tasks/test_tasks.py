@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field
 
-from orbit.core.errors import InvalidInput, NotFound
 from orbit.core.tasks import ShapedTask, StagedPath, TaskPlugin, TaskRegistry
 from orbit.core.tasks.command import CommandTask
 from orbit.core.tasks.python import PythonTask
+from orbit.model.errors import InvalidInput, NotFound
 
 SOURCE = "SPEC.yaml"
 
@@ -201,7 +201,8 @@ def test_a_third_party_plugin_registered_through_the_constructor(tmp_path: Path)
     # Its model's refusals read like the built-ins'.
     with pytest.raises(InvalidInput, match=r"^SPEC\.yaml: task\.shots: "):
         reg.shape("eval", {"benchmark": "gsm8k", "shots": -1}, tmp_path, SOURCE)
-    with pytest.raises(InvalidInput, match=r"^SPEC\.yaml: task\.limit: unknown key$"):
+    known = r"\(known: benchmark, critical_imports, shots, sources\)"
+    with pytest.raises(InvalidInput, match=rf"^SPEC\.yaml: task\.limit: unknown key {known}$"):
         reg.shape("eval", {"benchmark": "gsm8k", "limit": 3}, tmp_path, SOURCE)
     # Only what was registered is known.
     with pytest.raises(NotFound, match=r"known: command, eval\)"):

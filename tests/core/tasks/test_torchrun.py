@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from orbit.core.errors import InvalidInput
-from orbit.core.models import ExecutionRequest
 from orbit.core.tasks import TaskRegistry
 from orbit.core.tasks.torchrun import LAUNCHER, STAGED_AS, TorchrunTask
+from orbit.model.errors import InvalidInput
+from orbit.model.models import ExecutionRequest
 from tests.helpers import orbit, sqlite_env, write_spec
 
 SOURCE = "SPEC.yaml"

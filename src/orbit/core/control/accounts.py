@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from orbit.core.auth import NewToken, Role, TokenRecord, UserRecord, new_token, parse_duration
-from orbit.core.auth import token_hash as hash_of
 from orbit.core.control.base import ServiceBase
-from orbit.core.errors import InvalidInput
+from orbit.model.auth import NewToken, Role, TokenRecord, UserRecord, new_token, parse_duration
+from orbit.model.auth import token_hash as hash_of
+from orbit.model.errors import InvalidInput
 
 
 class Accounts(ServiceBase):
@@ -27,17 +27,27 @@ class Accounts(ServiceBase):
         return self.store.remove_user(name, self.actor)
 
     def create_token(
-        self, user: str | None = None, name: str | None = None, expires: str | None = None
+        self,
+        user: str | None = None,
+        name: str | None = None,
+        expires: str | None = None,
+        *,
+        not_after: datetime | None = None,
     ) -> NewToken:
         """A new token for `user` (by default the caller), shown this once: the store keeps
-        only its hash. `expires` is a duration (30d, 12h); none: it lasts until revoked."""
+        only its hash. `expires` is a duration (30d, 12h); none: it lasts until revoked.
+        `not_after`: the expiry of the token that asks (a server's caller); the new token
+        expires no later, and the answer says when that cut its life short."""
         user = user or self._signed_in()
         expires_at = datetime.now(UTC) + parse_duration(expires, "--expires") if expires else None
+        clamped = not_after is not None and (expires_at is None or expires_at > not_after)
+        if clamped:
+            expires_at = not_after
         token = new_token()
         record = self.store.create_token(
             user, token_hash=hash_of(token), name=name, expires_at=expires_at, actor=self.actor
         )
-        return NewToken(token=token, record=record)
+        return NewToken(token=token, record=record, clamped=clamped)
 
     def list_tokens(self, user: str | None = None) -> list[TokenRecord]:
         return self.store.list_tokens(user)

@@ -4,36 +4,48 @@ and replay (a new run of the same bundle)."""
 from __future__ import annotations
 
 import contextlib
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from orbit.core.control.lifecycle import lease_lapsed, now
+from orbit.core.control.idempotency import Idempotency, made_by, made_meanwhile
+from orbit.core.control.leases import lease_lapsed, now
 from orbit.core.control.submit import Submitting
-from orbit.core.errors import Refused, Unreachable
 from orbit.core.execution.leftovers import stop_leftovers
-from orbit.core.models import (
+from orbit.model.errors import Refused, Unreachable
+from orbit.model.models import (
     ATTEMPT_FIELDS,
     ExecutionOverrides,
     ExecutionRequest,
     FailureReason,
     RunState,
 )
-from orbit.core.records import RunRecord
+from orbit.model.records import RunRecord
+from orbit.store.submit_keys import KeyTaken
 
 
 class RunActions(Submitting):
     def cancel_run(self, ref: str, wait_s: float | None = None) -> RunRecord:
         """Ask for a graceful stop; wait up to the grace period (plus a little) for it."""
+        run, wait = self.ask_to_cancel(ref, wait_s)
+        return run if wait is None else self.wait_for(run.id, timeout_s=wait, poll_s=0.2)
+
+    def ask_to_cancel(
+        self, ref: str, wait_s: float | None = None
+    ) -> tuple[RunRecord, float | None]:
+        """Ask for a graceful stop, and say how long cancel_run waits for the run to end:
+        `wait_s`, by default the run's stop grace and 5 s; None: it does not wait (the run has
+        ended, or the stop reaches it later). `orbit server` waits without a thread."""
         run = self.refresh_run_status(ref)
         attempt = run.current
         if attempt.state.terminal:
             with contextlib.suppress(Unreachable):
                 self.stop_leftovers(run.id)
-            return run
+            return run, None
         self.store.request_cancel(attempt.id, self.actor)
         if attempt.handle is None:
             if not lease_lapsed(attempt, now()):
                 # another process is launching it right now: it stops it once recorded
-                return self.store.get_run(run.id)
+                return self.store.get_run(run.id), None
             if not self.store.move_attempt(
                 attempt.id,
                 RunState.TERMINATED,
@@ -41,8 +53,8 @@ class RunActions(Submitting):
                 reason=FailureReason.CANCELLED,
                 expect=attempt.state,
             ):  # it moved meanwhile (launched, or ended): cancel it where it is now
-                return self.cancel_run(ref, wait_s)
-            return self.store.get_run(run.id)
+                return self.ask_to_cancel(ref, wait_s)
+            return self.store.get_run(run.id), None
         try:
             self.execution.backend(attempt.backend_key).cancel(
                 attempt.handle, FailureReason.CANCELLED
@@ -56,9 +68,9 @@ class RunActions(Submitting):
                 actor="orbit",
                 message=f"cancel requested; it reaches the host when the host answers: {exc}",
             )
-            return self.store.get_run(run.id)
+            return self.store.get_run(run.id), None
         grace = float(run.request.get("stop_grace_s", 10.0))
-        return self.wait_for(run.id, timeout_s=grace + 5 if wait_s is None else wait_s, poll_s=0.2)
+        return run, grace + 5 if wait_s is None else wait_s
 
     def stop_leftovers(self, ref: str) -> int:
         """Stop the processes still running of a run's ended attempts (on a host that was given
@@ -80,7 +92,7 @@ class RunActions(Submitting):
     ) -> tuple[ExecutionRequest, dict[str, Any]]:
         """The run's request with attempt-level overrides (target, detach) laid over it, for a
         push of the same bundle. Anything else would change the bundle and is refused."""
-        from orbit.core.overrides import check_whitelist, set_paths
+        from orbit.model.overrides import check_whitelist, set_paths
 
         for path in set_paths(overrides):
             if path.split(".")[0] not in ATTEMPT_FIELDS:
@@ -94,6 +106,8 @@ class RunActions(Submitting):
             check_whitelist(self.templates.get(run.template_id), overrides)
         request = ExecutionRequest.model_validate(run.request).model_copy(update=changed)
         self.execution.backend(request.backend_key).validate(request)
+        if changed.get("target"):  # a pool node that does not exist is named as such
+            self.check_schedulable(request)
         self._bundle(run.bundle_digest)
         return request, changed
 
@@ -102,43 +116,76 @@ class RunActions(Submitting):
         run = self.refresh_run_status(ref)
         if not run.state.terminal:
             raise Refused(f"run {run.id} is {run.state}: cancel it before retrying")
+        if self.store.storage.marks(run.id).gone is not None:  # deleted, or expired
+            raise Refused(
+                f"run {run.id}'s artifacts were removed (deleted or expired): it is not retried; "
+                "`orbit replay` makes a new run of its bundle while the bundle is kept"
+            )
         request, changed = self._same_bundle_request(
             run, overrides or ExecutionOverrides(), "a retry"
         )
+        fenced = self._fenced_until(run)  # a lost attempt's node stops it first
         attempt = self.store.add_attempt(
             run.id,
             target=request.target,
             backend_key=request.backend_key,
             trigger="retry",
             actor=self.actor,
-            launcher=self._claim(),
+            launcher=None if fenced else self._claim(),
+            not_before=fenced,
         )
         self.store.record_event(
             self.actor, "run.retry", run_id=run.id, attempt_id=attempt.id, overrides=changed
         )
-        self._launch(self.store.get_run(run.id), attempt, request, actor=self.actor)
+        if fenced is None:
+            self._launch(self.store.get_run(run.id), attempt, request, actor=self.actor)
         return self.store.get_run(run.id)
 
-    def replay_run(self, ref: str, overrides: ExecutionOverrides | None = None) -> RunRecord:
+    def _fenced_until(self, run: RunRecord) -> datetime | None:
+        """Until when a retry of a run whose attempt was lost waits: its node, cut off, stops
+        that attempt itself (orbit.agent.fencing), and the two must never run at once."""
+        last = run.current
+        if last.reason is not FailureReason.NODE_LOST or last.finished_at is None:
+            return None
+        wait = self.fence_wait_s(last)
+        until = last.finished_at + timedelta(seconds=wait)
+        return until if wait and until > datetime.now(UTC) else None
+
+    def replay_run(
+        self,
+        ref: str,
+        overrides: ExecutionOverrides | None = None,
+        idempotency: Idempotency | None = None,
+    ) -> RunRecord:
         """A new run of the same bundle, recording which run it replays. Unlike a retry it
-        leaves the original run as it is, and works on runs in any state."""
+        leaves the original run as it is, and works on runs in any state. With `idempotency`,
+        a key this user sent before with the same request gets its run (see submit_staged)."""
+        key = idempotency.of(self.actor) if idempotency else None
+        earlier = made_by(self.store, key)
+        if earlier is not None:
+            return earlier
         original = self.store.get_run(ref)
         request, changed = self._same_bundle_request(
             original, overrides or ExecutionOverrides(), "a replay"
         )
-        run = self.store.create_run(
-            experiment_id=original.experiment_id,
-            task_type=original.task_type,
-            template_id=original.template_id,
-            bundle_digest=original.bundle_digest,
-            submission=original.submission,
-            request=request.model_dump(mode="json"),
-            target=request.target,
-            backend_key=request.backend_key,
-            actor=self.actor,
-            replay_of=original.id,
-            launcher=self._claim(),
-        )
+        try:
+            run = self.store.create_run(
+                experiment_id=original.experiment_id,
+                task_type=original.task_type,
+                template_id=original.template_id,
+                bundle_digest=original.bundle_digest,
+                submission=original.submission,
+                request=request.model_dump(mode="json"),
+                target=request.target,
+                backend_key=request.backend_key,
+                actor=self.actor,
+                replay_of=original.id,
+                launcher=self._claim(),
+                key=key,
+            )
+        except KeyTaken:  # the same request, sent again while this one was at work
+            assert key is not None
+            return made_meanwhile(self.store, key)
         self.store.record_event(
             self.actor, "run.replayed", run_id=run.id, replay_of=original.id, overrides=changed
         )

@@ -10,16 +10,16 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orbit.core.config import OFFLINE_AFTER_S
-from orbit.core.errors import InvalidInput, NotFound
+from orbit.model.config import OFFLINE_AFTER_S
+from orbit.model.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:  # loaded by the commands that use them, not by every command
     from orbit.core.control.host_registry import HostRegistry
     from orbit.core.execution.bundle import FrozenBundle
     from orbit.core.execution.service import ExecutionService
-    from orbit.core.records import AttemptRecord, ExperimentRecord, RunRecord
     from orbit.core.tasks import TaskRegistry
-    from orbit.core.templates import TemplateRegistry
+    from orbit.model.records import AttemptRecord, ExperimentRecord, RunRecord
+    from orbit.model.templates import TemplateRegistry
     from orbit.store import Store
 
 
@@ -47,9 +47,16 @@ class ServiceBase:
     # moves; a server's loops look on their own, so its reads answer from the store.
     looks_on_read: bool = True
     node_offline_s: float = OFFLINE_AFTER_S  # this control plane's (Settings.node_offline_s)
+    lost_retry_floor_s: float = 0.0  # Settings.lost_retry_floor_s: a fenced node's stop first
     # given, or made on first use (see CoreControlService.from_settings)
     _templates: TemplateRegistry | Callable[[], TemplateRegistry]
     _tasks: TaskRegistry | None
+
+    def fence_wait_s(self, attempt: AttemptRecord) -> float:
+        """How long a retry of `attempt`, lost with its node, waits: an agent's node, cut off,
+        stops the attempt itself (orbit.agent.fencing) within that time. A Slurm job lost with its
+        node has already ended (NODE_FAIL): no wait."""
+        return self.lost_retry_floor_s if attempt.backend_key.startswith("agent_pool") else 0.0
 
     @property
     def actor(self) -> str:

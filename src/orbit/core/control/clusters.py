@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orbit.core.clusters import ClusterCheck, ClusterFacts, ClusterRecord, ClusterSpec, SlurmOrphan
 from orbit.core.control.base import ServiceBase
-from orbit.core.errors import NotFound, OrbitError
-from orbit.core.models import RunState
+from orbit.model.clusters import ClusterCheck, ClusterFacts, ClusterRecord, ClusterSpec, SlurmOrphan
+from orbit.model.errors import NotFound, OrbitError
+from orbit.model.models import RunState
 from orbit.store.cluster_table import ClusterTable, already_exists
 
 if TYPE_CHECKING:

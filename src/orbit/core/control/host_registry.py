@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from orbit.core.hosts import HostFacts, HostRecord, HostSpec
-from orbit.core.models import RunState
+from orbit.model.hosts import HostFacts, HostRecord, HostSpec
+from orbit.model.models import RunState
 from orbit.store.host_table import already_exists
 
 if TYPE_CHECKING:  # the SSH and Docker code loads when a host is first probed or swept

@@ -10,15 +10,23 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orbit.core.auth import new_token, parse_duration
-from orbit.core.auth import token_hash as hash_of
 from orbit.core.control.base import ServiceBase
-from orbit.core.errors import InvalidInput, Refused, Unreachable
-from orbit.core.nodes import MAX_TRANSFER_BYTES as MAX_TRANSFER_BYTES
-from orbit.core.nodes import JoinTokenRecord, NewJoinToken, NodeRecord, NodeState
+from orbit.model.auth import new_token, parse_duration
+from orbit.model.auth import token_hash as hash_of
+from orbit.model.errors import InvalidInput, Refused, Unreachable
+from orbit.model.nodes import MAX_REASON, JoinTokenRecord, NewJoinToken, NodeRecord, NodeState
+from orbit.model.nodes import MAX_TRANSFER_BYTES as MAX_TRANSFER_BYTES
 
 JOIN_PREFIX = "orbitjoin_"
 TRANSFER_WAIT_S = 120.0
+
+
+def _reason(text: str) -> str:
+    """A drain's or cordon's reason: a few words on one line."""
+    said = " ".join(text.split())
+    if not said or len(said) > MAX_REASON:
+        raise InvalidInput(f"--reason: give a few words (1 to {MAX_REASON} characters)")
+    return said
 
 
 class Nodes(ServiceBase):
@@ -27,7 +35,7 @@ class Nodes(ServiceBase):
     ) -> NewJoinToken:
         """A token agents join with, shown this once (the store keeps its hash). Nodes that
         join with it get its labels (their own --labels on top)."""
-        from orbit.agent.protocol import labels_problem
+        from orbit.wire.protocol import labels_problem
 
         labels = labels or {}
         problem = labels_problem(labels)
@@ -55,15 +63,39 @@ class Nodes(ServiceBase):
         return self._judged(self.store.get_node(ref))
 
     def set_node(
-        self, ref: str, *, cordon: bool | None = None, max_tasks: int | None = None
+        self,
+        ref: str,
+        *,
+        cordon: bool | None = None,
+        max_tasks: int | None = None,
+        reason: str | None = None,
     ) -> NodeRecord:
         """Cordon (no new work) or uncordon; set max_tasks (0: drain: no new work, and once
-        its running work ends the node is free for people)."""
+        its running work ends the node is free for people). `reason` says why it is out of
+        service (shown with it, audited); it is cleared once the node takes work again."""
         if max_tasks is not None and not 0 <= max_tasks <= 1024:
             raise InvalidInput(f"--max-tasks: expected 0 to 1024, got {max_tasks}")
         state = None if cordon is None else NodeState.CORDONED if cordon else NodeState.ACTIVE
+        node = self.store.get_node(ref)
+        takes_work = (state or node.state) is NodeState.ACTIVE and (
+            node.max_tasks if max_tasks is None else max_tasks
+        ) > 0
+        if reason is not None:
+            reason = _reason(reason)
+            if takes_work:
+                raise InvalidInput(
+                    f"--reason: node '{node.name}' takes work: a reason is for a node out of "
+                    "service (drain or cordon it)"
+                )
         return self._judged(
-            self.store.update_node(ref, self.actor, state=state, max_tasks=max_tasks)
+            self.store.update_node(
+                node.id,
+                self.actor,
+                state=state,
+                max_tasks=max_tasks,
+                reason=reason,
+                clear_reason=takes_work,
+            )
         )
 
     def revoke_node(self, ref: str) -> NodeRecord:
@@ -121,7 +153,7 @@ class Nodes(ServiceBase):
     def _run_transfer(
         self, node: NodeRecord, transfer_id: str, body: dict[str, object], what: str
     ) -> dict[str, object]:
-        from orbit.core.execution.backends.agent_pool import wake
+        from orbit.core.execution.backends.pool_nodes import wake
 
         if node.state is NodeState.REVOKED:
             raise InvalidInput(f"node '{node.name}' is revoked")

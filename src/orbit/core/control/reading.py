@@ -7,15 +7,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orbit.core.control.actions import RunActions
-from orbit.core.control.views import LogChunk, RunDiff, RunPage, RunView
-from orbit.core.errors import InvalidInput, OrbitError, Unreachable
+from orbit.core.control.views import LogChunk, RunDiff, RunPage, RunView, WaitView
 from orbit.core.execution.backends.base import LogSink, stream_log
 from orbit.core.execution.runtime_state import parse_json
-from orbit.core.layers import LogLayer
-from orbit.core.models import RunState
-from orbit.core.records import CollectResult, RunRecord
 from orbit.forensics.evidence import IMAGE_FILE, TAILS, WHOLE_FILES, Evidence
 from orbit.forensics.progress import PROGRESS_GLOB, TAIL_BYTES, Progress, latest_progress
+from orbit.model.errors import InvalidInput, OrbitError, Unreachable
+from orbit.model.layers import LogLayer
+from orbit.model.models import RunState
+from orbit.model.records import CollectResult, RunRecord
+from orbit.store.run_queries import RunFilter
 
 if TYPE_CHECKING:
     from orbit.forensics.diagnose import Inspection
@@ -35,22 +36,17 @@ class Reading(RunActions):
     ) -> list[RunRecord]:
         """Newest first; active runs are refreshed from where they run first."""
         experiment_id = self.store.get_experiment(experiment).id if experiment else None
-        return self._list_runs(experiment_id, states, limit, refresh)
+        return self._list_runs(RunFilter(experiment_id, states), limit, refresh)
 
     def _list_runs(
-        self,
-        experiment_id: str | None,
-        states: set[RunState] | None,
-        limit: int | None,
-        refresh: bool = True,
+        self, found: RunFilter, limit: int | None, refresh: bool = True
     ) -> list[RunRecord]:
         if refresh and self.looks_on_read:
             active = self.store.list_runs(
-                experiment_id=experiment_id,
-                states={s for s in RunState if not s.terminal},
+                **found.but(states={s for s in RunState if not s.terminal}).query()
             )
             self.refresh_active(active)
-        return self.store.list_runs(experiment_id=experiment_id, states=states, limit=limit)
+        return self.store.list_runs(**found.query(), limit=limit)
 
     def run_page(
         self,
@@ -58,27 +54,42 @@ class Reading(RunActions):
         experiment: str | None = None,
         states: set[RunState] | None = None,
         limit: int | None = None,
+        user: str | None = None,
+        node: str | None = None,
+        mine: bool = False,
     ) -> RunPage:
-        """`list_runs` as views, with how many runs match in all."""
+        """`list_runs` as views, with how many runs match in all. `user`: runs that user
+        submitted (`mine`: the caller's own); `node`: runs whose current attempt is on that
+        node, host or cluster."""
+        if mine and user is not None:
+            raise InvalidInput("--mine and --user: give one of them")
         experiment_id = self.store.get_experiment(experiment).id if experiment else None
-        runs = self._list_runs(experiment_id, states, limit)
-        total = self.store.count_runs(experiment_id=experiment_id, states=states)
-        return RunPage.model_construct(runs=tuple(self._view(r) for r in runs), total=total)
+        found = RunFilter(experiment_id, states, self.actor if mine else user, node)
+        runs = self._list_runs(found, limit)
+        total = self.store.count_runs(**found.query())
+        waits = self.waits_of(runs)
+        views = tuple(self._view(r, wait=waits.get(r.current.id)) for r in runs)
+        return RunPage.model_construct(runs=views, total=total)
 
     def run_view(self, ref: str, *, refresh: bool = True, images: bool = False) -> RunView:
         """A run refreshed from where it runs, with its progress (and, if asked, the image
         each attempt ran). Without `refresh`, only what the store and the bundle cache know:
         nothing reaches the execution plane (right after a launch, say)."""
         if not refresh:
-            return self._view(self.store.get_run(ref))
+            run = self.store.get_run(ref)
+            return self._view(run, wait=self.waits_of([run]).get(run.current.id))
         run = self.refresh_run_status(ref) if self.looks_on_read else self.store.get_run(ref)
-        return self._view(run, self.progress(run), self._attempt_images(run) if images else {})
+        images_of = self._attempt_images(run) if images else {}
+        wait = self.waits_of([run]).get(run.current.id)
+        view = self._view(run, self.progress(run), images_of, wait)
+        return view.model_copy(update={"storage": self.store.storage.marks(run.id)})
 
     def _view(
         self,
         run: RunRecord,
         progress: Progress | None = None,
         images: dict[str, dict[str, Any]] | None = None,
+        wait: WaitView | None = None,
     ) -> RunView:
         from orbit.core.execution.provenance import read_provenance
 
@@ -88,7 +99,15 @@ class Reading(RunActions):
             progress=progress,
             provenance=read_provenance(self.bundles_dir / run.bundle_digest),
             images=images or {},
+            wait=wait,
         )
+
+    def waits_of(self, runs: list[RunRecord]) -> dict[str, WaitView]:
+        """What each run's current attempt that is not launched yet waits for, as it stands
+        now (attempt id -> it): one read of their scheduler decisions."""
+        from orbit.core.control.waits import waits_of
+
+        return waits_of(self.store, [r.current for r in runs])
 
     def _attempt_images(self, run: RunRecord) -> dict[str, dict[str, Any]]:
         """attempt id -> its image record, for the attempts that ran in a container and got as
@@ -198,11 +217,15 @@ class Reading(RunActions):
     def collect_run_artifacts(
         self, ref: str, dest: Path, attempt: int | None = None
     ) -> CollectResult:
+        from orbit.core.control.storage import note_removed, refuse_gone
+
         run = self.refresh_run_status(ref)
         found = self._attempt(run, attempt)
+        refuse_gone(self.store, run)
         if found.handle is None:
             raise InvalidInput(f"run {run.id} attempt {found.number} never started: no artifacts")
         result = self.execution.backend(found.backend_key).collect(found.handle, dest)
+        result = note_removed(self.store, found, result)
         self.store.record_event(
             self.actor,
             "run.collected",
@@ -211,6 +234,7 @@ class Reading(RunActions):
             dest=str(dest),
             files=result.files,
             bytes=result.bytes,
+            moved=result.moved,
             verified=result.verified,
         )
         return result

@@ -1,6 +1,6 @@
 """The scheduler as the control plane runs it: read a snapshot and the queue from the store,
-let the pure pass (orbit.scheduler.plan) make a plan, keep the pass and its decisions, and
-carry the plan out through the one launch path (Lifecycle._launch), where the store commits
+let the pure pass (orbit.scheduler.ordering) make a plan, keep the pass and its decisions, and
+carry the plan out through the one launch path (Launching._launch), where the store commits
 each placement in a transaction that refuses a plan made on stale state. A refused placement
 waits for the next pass, which sees the state as it is.
 
@@ -12,43 +12,42 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from orbit.core.control.lifecycle import LEASE_S, NODE_WAIT_S, Lifecycle, launcher_id, now
-from orbit.core.control.views import Explanation, QueueEntry, QuotaView, Simulation
-from orbit.core.errors import InvalidInput, NotFound, OrbitError, Refused
+from orbit.core.control.leases import LEASE_S, launcher_id, now
+from orbit.core.control.lifecycle import Lifecycle
+from orbit.core.control.sched_config import LiveSchedConfig
 from orbit.core.execution.ssh.hosts import check_request as check_host
-from orbit.core.hosts import HostRecord
-from orbit.core.models import ExecutionRequest, FailureReason
-from orbit.core.models import Placement as Placement_
-from orbit.core.records import RunRecord
 from orbit.forensics.progress import PROGRESS_GLOB, latest_progress
-from orbit.scheduler.checks import site_checks
-from orbit.scheduler.codec import dumps, pass_in, pass_out
-from orbit.scheduler.config import config_from_dict, config_to_dict, load_config
+from orbit.model.errors import NotFound, OrbitError, Refused
+from orbit.model.hosts import HostRecord
+from orbit.model.models import ExecutionRequest, FailureReason, RunState
+from orbit.model.models import Placement as Placement_
+from orbit.model.records import RunRecord
+from orbit.scheduler.codec import dumps, pass_out
+from orbit.scheduler.config import config_to_dict
 from orbit.scheduler.explain import one_line
-from orbit.scheduler.inputs import (
-    check_request,
-    eta_from_progress,
-    hosts_snapshot,
-    request_of,
-    snapshot_of,
-)
 from orbit.scheduler.model import NodeView, Quota, Request, SchedConfig
-from orbit.scheduler.plan import Placement, Plan, Preemption, collector_paused, schedule
+from orbit.scheduler.node_views import hosts_snapshot, snapshot_of
+from orbit.scheduler.ordering import collector_paused, schedule
+from orbit.scheduler.plan import Placement, Plan, Preemption
+from orbit.scheduler.plugins import site_checks
+from orbit.scheduler.request_views import check_request, eta_from_progress, request_of
 from orbit.store.base import new_id
-from orbit.store.scheduling import DecisionRow, unpack
+from orbit.store.scheduling import DecisionRow
 from orbit.store.sql import read_json
 
 ETA_EVERY_S = 30.0  # how often a running attempt's progress is read for estimated starts
 PASSES_IN_A_ROW = 3  # a pass asked for during a pass runs after it, at most this many more
 _VOLATILE = ("waited_s", "snapshot", "config")  # what every pass changes
+NODE_WAIT_S = 300.0  # an attempt waiting for a free node is woken when a slot frees (an
+# attempt on a node ends, a node joins, syncs or gets room: store.runs.wake_waiting_for_nodes),
+# oldest first, each passing a slot it cannot use on to the next; this long is a safety net
 
 
 def _overflows(row: dict[str, Any]) -> bool:
@@ -80,7 +79,8 @@ def decision_row(record: dict[str, Any]) -> DecisionRow:
 
 
 class Scheduling(Lifecycle):
-    scheduler_config_file: Path | None = None
+    scheduler_config_file: Path | None = None  # watched for edits (core/control/sched_config)
+    scheduler_config_named = False  # ORBIT_SCHEDULER_CONFIG named it: it must exist
     schedule_hook: Callable[[], None] | None = None  # set by the server: passes run on its loop
     _sched_lock: threading.Lock | None = None
     _sched_again = False
@@ -93,12 +93,22 @@ class Scheduling(Lifecycle):
             for r in self.store.list_quotas()
         )
 
+    @property
+    def live_config(self) -> LiveSchedConfig:
+        """The scheduler config in force, its file watched: one per service."""
+        found = self.__dict__.get("_live_config")
+        if found is None:
+            made = LiveSchedConfig(
+                self.store, self.scheduler_config_file, self.scheduler_config_named
+            )
+            found = self.__dict__.setdefault("_live_config", made)
+        assert isinstance(found, LiveSchedConfig)
+        return found
+
     def scheduler_config(self) -> SchedConfig:
-        """The config file (ORBIT_SCHEDULER_CONFIG, or $ORBIT_HOME/scheduler.yaml) with the
-        store's quotas; the site checks it names must be installed."""
-        config = load_config(self.scheduler_config_file, self.quotas())
-        site_checks(config)
-        return config
+        """The live config (ORBIT_SCHEDULER_CONFIG, or $ORBIT_HOME/scheduler.yaml, as last
+        seen valid) with the store's quotas; its site checks are installed."""
+        return self.live_config.config(self.quotas())
 
     def check_schedulable(
         self,
@@ -115,7 +125,7 @@ class Scheduling(Lifecycle):
         check_request(request, config)
         if queue_anyway:
             return
-        from orbit.scheduler.inputs import never_fits
+        from orbit.scheduler.submit_check import never_fits
 
         nodes = self.store.list_nodes()
         if nodes:
@@ -349,7 +359,15 @@ class Scheduling(Lifecycle):
         resume_from = earlier[-1].id if earlier and attempt.trigger == "auto_retry" else None
         backend = self.execution.backend(attempt.backend_key)
         if resume_from and not getattr(backend, "earlier_files_in", lambda _: True)(resume_from):
-            return  # its checkpoint is still on its way: the report that it is in asks again
+            # its checkpoint is still on its way: the report that it is in asks again (and a
+            # node that stops sending is waited for a minute at most: earlier_files_in)
+            self.store.note_attempt(
+                attempt.id,
+                RunState.PREPARED,
+                f"placed on {name}: waiting for attempt {earlier[-1].number}'s files (its "
+                "checkpoint) to reach the control plane",
+            )
+            return
         where: dict[str, Any] = {
             "resume_from": resume_from,
             "node_id": node_id,
@@ -364,118 +382,3 @@ class Scheduling(Lifecycle):
                 {"node_id": n, "node": m, "gpus": list(g)} for n, m, g in placement.nodes
             ]
         self._launch(run, attempt, self._request_for(run, attempt), placement=where)
-
-    # --- reading decisions -------------------------------------------------------------------
-
-    def explain(self, ref: str, replay: bool = False) -> Explanation:
-        """The run's latest decision as stored; with `replay`, also made again from the
-        stored snapshot and config, and whether it came out byte for byte the same."""
-        run = self.store.get_run(ref)
-        row = self.store.get_decision(run.id)
-        if row is None:
-            raise NotFound(
-                f"run {run.id} has no scheduler decision (only agent-pool runs are scheduled)"
-            )
-        decision = json.loads(row["body"])
-        if not replay:
-            return Explanation(decision=decision, pass_id=row["pass_id"])
-        config_raw, inputs = self.store.get_pass(row["pass_id"])
-        snapshot, queue = pass_in(json.loads(inputs))
-        config = config_from_dict(config_raw)
-        again = schedule(snapshot, queue, config, *site_checks(config)).decisions.get(run.id)
-        return Explanation(
-            decision=decision,
-            pass_id=row["pass_id"],
-            replay_identical=again is not None and dumps(again) == row["body"].encode(),
-            replayed=again,
-        )
-
-    def queue(self) -> list[QueueEntry]:
-        """Runs waiting to be placed, by tier and position, each with its one-line reason."""
-        out = []
-        for row in self.store.queued_decisions():
-            record = json.loads(row["body"])
-            out.append(
-                QueueEntry(
-                    run=row["run_id"],
-                    tier=row["tier"],
-                    position=row["position"],
-                    outcome=row["outcome"],
-                    reason=one_line(record),
-                    waited_s=record.get("waited_s", 0.0),
-                    estimated_start=(
-                        datetime.fromtimestamp(record["estimated_start"], UTC)
-                        if record.get("estimated_start")
-                        else None
-                    ),
-                )
-            )
-        return out
-
-    # --- quotas (admin settings) --------------------------------------------------------------
-
-    def list_quotas(self) -> list[QuotaView]:
-        return [
-            QuotaView(
-                scope=r["scope"],
-                name=r["name"],
-                gpus=int(r["gpus"]),
-                weight=float(r["weight"]),
-                updated_by=r["updated_by"],
-            )
-            for r in self.store.list_quotas()
-        ]
-
-    def set_quota(self, scope: str, name: str, gpus: int, weight: float = 1.0) -> QuotaView:
-        if gpus < 0 or not weight > 0:
-            raise InvalidInput("quota: gpus is 0 or more and weight above 0")
-        self.store.set_quota(scope, name, gpus, weight, actor=self.actor)
-        self.request_schedule()  # a larger quota may let a run in now
-        return next(q for q in self.list_quotas() if (q.scope, q.name) == (scope, name))
-
-    def remove_quota(self, scope: str, name: str) -> None:
-        self.store.remove_quota(scope, name, actor=self.actor)
-        self.request_schedule()
-
-    # --- trying a config on recorded history ----------------------------------------------------
-
-    def simulate(self, since_s: float, config: dict[str, Any]) -> Simulation:
-        """Replay the passes kept over the last `since_s` seconds under `config` (a scheduler
-        config mapping; without its own quotas, the store's), and say which decisions would
-        have come out otherwise."""
-        new = config_from_dict(config, "config", self.quotas())
-        moved, placed, waited, preempted = set(), set(), set(), set()
-        passes = decisions = same = 0
-        for row in self.store.passes_since(now() - timedelta(seconds=since_s)):
-            snapshot, queue = pass_in(json.loads(unpack(row["inputs"])))
-            was = config_from_dict(read_json(row["config"]))
-            old = schedule(snapshot, queue, was, *site_checks(was))
-            alt = schedule(snapshot, queue, new, *site_checks(new))
-            passes += 1
-            for run_id, before in old.decisions.items():
-                after = alt.decisions[run_id]
-                decisions += 1
-                was, now_ = before["outcome"], after["outcome"]
-                if was == "placed" and now_ == "placed":
-                    if before["chosen"]["nodes"] != after["chosen"]["nodes"]:
-                        moved.add(run_id)
-                        continue
-                elif was != "placed" and now_ == "placed":
-                    placed.add(run_id)
-                    continue
-                elif was == "placed":
-                    waited.add(run_id)
-                    continue
-                if before.get("victims") != after.get("victims"):
-                    preempted.add(run_id)
-                    continue
-                same += 1
-        return Simulation(
-            passes=passes,
-            decisions=decisions,
-            placed_elsewhere=sorted(moved),
-            placed_instead_of_waiting=sorted(placed),
-            waiting_instead_of_placed=sorted(waited),
-            preempted_differently=sorted(preempted),
-            unchanged=same,
-        )

@@ -1,34 +1,40 @@
 """CoreControlService: the one API the CLI, the HTTP server, the Python client and the web page
 all call. Its parts live beside it, one concern each: submit (validate, shape, freeze),
-lifecycle (launch, look, end, retry), actions (cancel, retry, replay) and reading (views, logs,
-evidence, inspect, diff, collect); this module adds the catalogue (templates, experiments, the
-audit trail, hosts) and builds the whole from settings."""
+launching (claim, stage, start; dependencies holds a launch back on `after:`; leases: who
+holds a launch), lifecycle (look, end, retry), scheduling (passes; sched_queries: explain,
+queue, quotas, simulate), actions (cancel, retry, replay; bulk: of many runs at once),
+reading (views, logs, evidence, inspect, diff, collect) and storage (pin, delete, gc, usage);
+this module adds the catalogue (templates, experiments, the audit trail, hosts) and builds the
+whole from settings."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orbit.core.control.accounts import Accounts
 from orbit.core.control.base import current_actor
+from orbit.core.control.bulk import BulkActions
 from orbit.core.control.clusters import Clusters
 from orbit.core.control.host_registry import HostRegistry
 from orbit.core.control.nodes import Nodes
 from orbit.core.control.reading import Reading
-from orbit.core.control.views import HostCheck, TemplateView
-from orbit.core.hosts import HostRecord, HostSpec
-from orbit.core.records import AuditEvent, ExperimentRecord
+from orbit.core.control.sched_queries import SchedulerQueries
+from orbit.core.control.storage import Storage
+from orbit.core.control.views import HostCheck, SchedConfigView, TemplateView
+from orbit.model.hosts import HostRecord, HostSpec
+from orbit.model.records import AuditEvent, ExperimentRecord
 
 if TYPE_CHECKING:  # what only some commands need is loaded by them
-    from orbit.core.audit_chain import ChainCheck
-    from orbit.core.config import Settings
     from orbit.core.execution.backends.base import ProcessSweep
     from orbit.core.execution.docker.host import SweepResult
     from orbit.core.execution.service import ExecutionService
     from orbit.core.execution.ssh.transport import SshOptions
     from orbit.core.tasks import TaskRegistry
-    from orbit.core.templates import TemplateRegistry, TemplateSource
+    from orbit.model.audit_chain import Anchor, ChainCheck
+    from orbit.model.config import Settings
+    from orbit.model.templates import TemplateRegistry, TemplateSource
     from orbit.store import Store
 
 
@@ -38,7 +44,9 @@ def _default_ssh_options() -> SshOptions:
     return SshOptions()
 
 
-class CoreControlService(Reading, Accounts, Nodes, Clusters):
+class CoreControlService(
+    Reading, BulkActions, Accounts, Nodes, Clusters, Storage, SchedulerQueries
+):
     def __init__(
         self,
         store: Store,
@@ -76,12 +84,14 @@ class CoreControlService(Reading, Accounts, Nodes, Clusters):
         """`live_templates`: see templates added or changed after the service was made (a
         server), rather than those there when first asked (a command)."""
         from orbit.core.execution.service import ExecutionService
+        from orbit.model.private import private_home
         from orbit.store import Store
 
+        private_home(settings.home)
         folder = cwd or Path.cwd()
 
         def templates() -> TemplateRegistry:
-            from orbit.core.templates import TemplateRegistry, default_search_path
+            from orbit.model.templates import TemplateRegistry, default_search_path
 
             search = default_search_path(settings.templates_dir, folder)
             return TemplateRegistry(search, live=live_templates)
@@ -91,7 +101,9 @@ class CoreControlService(Reading, Accounts, Nodes, Clusters):
 
             return options_for(settings)
 
-        store = Store(settings.database_url)
+        from orbit.model.audit_key import load_audit_key
+
+        store = Store(settings.database_url, audit_key=load_audit_key(settings.audit_key_file))
         service = cls(
             store=store,
             execution=ExecutionService.default(settings, store.hosts, store),
@@ -102,7 +114,12 @@ class CoreControlService(Reading, Accounts, Nodes, Clusters):
             ssh_options=ssh_options,
         )
         service.node_offline_s = settings.node_offline_s
+        service.lost_retry_floor_s = settings.lost_retry_floor_s
         service.scheduler_config_file = settings.scheduler_config
+        service.scheduler_config_named = settings.scheduler_config_named
+        from orbit.model.retention import config_file
+
+        service.storage_config_file = config_file(settings.home)
         return service
 
     def _sweep_host(self, host: HostRecord, known: set[str]) -> SweepResult:
@@ -149,9 +166,24 @@ class CoreControlService(Reading, Accounts, Nodes, Clusters):
         run_id = self.store.resolve_run_id(run) if run else None
         return self.store.list_events(run_id=run_id, limit=limit)
 
-    def verify_audit(self) -> ChainCheck:
-        """Walk the audit trail's hash chain: how many events, the head digest, every problem."""
-        return self.store.check_audit()
+    def verify_audit(self, anchors: Sequence[Anchor] = ()) -> ChainCheck:
+        """Walk the audit trail's hash chain: how many events, the head digest, every problem
+        (MACs and seal under the audit key; each anchor still in the chain with its hash)."""
+        return self.store.check_audit(anchors)
+
+    # --- the scheduler config -------------------------------------------------------------
+
+    def scheduler_config_view(self) -> SchedConfigView:
+        from orbit.core.control.sched_config import view_of
+
+        return view_of(self.live_config, self.quotas())
+
+    def set_scheduler_config(self, text: str) -> SchedConfigView:
+        """Validate a scheduler config and make it the live one (its file and the store),
+        audited with the caller and the diff; a refused one changes nothing."""
+        self.live_config.set_text(text, self.actor)
+        self.request_schedule()  # the new tiers, weights or quotas may place a run now
+        return self.scheduler_config_view()
 
     # --- hosts ----------------------------------------------------------------------------
 

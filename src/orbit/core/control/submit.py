@@ -3,88 +3,45 @@ and apply the overrides, freeze the bundle, route it to its backend, record the 
 Everything that can be refused is refused before the store is written.
 
 Through `orbit server` the first steps happen where the files are: the client shapes the task
-and gathers its inputs (`gather_inputs`), and the server freezes what it was sent
-(`submit_staged`), so that the bundle is the same either way."""
+and gathers its inputs (`gather_inputs`); the server shapes the submitted task_request again
+over those inputs, refuses a client whose shaping differs from its own (orbit.core.control
+.reshape) and freezes the rest as sent (`submit_staged`), so that the bundle is the same either
+way. A submit through a server may carry an idempotency key (orbit.core.control.idempotency):
+sent again, it is answered with the run it made."""
 
 from __future__ import annotations
 
-import posixpath
-import re
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING
 
-from pydantic import Field, field_validator, model_validator
-
+from orbit.core.control.idempotency import Idempotency, made_by, made_meanwhile
+from orbit.core.control.reshape import ShapedWire as ShapedWire
 from orbit.core.control.scheduling import Scheduling
 from orbit.core.control.views import SubmitPlan
-from orbit.core.errors import InvalidInput, Refused
-from orbit.core.models import (
+from orbit.model import failpoints
+from orbit.model.dependencies import After
+from orbit.model.env_check import check_env
+from orbit.model.errors import InvalidInput
+from orbit.model.models import (
     ExecutionRequest,
     ExecutionTemplate,
     JobSpec,
     PrecheckSpec,
-    Strict,
     TaskSubmission,
-    Text,
 )
-from orbit.core.records import RunRecord
-from orbit.core.tasks.base import IMPORT_NAME, CommonTaskFields, ShapedTask
+from orbit.model.records import RunRecord
+from orbit.model.task import CommonTaskFields, ShapedTask
+from orbit.store.submit_keys import KeyTaken
 
 if TYPE_CHECKING:
     from orbit.core.execution.bundle import FrozenBundle
     from orbit.core.tasks import TaskRegistry
-
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ImportName = Annotated[str, Field(pattern=IMPORT_NAME, max_length=256)]
-
-
-class ShapedWire(Strict):
-    """A shaped task as a client sends it to `orbit server`, beside its gathered inputs."""
-
-    entrypoint: tuple[Text, ...] = Field(min_length=1)
-    request: dict[str, Any]
-    env: dict[str, Text] = {}
-    workdir: str = Field(default="workdir", min_length=1, max_length=256)
-    interpreter: str = Field(default="python3", min_length=1, max_length=4096)
-    shell_command: str | None = None
-    critical_imports: tuple[ImportName, ...] = ()
-    optional_imports: tuple[ImportName, ...] = ()
-
-    @field_validator("workdir")
-    @classmethod
-    def _inside_inputs(cls, value: str) -> str:
-        clean = posixpath.normpath(value)
-        if value.startswith("/") or clean != value or clean == ".." or clean.startswith("../"):
-            raise ValueError("must be a plain relative path inside inputs/ (no '..', no '/')")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
-        return value
-
-    @model_validator(mode="after")
-    def _no_nul(self) -> ShapedWire:
-        texts = [*self.entrypoint, *self.env.values(), self.interpreter, self.shell_command or ""]
-        if any("\x00" in text for text in texts):
-            raise ValueError("a NUL byte cannot be passed to a process")
-        return self
-
-    @classmethod
-    def of(cls, shaped: ShapedTask) -> ShapedWire:
-        """Everything of a shaped task but what it stages (the inputs travel beside it)."""
-        return cls(**{name: getattr(shaped, name) for name in cls.model_fields})
-
-    def shaped(self) -> ShapedTask:
-        return ShapedTask(**self.model_dump())
+    from orbit.store.submit_keys import SubmitKey
 
 
 def add_sources(
@@ -123,17 +80,21 @@ def gather_inputs(
 ) -> ShapedWire:
     """What a client does before sending a submission to `orbit server`: shape the task with
     its plugin and put everything the bundle's inputs/ will hold into `dest` (the staged files,
-    the pinned sources, their provenance), exactly as a local submit would freeze them."""
+    the pinned sources, their provenance), exactly as a local submit would freeze them. The
+    wire says where each staged part came from, for the server to shape the task again."""
     from orbit.core.execution.bundle import stage_inputs
+    from orbit.core.tasks.client_files import request_links
 
+    base_dir = Path(os.path.abspath(base_dir))
     shaped = tasks.shape(submission.task_type, submission.task_request, base_dir, source)
+    check_env(shaped.env)  # here too: the server would refuse it, and ShapedWire cannot hold it
     common = tasks.common_fields(submission.task_request, source)
     dest.mkdir(parents=True, exist_ok=True)
     stage_inputs(dest, shaped.staged)
     (dest / shaped.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".orbit-src-") as scratch:
         add_sources(dest, shaped, common, base_dir, submission.allow_dirty, Path(scratch))
-    return ShapedWire.of(shaped)
+    return ShapedWire.of(shaped, base_dir, request_links(submission.task_request, base_dir))
 
 
 @dataclass(frozen=True)
@@ -145,6 +106,7 @@ class _Shaped:
     template: ExecutionTemplate
     request: ExecutionRequest
     job: JobSpec
+    after: After | None = None  # the runs it waits for, by full id
 
 
 class Submitting(Scheduling):
@@ -157,41 +119,72 @@ class Submitting(Scheduling):
         return self._create(submission, prepared, bundle)
 
     def submit_staged(
-        self, submission: TaskSubmission, shaped: ShapedWire, inputs: Path, source: str
+        self,
+        submission: TaskSubmission,
+        shaped: ShapedWire,
+        inputs: Path,
+        source: str,
+        idempotency: Idempotency | None = None,
     ) -> RunRecord:
         """submit_task for a client of `orbit server`: the task was shaped and its inputs
-        gathered where its files are (see gather_inputs); `inputs` holds them here."""
-        prepared = self._prepare(submission, inputs, source, shaped.shaped())
+        gathered where its files are (see gather_inputs); `inputs` holds them here. With
+        `idempotency`, a key this user sent before with the same request gets its run."""
+        key = idempotency.of(self.actor) if idempotency else None
+        earlier = made_by(self.store, key)
+        if earlier is not None:
+            return earlier
+        mine = self._shape_sent(submission, shaped, inputs, source)
+        prepared = self._prepare(submission, inputs, source, mine)
         bundle = self._freeze_gathered(prepared, inputs, self.bundles_dir)
-        return self._create(submission, prepared, bundle)
+        return self._create(submission, prepared, bundle, key)
 
     def plan_staged(
         self, submission: TaskSubmission, shaped: ShapedWire, inputs: Path, source: str
     ) -> SubmitPlan:
         """plan_submission for what a client gathered (see submit_staged)."""
-        prepared = self._prepare(submission, inputs, source, shaped.shaped())
+        mine = self._shape_sent(submission, shaped, inputs, source)
+        prepared = self._prepare(submission, inputs, source, mine)
         return self._plan(
             submission, prepared, lambda cache: self._freeze_gathered(prepared, inputs, cache)
         )
 
+    def _shape_sent(
+        self, submission: TaskSubmission, shaped: ShapedWire, inputs: Path, source: str
+    ) -> ShapedTask:
+        from orbit.core.control.reshape import shape_sent
+
+        return shape_sent(self.tasks, submission, shaped, inputs, source)
+
     def _create(
-        self, submission: TaskSubmission, prepared: _Shaped, bundle: FrozenBundle
+        self,
+        submission: TaskSubmission,
+        prepared: _Shaped,
+        bundle: FrozenBundle,
+        key: SubmitKey | None = None,
     ) -> RunRecord:
         experiment = self._experiment(submission.experiment_id)
-        frozen = submission.model_copy(update={"experiment_id": experiment.id})
-        run = self.store.create_run(
-            experiment_id=experiment.id,
-            task_type=submission.task_type,
-            template_id=prepared.template.id,
-            bundle_digest=bundle.digest,
-            submission=frozen.model_dump(mode="json", exclude_unset=False),
-            request=prepared.request.model_dump(mode="json"),
-            target=prepared.request.target,
-            backend_key=prepared.request.backend_key,
-            actor=self.actor,
-            launcher=self._claim(),
+        frozen = submission.model_copy(
+            update={"experiment_id": experiment.id, "after": prepared.after}
         )
+        try:
+            run = self.store.create_run(
+                experiment_id=experiment.id,
+                task_type=submission.task_type,
+                template_id=prepared.template.id,
+                bundle_digest=bundle.digest,
+                submission=frozen.model_dump(mode="json", exclude_unset=False),
+                request=prepared.request.model_dump(mode="json"),
+                target=prepared.request.target,
+                backend_key=prepared.request.backend_key,
+                actor=self.actor,
+                launcher=self._claim(),
+                key=key,
+            )
+        except KeyTaken:  # the same request, sent again while this one was at work
+            assert key is not None
+            return made_meanwhile(self.store, key)
         self._launch(run, run.current, prepared.request, actor=self.actor)
+        failpoints.hit("after-submit")
         return self.store.get_run(run.id)
 
     def plan_submission(
@@ -241,19 +234,16 @@ class Submitting(Scheduling):
         shaped: ShapedTask | None = None,
     ) -> _Shaped:
         from orbit.core.execution.exec_limits import check_exec_limits
-        from orbit.core.execution.launch_modes import task_entrypoint
-        from orbit.core.overrides import resolve
-        from orbit.core.secret_names import looks_secret
+        from orbit.model.launch_modes import task_entrypoint
+        from orbit.model.overrides import resolve
         from orbit.store.experiments import check_experiment_name
 
         if self.store.find_experiment(submission.experiment_id) is None:
             check_experiment_name(submission.experiment_id)  # before a bundle is frozen for it
-        if shaped is None:
+        if shaped is None:  # else shaped here over what a client sent (see _shape_sent)
             shaped = self.tasks.shape(
                 submission.task_type, submission.task_request, base_dir, source
             )
-        else:  # shaped by the client: its request must still be one the plugin accepts
-            self.tasks.validate(submission.task_type, submission.task_request, source)
         common = self.tasks.common_fields(submission.task_request, source)
         template = self.templates.get(submission.template_id)
         request = resolve(template, submission.overrides)
@@ -294,14 +284,9 @@ class Submitting(Scheduling):
             task_request={**shaped.request, **common.model_dump(exclude_defaults=True)},
         )
         check_exec_limits(job, request)
-        for key in job.env:
-            if looks_secret(key):
-                raise Refused(
-                    f"env {key}: looks like a secret, and ORBIT never freezes secret values into "
-                    "a bundle or the store; set it in the environment where the run executes "
-                    "(a local run inherits the shell's environment)"
-                )
-        return _Shaped(shaped, common, template, request, job)
+        check_env(job.env)
+        after = self.resolve_after(submission.after, source)
+        return _Shaped(shaped, common, template, request, job, after)
 
     def _freeze(
         self, prepared: _Shaped, base_dir: Path, allow_dirty: bool, cache: Path

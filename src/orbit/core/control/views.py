@@ -7,22 +7,40 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orbit.core.hosts import HostRecord
-from orbit.core.models import ExecutionTemplate, Record
-from orbit.core.records import RunRecord
 from orbit.forensics.progress import Progress
 from orbit.forensics.rundiff import Difference
+from orbit.model.hosts import HostRecord
+from orbit.model.models import ExecutionTemplate, Record
+from orbit.model.records import RunRecord
+from orbit.model.storage import RunStorage
+
+
+class WaitView(Record):
+    """What an attempt not launched yet waits for, as it stands when read (never a reason a
+    pass wrote long ago): `kind` backoff (a retry's, until `until`), host (its SSH host does
+    not answer), room (no node has room now, or could ever: `detail` says which, in figures
+    as of now), quota, preempting (work is being stopped for it), placed (on its node, not
+    started yet, since `since`), launching (a process is launching it), due (at the next
+    look or pass), held (on its run's dependencies, `after:`)."""
+
+    kind: str
+    detail: str
+    since: datetime | None = None
+    until: datetime | None = None
 
 
 class RunView(Record):
     """A run, with its newest progress, where its code came from, the container image each
-    attempt ran (attempt id -> runtime/image.json) and where its bundle is cached."""
+    attempt ran (attempt id -> runtime/image.json), where its bundle is cached, and what its
+    current attempt waits for, if it is not launched yet."""
 
     run: RunRecord
     bundle_path: str
     progress: Progress | None = None
     provenance: dict[str, Any] | None = None
     images: dict[str, dict[str, Any]] = {}
+    wait: WaitView | None = None
+    storage: RunStorage | None = None  # pinned, deleted, expired (one run's view only)
 
     @property
     def dirty(self) -> bool:
@@ -99,13 +117,16 @@ class Explanation(Record):
 class QueueEntry(Record):
     run: str
     tier: str
-    position: int
-    outcome: str  # waiting | preempting
-    reason: str  # the decision in one line
-    waited_s: float
+    position: int | None  # in its pass; none for one no pass has placed in the queue yet
+    # waiting | preempting, or (not in a pass's queue) backoff | placed | due | held (on its
+    # dependencies: `after:`)
+    outcome: str
+    reason: str  # what it waits for, in one line, as of now
+    waited_s: float  # since its attempt was made
     # when it may start: the soonest that the attempts in its way must end by (their
     # max_runtime_s); None where one of them has no limit
     estimated_start: datetime | None = None
+    waits_for: tuple[str, ...] = ()  # a held run: the runs it waits for that have not ended
 
 
 class QuotaView(Record):
@@ -126,3 +147,19 @@ class Simulation(Record):
     waiting_instead_of_placed: list[str]
     preempted_differently: list[str]
     unchanged: int
+
+
+class SchedConfigView(Record):
+    """The scheduler config in force (`orbit sched config show`): its text as written (""
+    while the defaults are), where it came from, who made it so and when, what it comes to
+    with every default filled in (and the store's quotas), and a refused newer one, if any."""
+
+    text: str
+    digest: str
+    source: str  # the file, "(defaults)", or the store's last good config
+    path: str | None  # the file watched for edits
+    set_by: str
+    set_at: datetime
+    config: dict[str, Any]
+    error: str | None = None  # the file holds a config that was refused: why, in one line
+    error_since: datetime | None = None

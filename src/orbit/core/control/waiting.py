@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from orbit.core.records import RunRecord
+from orbit.model.records import RunRecord
 
 
 class WaitsForRuns:

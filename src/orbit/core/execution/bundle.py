@@ -1,4 +1,5 @@
-"""The bundle: the frozen directory that is a run's contract, its digest, and its archive.
+"""The bundle: the frozen directory that is a run's contract, and its digest (the archive it
+travels in: bundle_archive.py).
 
     bundle/
       job.json    the job spec            \
@@ -16,18 +17,17 @@ import json
 import os
 import shutil
 import stat
-import tarfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from orbit.core.errors import InvalidInput
 from orbit.core.execution.docker.scripts import write_docker_scripts
-from orbit.core.models import JobSpec
-from orbit.core.tasks.base import StagedPath
+from orbit.model.errors import InvalidInput
+from orbit.model.models import JobSpec
+from orbit.model.task import StagedPath
 from orbit.runtime.vendor import nvml_module_source
 
 FROZEN_PARTS = ("job.json", "inputs", "scripts")
@@ -48,10 +48,16 @@ IGNORED_NAMES = frozenset(
 IGNORE_FILE = ".orbitignore"  # in a staged folder: one glob a line, like .gitignore's simple form
 WRAPPER_FILES = {
     "wrapper.py": "orbit_wrapper.py",
+    "detach.py": "orbit_detach.py",  # the wrapper's siblings (see orbit.runtime.wrapper)
+    "records.py": "orbit_records.py",
+    "stopping.py": "orbit_stopping.py",
     "run.sh": "run.sh",
     "precheck.py": "orbit_precheck.py",
     "nvml_audit.py": "orbit_nvml.py",
-    "hostside.py": "orbit_hostside.py",  # the wrapper stops its leftovers with its functions
+    "hostside.py": "orbit_hostside.py",  # a Slurm job's probe and its other ranks' copies
+    "host_files.py": "orbit_host_files.py",  # hostside's siblings (see orbit.runtime.hostside)
+    "host_processes.py": "orbit_host_processes.py",  # the wrapper stops its leftovers with it
+    "host_staging.py": "orbit_host_staging.py",
     "sidecars.py": "orbit_sidecars.py",  # the precheck and the NVML audit, run beside the task
 }
 _SMALL_FILE = 1 << 20
@@ -288,107 +294,28 @@ def load_job(bundle_dir: Path) -> JobSpec:
     return JobSpec.model_validate_json((bundle_dir / "job.json").read_text(encoding="utf-8"))
 
 
-def copy_frozen(bundle_dir: Path, dest: Path) -> None:
-    """An attempt's own copy of the frozen parts, with fresh, empty runtime/ and artifacts/."""
-    dest.mkdir(parents=True)
-    shutil.copy2(bundle_dir / "job.json", dest / "job.json")
-    for part in ("inputs", "scripts"):
-        shutil.copytree(bundle_dir / part, dest / part, symlinks=True)
+class BundleChanged(Exception):
+    """A cached bundle whose files no longer give its digest (see `copy_frozen`)."""
+
+    def __init__(self, digest: str, why: str, where: str) -> None:
+        from orbit.runtime.host_staging import changed_message
+
+        super().__init__(changed_message(digest, why, where))
+
+
+def copy_frozen(
+    bundle: FrozenBundle, dest: Path, pycache: bool = False, where: str = "this machine's"
+) -> dict[str, str]:
+    """An attempt's own copy of the frozen parts, checked against the bundle's digest as it
+    is made (BundleChanged, and no copy, when the cached bundle no longer gives it), with
+    fresh, empty runtime/ and artifacts/. {relpath: sha256} of its files."""
+    from orbit.runtime.host_staging import Changed, copy_verified
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        files = copy_verified(str(bundle.path), str(dest), bundle.digest, pycache)
+    except Changed as exc:
+        raise BundleChanged(bundle.digest, str(exc), where) from None
     for part in LIVE_PARTS:
         (dest / part).mkdir()
-
-
-# --- archive ----------------------------------------------------------------------------------
-
-
-def create_bundle_archive(bundle_dir: Path, dest: Path) -> Path:
-    """A tar of the frozen parts only: no runtime/ or artifacts/ ride along on a retry.
-
-    Entries are sorted, with zero mtimes and owners, so the same bundle gives the same bytes.
-    """
-    with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
-        for e in frozen_entries(bundle_dir):
-            info = tarfile.TarInfo(e.relpath)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            if e.kind == "d":
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-            elif e.kind == "l":
-                info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, e.link_target
-                tar.addfile(info)
-            else:
-                path = bundle_dir / e.relpath
-                info.size, info.mode = path.stat().st_size, 0o755 if e.executable else 0o644
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-    return dest
-
-
-class UnsafeArchive(InvalidInput):
-    """An archive member that would write outside the bundle or create a special file."""
-
-
-def _check_member(member: tarfile.TarInfo, names: set[str], links: set[str]) -> None:
-    name = member.name
-    parts = PurePosixPath(name).parts
-    for n in range(1, len(parts)):
-        if "/".join(parts[:n]) in links:
-            raise UnsafeArchive(f"archive member '{name}': its path passes through a link")
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise UnsafeArchive(f"archive member '{name}': absolute paths are refused")
-    if ".." in parts:
-        raise UnsafeArchive(f"archive member '{name}': '..' in a path is refused")
-    if parts and parts[0] not in FROZEN_PARTS:
-        raise UnsafeArchive(
-            f"archive member '{name}': a bundle archive holds only {', '.join(FROZEN_PARTS)}"
-        )
-    if member.issym():
-        target = member.linkname
-        joined = os.path.normpath(os.path.join(os.path.dirname(name), target))
-        if os.path.isabs(target) or joined == ".." or joined.startswith("../"):
-            raise UnsafeArchive(f"archive member '{name}': link to '{target}' leaves the bundle")
-    elif member.islnk():
-        if member.linkname not in names:
-            raise UnsafeArchive(
-                f"archive member '{name}': hard link to '{member.linkname}' outside the bundle"
-            )
-    elif not (member.isreg() or member.isdir()):
-        raise UnsafeArchive(f"archive member '{name}': special files are refused")
-
-
-def iter_checked_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    names: set[str] = set()
-    links: set[str] = set()
-    members = tar.getmembers()
-    for member in members:
-        _check_member(member, names, links)
-        names.add(member.name)
-        if member.issym():
-            links.add(member.name.rstrip("/"))
-    yield from members
-
-
-def extract_bundle_archive(archive: Path, dest: Path, expected_digest: str | None = None) -> Path:
-    """Extract into `dest` (which must not exist). Every member is checked before anything is
-    written; an unsafe archive, or one whose digest is not `expected_digest`, leaves nothing
-    behind."""
-    if dest.exists():
-        raise InvalidInput(f"{dest}: already exists; extraction needs a fresh folder")
-    scratch = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex}")
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            members = list(iter_checked_members(tar))
-            scratch.mkdir(parents=True)
-            tar.extractall(scratch, members=members, filter="data")
-        if expected_digest is not None and compute_digest(scratch) != expected_digest:
-            raise InvalidInput(f"{archive}: content does not match bundle {expected_digest[:12]}")
-        for part in LIVE_PARTS:
-            (scratch / part).mkdir(exist_ok=True)
-        scratch.rename(dest)
-    except tarfile.TarError as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise InvalidInput(f"{archive}: not a readable bundle archive: {exc}") from None
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    return dest
+    return files

@@ -14,8 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from orbit.core.errors import Refused
-from orbit.core.models import ExecutionRequest, JobSpec
+from orbit.model.errors import Refused
+from orbit.model.models import ExecutionRequest, JobSpec
 
 MAX_ARG_STRLEN = 131072  # Linux: 32 pages, the most one argument or "NAME=value" may hold
 DEFAULT_ARG_MAX = 2 * 1024 * 1024  # Linux's with the usual 8 MiB stack

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from orbit.core.models import FailureReason, RunState, RunStatus
+from orbit.model.models import FailureReason, RunState, RunStatus
 
 # a gang's ending is said by the rank that failed for one of these, before one whose task failed
 # (the task of a rank whose peer vanished fails too: the peer's loss is the cause)
@@ -25,10 +25,11 @@ ASKED_STOPS = frozenset({FailureReason.CANCELLED, FailureReason.MAX_RUNTIME})
 
 
 def master_port(attempt_id: str) -> int:
-    """The port a gang meets on at its rank 0: one of 29500-39499 by the attempt's id, the
-    same however often it is asked (a restarted launcher, a requeued start)."""
+    """The port a gang meets on at its rank 0: one of 20000-31999 by the attempt's id, the
+    same however often it is asked (a restarted launcher, a requeued start). Below Linux's
+    ephemeral ports (32768 and up), which any outgoing connection on the node may hold."""
     digest = hashlib.sha256(attempt_id.encode()).digest()
-    return 29500 + int.from_bytes(digest[:4], "big") % 10000
+    return 20000 + int.from_bytes(digest[:4], "big") % 12000
 
 
 def going_on(status: RunStatus) -> RunStatus:

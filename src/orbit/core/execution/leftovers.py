@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from orbit.core.errors import NoBackend, OrbitError, Unreachable
 from orbit.core.execution.backends.base import ProcessSweep, StopsLeftovers, SweepsEndedProcesses
 from orbit.core.execution.service import ExecutionService
-from orbit.core.records import AttemptRecord
+from orbit.model.errors import NoBackend, OrbitError, Unreachable
+from orbit.model.records import AttemptRecord
 
 
 def stop_leftovers(

@@ -1,5 +1,5 @@
 """The environment a local attempt starts in: this shell's, without ORBIT's own virtual
-environment.
+environment and without ORBIT's credentials.
 
 ORBIT itself often runs from a virtual environment whose bin/ is first on PATH (an activated
 venv, `.venv/bin/orbit`). A task that says `python3` must get the python the user would get
@@ -10,8 +10,14 @@ dependencies. The runtime wrapper is unaffected: it is started with an explicit 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
+
+# ORBIT's own credentials, which the process that starts attempts may hold (an agent's join
+# token, a CLI's or a server's token, a store URL with its password): never a task's. Other
+# ORBIT_ settings pass (a test's NVML recording, failpoints).
+CREDENTIAL = re.compile(r"^ORBIT_(\w*(TOKEN|SECRET|PASSWORD|CREDENTIAL|KEY)\w*|DATABASE_URL)$")
 
 
 def orbit_venv(environ: Mapping[str, str] | None = None) -> str | None:
@@ -40,6 +46,10 @@ def without_venv(environ: Mapping[str, str], venv: str | None) -> dict[str, str]
     return env
 
 
+def without_credentials(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if not CREDENTIAL.match(k)}
+
+
 def task_environ() -> dict[str, str]:
     """This process's environment as a local attempt's wrapper (and so its task) gets it."""
-    return without_venv(os.environ, orbit_venv())
+    return without_credentials(without_venv(os.environ, orbit_venv()))

@@ -7,10 +7,10 @@ import functools
 import subprocess
 from dataclasses import dataclass
 
-from orbit.core.errors import Refused
 from orbit.core.execution.ssh.hosts import NVIDIA_SMI_QUERY, parse_gpu
-from orbit.core.hosts import GpuInfo
-from orbit.core.models import ExecutionRequest
+from orbit.model.errors import Refused
+from orbit.model.hosts import GpuInfo
+from orbit.model.models import ExecutionRequest
 
 NVIDIA_SMI_TIMEOUT_S = 30.0
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orbit.core.errors import InvalidInput
+from orbit.model.errors import InvalidInput
 
 MANIFEST_DIR = ".orbit"  # inputs/.orbit/: provenance.json and sources/<index>.diff
 

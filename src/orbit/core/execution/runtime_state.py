@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from orbit.core.models import FailureReason, RunState, RunStatus
+from orbit.model.models import FailureReason, RunState, RunStatus
 
 _STATES = {s.value: s for s in RunState}
 _REASONS = {r.value: r for r in FailureReason}

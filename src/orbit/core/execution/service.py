@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from orbit.core.config import Settings
-from orbit.core.errors import NoBackend
 from orbit.core.execution.backends.base import ExecutionBackend
+from orbit.model.config import Settings
+from orbit.model.errors import NoBackend
 
 if TYPE_CHECKING:
-    from orbit.core.execution.backends.agent_pool import NodeDirectory
+    from orbit.core.execution.backends.pool_nodes import NodeDirectory
     from orbit.core.execution.backends.ssh_host_process import HostDirectory
 
 

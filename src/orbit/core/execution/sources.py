@@ -25,10 +25,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orbit.core.errors import InvalidInput, OrbitError, describe_validation_error
 from orbit.core.execution.provenance import MANIFEST_DIR as MANIFEST_DIR
 from orbit.core.execution.provenance import is_dirty as is_dirty
 from orbit.core.execution.provenance import read_provenance as read_provenance
+from orbit.model.errors import InvalidInput, OrbitError, describe_validation_error
 
 SCHEMA_VERSION = 1
 RESERVED_DESTS = ("workdir", MANIFEST_DIR)
@@ -78,7 +78,7 @@ def parse_sources(raw: list[dict[str, Any]], reserved: Iterable[str] = ()) -> li
         try:
             specs.append(SourceSpec.model_validate(item))
         except ValidationError as exc:  # "-: ref: ..." -> "task.sources.0.ref: ..."
-            field_and_message = describe_validation_error("-", exc).removeprefix("-: ")
+            field_and_message = describe_validation_error("-", exc, SourceSpec).removeprefix("-: ")
             raise InvalidInput(f"task.sources.{index}.{field_and_message}") from None
     taken = [(f"inputs/{dest}", PurePosixPath(dest)) for dest in reserved]
     for index, spec in enumerate(specs):

@@ -1,6 +1,8 @@
-"""Task plugins: validate a task request and shape it into a job. Found by name."""
+"""Task plugins: validate a task request and shape it into a job. Found by name.
 
-from orbit.core.tasks.base import ShapedTask, StagedPath, TaskPlugin
+May import the vocabulary and the scheduler."""
+
 from orbit.core.tasks.registry import TaskRegistry
+from orbit.model.task import ShapedTask, StagedPath, TaskPlugin
 
 __all__ = ["ShapedTask", "StagedPath", "TaskPlugin", "TaskRegistry"]

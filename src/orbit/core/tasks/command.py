@@ -7,9 +7,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orbit.core.errors import InvalidInput
-from orbit.core.models import Text
-from orbit.core.tasks.base import ShapedTask, StagedPath
+from orbit.model.errors import InvalidInput
+from orbit.model.models import Text
+from orbit.model.task import ShapedTask, StagedPath
 
 
 class CommandRequest(BaseModel):

@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orbit.core.errors import InvalidInput
-from orbit.core.nodes import SERVICE_LABEL
-from orbit.core.secret_names import looks_secret
-from orbit.core.tasks.base import ShapedTask, StagedPath
+from orbit.model.errors import InvalidInput
+from orbit.model.nodes import SERVICE_LABEL
+from orbit.model.secret_names import looks_secret
+from orbit.model.task import ShapedTask, StagedPath
 
 SCRIPT = Path(__file__).resolve().parents[2] / "runtime" / "http_batch.py"
 REQUESTS = "requests.jsonl"  # where the staged batch lands in the workdir

@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from orbit.core.errors import InvalidInput, NotFound, describe_validation_error
-from orbit.core.models import ExecutionRequest
-from orbit.core.tasks.base import COMMON_KEYS, IMPORT_NAME, CommonTaskFields, ShapedTask, TaskPlugin
+from orbit.model.errors import InvalidInput, NotFound, describe_validation_error
+from orbit.model.models import ExecutionRequest
+from orbit.model.task import COMMON_KEYS, IMPORT_NAME, CommonTaskFields, ShapedTask, TaskPlugin
 
 ENTRY_POINT_GROUP = "orbit.tasks"
 
@@ -103,14 +103,10 @@ class TaskRegistry:
         refusals that say none is there."""
         return str(getattr(self.plugin(task_type), "service_field", "task.service"))
 
-    def validate(self, task_type: str, raw: dict[str, Any], source: str) -> None:
-        """What `shape` checks that needs no files: the request against the plugin's model."""
-        self._request(self.plugin(task_type), raw, source)
-
     @staticmethod
     def _request(plugin: TaskPlugin, raw: dict[str, Any], source: str) -> BaseModel:
         own = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
-        return _validate(plugin.request_model, own, source)
+        return _validate(plugin.request_model, own, source, tuple(COMMON_KEYS))
 
     @staticmethod
     def common_fields(raw: dict[str, Any], source: str) -> CommonTaskFields:
@@ -126,9 +122,12 @@ class TaskRegistry:
         return common
 
 
-def _validate(model: type[BaseModel], data: dict[str, Any], source: str) -> BaseModel:
+def _validate(
+    model: type[BaseModel], data: dict[str, Any], source: str, also: tuple[str, ...] = ()
+) -> BaseModel:
+    """`also`: the keys every task type takes beside the model's own (named when near)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        line = describe_validation_error(source, exc)
+        line = describe_validation_error(source, exc, model, also)
         raise InvalidInput(line.replace(f"{source}: ", f"{source}: task.", 1)) from None

@@ -17,11 +17,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from orbit.core.errors import InvalidInput
-from orbit.core.models import ExecutionRequest, Resources
-from orbit.core.nodes import SERVICE_LABEL
-from orbit.core.tasks.base import ShapedTask, StagedPath
 from orbit.core.tasks.command import stage_folder
+from orbit.model.errors import InvalidInput
+from orbit.model.models import ExecutionRequest, Resources
+from orbit.model.nodes import SERVICE_LABEL
+from orbit.model.task import ShapedTask, StagedPath
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "runtime" / "swift_launch.py"
 ARG_LISTS = Path(__file__).resolve().parent / "swift_args"

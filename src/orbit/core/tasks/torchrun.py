@@ -14,10 +14,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from orbit.core.errors import InvalidInput
-from orbit.core.models import ExecutionRequest, Resources, Text
-from orbit.core.tasks.base import IMPORT_NAME, ShapedTask, StagedPath
 from orbit.core.tasks.command import stage_folder
+from orbit.model.errors import InvalidInput
+from orbit.model.models import ExecutionRequest, Resources, Text
+from orbit.model.task import IMPORT_NAME, ShapedTask, StagedPath
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "runtime" / "torchrun_launch.py"
 STAGED_AS = "orbit-torchrun/torchrun_launch.py"  # beside the workdir in inputs/, not in it
@@ -76,7 +76,7 @@ class TorchrunTask:
         freezing. Without GPUs the workers share the CPUs (gloo), as many as asked."""
         if request.nproc_per_node == "auto":
             return
-        from orbit.scheduler.inputs import asks_of
+        from orbit.scheduler.request_views import asks_of
 
         resources = placement.resources
         for field, ask in zip(_fields(resources), asks_of(resources), strict=True):

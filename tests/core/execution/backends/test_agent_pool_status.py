@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from orbit.core.execution.backends import agent_pool
+from orbit.core.execution.backends import pool_status
 from orbit.core.execution.backends.agent_pool import AgentPoolBackend
 from orbit.core.execution.mirror import apply_chunk, write_agent_state
-from orbit.core.models import RunHandle, RunState
-from orbit.core.nodes import NodeRecord, NodeState
+from orbit.model.models import RunHandle, RunState
+from orbit.model.nodes import NodeRecord, NodeState
 
 RESULT = {
     "state": "succeeded",
@@ -66,8 +66,8 @@ def test_a_report_landing_between_reads_is_seen_whole(
 
         return read
 
-    monkeypatch.setattr(agent_pool.hostside, "read_from", spy(agent_pool.hostside.read_from))
-    monkeypatch.setattr(agent_pool, "read_agent_state", spy(agent_pool.read_agent_state))
+    monkeypatch.setattr(pool_status.hostside, "read_from", spy(pool_status.hostside.read_from))
+    monkeypatch.setattr(pool_status, "read_agent_state", spy(pool_status.read_agent_state))
     backend = AgentPoolBackend("host_process", OneNode(), tmp_path)  # type: ignore[arg-type]
     handle = RunHandle(
         backend_key=backend.key,

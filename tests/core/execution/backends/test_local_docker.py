@@ -17,13 +17,15 @@ import pytest
 from tests.dockerd import Dockerd
 from tests.helpers import eventually, write_spec
 
-from orbit.core.config import Settings
 from orbit.core.control.service import CoreControlService
 from orbit.core.execution.backends.local_docker import LocalDockerBackend
-from orbit.core.execution.bundle import create_bundle_archive, extract_bundle_archive, freeze_bundle
+from orbit.core.execution.bundle import freeze_bundle
+from orbit.core.execution.bundle_archive import create_bundle_archive, extract_bundle_archive
 from orbit.core.execution.docker.host import docker_facts, local_runner, plane_id
 from orbit.core.execution.service import ExecutionService
-from orbit.core.models import (
+from orbit.core.tasks import TaskRegistry
+from orbit.model.config import Settings
+from orbit.model.models import (
     ExecutionOverrides,
     FailureKind,
     FailureReason,
@@ -31,10 +33,9 @@ from orbit.core.models import (
     RunState,
     TaskSubmission,
 )
-from orbit.core.overrides import resolve
-from orbit.core.tasks import TaskRegistry
-from orbit.core.tasks.base import StagedPath
-from orbit.core.templates import TemplateRegistry, builtin_dir, default_search_path
+from orbit.model.overrides import resolve
+from orbit.model.task import StagedPath
+from orbit.model.templates import TemplateRegistry, builtin_dir, default_search_path
 from orbit.store import Store
 
 ORBIT = [sys.executable, "-m", "orbit"]
@@ -148,6 +149,42 @@ def test_a_run_in_a_container_succeeds_and_leaves_no_container(
     assert docker_host.image in shown and image["id"][:19] in shown
     shown_json = orbit_json(env, "runs", "show", run["id"])
     assert shown_json["attempts"][0]["image"]["id"] == image["id"]
+
+
+def test_a_container_cannot_rewrite_what_the_wrapper_runs_on_the_host(
+    env: dict[str, str], docker_host: Dockerd, tmp_path: Path
+) -> None:
+    """The container's root writes inputs/ and artifacts/; the bundle itself (job.json, scripts/:
+    what the wrapper runs on the host, as its own user) and runtime/ (the wrapper's status and
+    result) are read-only in it, and a link it leaves where the wrapper writes is not followed
+    out of the attempt."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched\n")
+    spec = docker_spec(
+        tmp_path,
+        [
+            "sh",
+            "-c",
+            "echo 'echo PWNED' > /orbit/bundle/scripts/docker_stop.sh && echo WROTE-SCRIPTS; "
+            "echo x > /orbit/bundle/job.json && echo WROTE-JOB; "
+            "rm -rf /orbit/bundle/runtime && echo REPLACED-RUNTIME; "
+            "rm -f /orbit/bundle/runtime/status.json && echo REMOVED-STATUS; "
+            f"ln -s {outside} /orbit/bundle/artifacts/manifest.json; "
+            "echo ok > $ORBIT_ARTIFACTS_DIR/out.txt; echo done",
+        ],
+    )
+    run = orbit_json(env, "submit", str(spec), "--set", f"image={docker_host.image}", "--wait")
+    attempt = run["attempts"][0]
+    location = Path(attempt["handle"]["location"])
+    training = (location / "artifacts" / "training.log").read_text()
+    assert "done" in training and "Read-only file system" in training, training
+    for leak in ("WROTE-SCRIPTS", "WROTE-JOB", "REPLACED-RUNTIME", "REMOVED-STATUS"):
+        assert leak not in training, training
+    # the wrapper's own files stayed whole: the one attempt ended as the task did, not lost
+    assert run["state"] == "succeeded" and len(run["attempts"]) == 1, attempt
+    assert "PWNED" not in (location / "scripts" / "docker_stop.sh").read_text()
+    assert outside.read_text() == "untouched\n"  # the manifest was not written through it
+    assert (location / "artifacts" / "out.txt").read_text() == "ok\n"
 
 
 def test_a_failing_task_keeps_its_exit_code_and_leaves_no_container(

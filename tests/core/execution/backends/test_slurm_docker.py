@@ -17,14 +17,14 @@ from tests.dockerd import Dockerd
 from tests.helpers import orbit, orbit_json, write_spec
 from tests.slurm import NODES, SlurmCluster
 
-from orbit.core.clusters import ClusterFacts, ClusterRecord, ClusterSpec, SlurmNode, SlurmPartition
-from orbit.core.errors import Refused
 from orbit.core.execution.backends.slurm_docker import SlurmDockerBackend
 from orbit.core.execution.slurm.facts import parse_docker
 from orbit.core.execution.ssh.transport import SshOptions
-from orbit.core.models import ExecutionRequest
-from orbit.core.overrides import parse_overrides, resolve
-from orbit.core.templates import TemplateRegistry, builtin_dir
+from orbit.model.clusters import ClusterFacts, ClusterRecord, ClusterSpec, SlurmNode, SlurmPartition
+from orbit.model.errors import Refused
+from orbit.model.models import ExecutionRequest
+from orbit.model.overrides import parse_overrides, resolve
+from orbit.model.templates import TemplateRegistry, builtin_dir
 
 
 class Clusters:

@@ -18,8 +18,8 @@ import pytest
 from tests.helpers import ORBIT, eventually, orbit, orbit_json, write_spec
 from tests.sshd import SshdFactory, SshServer
 
-from orbit.core.config import Settings
 from orbit.core.execution.ssh.transport import options_for
+from orbit.model.config import Settings
 
 
 def add_host(env: dict[str, str], name: str, server: SshServer, *extra: str) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def test_a_run_on_an_ssh_host_stages_runs_detached_follows_and_collects(
     assert first["verified"] is True and first["problems"] == []
     assert (dest / "ckpt" / "step-1.bin").stat().st_size == 200_000
     second = orbit_json(env, "collect", run["id"], "--dest", str(dest))
-    assert second["verified"] is True and second["bytes"] == 0  # incremental: nothing moved
+    assert second["verified"] is True and second["moved"] == 0  # incremental: nothing moved
     # the bundle cache on the host holds the frozen parts only
     cached = server.work_root / "bundles" / run["bundle"]["digest"]
     assert sorted(p.name for p in cached.iterdir()) == [
@@ -220,6 +220,32 @@ def test_a_retry_elsewhere_pushes_the_same_bundle_without_the_dead_attempts_file
     again = orbit_json(env, "replay", run["id"], "--set", "target=h100-b")
     data = again["attempts"][0]["handle"]["data"]
     assert data["bundle_cached"] is True and data["staged_bytes"] == 0
+
+
+def test_a_hosts_cached_bundle_changed_since_staging_is_never_run_and_is_staged_again(
+    env: dict[str, str], sshd_factory: SshdFactory, tmp_path: Path
+) -> None:
+    """Tasks of every user of a rental host run as its one login: a task can rewrite the
+    host's cached copy of another run's bundle. The next launch checks the copy it makes
+    against the digest: the attempt fails staging (naming the change), the copy leaves the
+    cache, and the automatic retry stages the frozen bundle again and runs it."""
+    server = sshd_factory(alias="h100-a")
+    add_host(env, "h100-a", server)
+    spec = spec_for(
+        tmp_path / "job", "h100-a", "echo original", retry={"max_retries": 2, "backoff_s": 0}
+    )
+    run = orbit_json(env, "submit", str(spec), "--wait")
+    assert run["state"] == "succeeded"
+    cached = server.work_root / "bundles" / run["bundle"]["digest"]
+    job = json.loads((cached / "job.json").read_text())
+    job["entrypoint"] = ["bash", "-c", "echo PWNED"]
+    (cached / "job.json").write_text(json.dumps(job))
+    again = orbit_json(env, "retry", run["id"], "--wait")
+    second, third = again["attempts"][1], again["attempts"][2]
+    assert (second["state"], second["reason"]) == ("failed", "staging_failed"), second
+    assert "was changed after it was staged" in second["message"]
+    assert third["state"] == "succeeded" and third["handle"]["data"]["bundle_cached"] is False
+    assert orbit(env, "logs", run["id"]).stdout == "original\n"
 
 
 def test_cancel_stops_the_remote_process_group(
@@ -356,7 +382,7 @@ def test_an_interrupted_collect_continued_moves_only_what_is_missing(
     resumed = orbit_json(env, "collect", run["id"], "--dest", str(dest))
     assert resumed["verified"] is True and resumed["problems"] == []
     # only the missing part moved (give or take one of rsync's blocks, ~sqrt(size) bytes)
-    assert resumed["bytes"] <= size - kept + (1 << 16)
+    assert resumed["moved"] <= size - kept + (1 << 16)
     assert (dest / "step-1.pt").stat().st_size == size
 
 
@@ -485,7 +511,7 @@ def test_hosts_check_and_the_next_launch_stop_ended_attempts_and_nothing_else(
     control plane's attempts in the same work dir, are never touched."""
     from tests.helpers import process_alive
 
-    from orbit.core.models import FailureReason, RunState
+    from orbit.model.models import FailureReason, RunState
     from orbit.store import Store
 
     server = sshd_factory(alias="h100-a")
@@ -551,7 +577,7 @@ def test_a_whole_log_comes_in_one_ssh_call_byte_for_byte_with_its_offsets(
 
     from orbit.core.execution.backends.base import LogLayer
     from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
-    from orbit.core.models import RunHandle
+    from orbit.model.models import RunHandle
 
     add_host(env, "h100-a", sshd_factory(alias="h100-a"))
     size = 5_000_000  # five of read_log's chunks; binary, every byte value

@@ -13,12 +13,16 @@ import pytest
 from orbit.cli import render
 from orbit.cli.text import Printer
 from orbit.core.control.views import RunView
-from orbit.core.errors import InvalidInput
 from orbit.core.execution.bundle import freeze_bundle
 from orbit.core.execution.docker.host import DockerFacts
 from orbit.core.execution.docker.scripts import run_script, stop_script
-from orbit.core.execution.launch_modes import task_entrypoint
-from orbit.core.models import (
+from orbit.core.tasks import TaskRegistry
+from orbit.forensics.diagnose import Verdict, inspect_run
+from orbit.forensics.evidence import Evidence
+from orbit.forensics.rundiff import diff_runs
+from orbit.model.errors import InvalidInput
+from orbit.model.launch_modes import task_entrypoint
+from orbit.model.models import (
     ExecutionOverrides,
     FailureKind,
     FailureReason,
@@ -27,14 +31,10 @@ from orbit.core.models import (
     RunHandle,
     RunState,
 )
-from orbit.core.overrides import resolve
-from orbit.core.records import AttemptRecord, RunRecord
-from orbit.core.tasks import TaskRegistry
-from orbit.core.tasks.base import StagedPath
-from orbit.core.templates import TemplateRegistry, builtin_dir, load_template_file
-from orbit.forensics.diagnose import Verdict, inspect_run
-from orbit.forensics.evidence import Evidence
-from orbit.forensics.rundiff import diff_runs
+from orbit.model.overrides import resolve
+from orbit.model.records import AttemptRecord, RunRecord
+from orbit.model.task import StagedPath
+from orbit.model.templates import TemplateRegistry, builtin_dir, load_template_file
 
 TEMPLATE = """\
 id: box
@@ -154,7 +154,15 @@ def test_the_scripts_are_readable_deterministic_and_part_of_the_digest(tmp_path:
         '--label "orbit.node=$node"',
         "--network none",
         "--shm-size 8g",
-        '--mount "type=bind,\\"source=$bundle\\",target=/orbit/bundle"',
+        # the bundle read-only (the wrapper runs its scripts on the host), what the task
+        # writes in folders of its own; runtime/ (the wrapper's) writable for the precheck only
+        '--mount "type=bind,\\"source=$bundle\\",target=/orbit/bundle,readonly"',
+        '--mount "type=bind,\\"source=$bundle/inputs\\",target=/orbit/bundle/inputs"',
+        '--mount "type=bind,\\"source=$bundle/runtime\\",'
+        'target=/orbit/bundle/runtime$runtime_mount"',
+        "runtime_mount=,readonly  # runtime/ is the wrapper's: the task reads it, never writes",
+        "  runtime_mount=  # the precheck writes runtime/precheck.json",
+        '--mount "type=bind,\\"source=$bundle/artifacts\\",target=/orbit/bundle/artifacts"',
         "--workdir /orbit/bundle/inputs/workdir",
         "-e 'GREETING=it'\"'\"'s here'",
         "-e HF_TOKEN",

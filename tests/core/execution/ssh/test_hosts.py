@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from orbit.core.errors import Refused
 from orbit.core.execution.ssh.hosts import check_request, parse_facts
-from orbit.core.hosts import HostRecord, HostSpec
-from orbit.core.models import ExecutionRequest, LaunchMode, Placement, Resources
+from orbit.model.errors import Refused
+from orbit.model.hosts import HostRecord, HostSpec
+from orbit.model.models import ExecutionRequest, LaunchMode, Placement, Resources
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 # the check script's output on a 2 x H100 box (GPU lines in nvidia-smi's csv,noheader,nounits)

@@ -1,4 +1,6 @@
-"""Execution backends, one module per `f"{placement}_{launch_mode}"` key."""
+"""Execution backends, one module per `f"{placement}_{launch_mode}"` key.
+
+May import what orbit.core.execution may."""
 
 from orbit.core.execution.backends.base import (
     AttemptContext,

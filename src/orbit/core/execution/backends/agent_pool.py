@@ -3,66 +3,44 @@ agent connects out to the control plane (orbit.agent). The control plane never r
 node: launching places the attempt on a node and queues its start command in the store;
 cancel and collect queue commands too; status, logs and files are read from the control
 plane's copy of the attempt's files (orbit.core.execution.mirror), which the agent's reports
-keep current. The agent runs the attempt with the local backends, so a pool run behaves on
-its node as a local run does on this machine."""
+keep current (reading and collecting them: pool_files.py; an attempt's state from them:
+pool_status.py; the node directory and the wake hooks: pool_nodes.py). The agent runs the
+attempt with the local backends, so a pool run behaves on its node as a local run does on
+this machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from orbit.agent.protocol import CANCELLED_BEFORE_START
-from orbit.core.config import LOST_GRACE_S, OFFLINE_AFTER_S
-from orbit.core.errors import InvalidInput, OrbitError, Refused
-from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, NoNodeFree
-from orbit.core.execution.gang import gang_status, going_on, master_port
+from orbit.core.execution.backends.base import (
+    AttemptContext,
+    CopyArtifacts,
+    LogLayer,
+    NoNodeFree,
+)
+from orbit.core.execution.backends.pool_files import PoolFiles
+from orbit.core.execution.backends.pool_nodes import NodeDirectory, other_ranks, wake
+from orbit.core.execution.backends.pool_status import PoolStatus
+from orbit.core.execution.gang import master_port
 from orbit.core.execution.mirror import is_scratch, read_agent_state
-from orbit.core.execution.runtime_state import parse_json, status_from_files
-from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
-from orbit.core.nodes import NodeRecord, NodeState
-from orbit.runtime import hostside
+from orbit.model.config import LOST_GRACE_S, OFFLINE_AFTER_S
+from orbit.model.errors import InvalidInput, OrbitError, Refused
+from orbit.model.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
+from orbit.model.nodes import NodeRecord
+from orbit.runtime.checkpoint_finder import newest_checkpoint
 
 if TYPE_CHECKING:
     from orbit.core.execution.bundle import FrozenBundle
-    from orbit.core.records import CollectResult
-    from orbit.store.sql import Row
+    from orbit.model.records import CollectResult
 
-READ_CHUNK = 1 << 20
-COLLECT_WAIT_S = 600.0
-
-# Called with a node id whenever a command is queued for it: the server's long-polls wake at
-# once rather than on their next look at the store. Process-wide, as the server is.
-wake_hooks: list[Callable[[str], None]] = []
-
-
-def wake(node_id: str) -> None:
-    for hook in wake_hooks:
-        hook(node_id)
-
-
-class NodeDirectory(Protocol):
-    def list_nodes(self) -> list[NodeRecord]: ...
-    def get_node(self, ref: str) -> NodeRecord: ...
-    def assign_gang(
-        self, attempt_id: str, ranks: list[tuple[str, dict[str, Any], dict[str, Any]]], actor: str
-    ) -> list[str] | None: ...
-    def assign_attempt(
-        self,
-        attempt_id: str,
-        node_id: str,
-        gpus: dict[str, Any],
-        start: dict[str, Any],
-        actor: str,
-    ) -> tuple[int, str] | None: ...
-    def attempt_placement(self, attempt_id: str) -> Row | None: ...
-    def gang_members(self, attempt_id: str) -> list[Row]: ...
-    def enqueue_command(
-        self, node_id: str, body: dict[str, Any], attempt_id: str | None = None
-    ) -> str: ...
+# a resumed start waits for the earlier attempt's files (its newest checkpoint) while they come;
+# once nothing of them arrived for this long, it starts from what the control plane has
+EARLIER_QUIET_S = 60.0
 
 
 def start_body(
@@ -71,7 +49,7 @@ def start_body(
     request: ExecutionRequest,
     gpu_indices: tuple[int, ...] | list[int],
 ) -> dict[str, Any]:
-    """An attempt's start command (orbit.agent.protocol.StartAttempt) but for its fence, which
+    """An attempt's start command (orbit.wire.protocol.StartAttempt) but for its fence, which
     the store adds as it places the attempt."""
     return {
         "kind": "start",
@@ -98,11 +76,13 @@ class AgentPoolBackend:
         self.artifacts_dir = artifacts_dir
         self.offline_after_s = offline_after_s
         self.lost_grace_s = lost_grace_s
+        self.files = PoolFiles(nodes, artifacts_dir, offline_after_s)
+        self.looks = PoolStatus(nodes, artifacts_dir, offline_after_s, lost_grace_s)
 
     # --- launching -------------------------------------------------------------------------
 
     def validate(self, request: ExecutionRequest) -> None:
-        from orbit.scheduler.inputs import asks_of, overflow_of, selector_of
+        from orbit.scheduler.request_views import asks_of, overflow_of, selector_of
 
         selector_of(request)
         overflow_of(request)
@@ -232,7 +212,7 @@ class AgentPoolBackend:
         """The newest checkpoint an earlier attempt of the run left (README: "Preemption and
         resume"), as the control plane's copy has it: where it goes, and its files."""
         artifacts = self.artifacts_dir / earlier / "artifacts"
-        relpath = hostside.newest_checkpoint(str(artifacts))
+        relpath = newest_checkpoint(str(artifacts))
         if relpath is None:
             return None
         top = artifacts / relpath
@@ -248,9 +228,12 @@ class AgentPoolBackend:
         """Whether an earlier attempt's files have all reached the control plane's copy, or
         never will (it never started, or its node is gone): a resumed start waits for them,
         so that its checkpoint is the newest one."""
-        state = read_agent_state(self.artifacts_dir / earlier)
+        folder = self.artifacts_dir / earlier
+        state = read_agent_state(folder)
         if state.get("complete") or not state.get("started") or state.get("refused"):
             return True  # all in, or it never ran: nothing more is coming
+        if state.get("gone") or _quiet_for(folder) >= EARLIER_QUIET_S:
+            return True  # its node has no folder of it, or has sent nothing for long
         row = self.nodes.attempt_placement(earlier)
         if row is None or row["node_id"] is None:
             return True
@@ -290,92 +273,34 @@ class AgentPoolBackend:
             data=data,
         )
 
-    # --- looking ---------------------------------------------------------------------------
+    # --- looking (pool_status.py) ----------------------------------------------------------
 
     def status(self, handle: RunHandle) -> RunStatus:
-        """The attempt's state from its files; a gang's from every rank's: it fails as soon
-        as one rank fails (saying which, on which node) and succeeds once all have."""
-        first = self._status(handle)
-        members = _members(handle, self.artifacts_dir)
-        if not members:
-            return first
-        ranks = [handle, *members]
-        statuses = [first] + [self._status(m) for m in members]
-        # a rank whose peer's node went silent fails on its own first (its collective breaks):
-        # wait until that node is back or lost, and say the node's loss rather than the task's
-        # exit, which retries would otherwise not cover
-        if any(s.state.terminal and s.state is not RunState.SUCCEEDED for s in statuses) and any(
-            not s.state.terminal and self._silent(r) for r, s in zip(ranks, statuses, strict=True)
-        ):
-            return going_on(first)
-        return gang_status(
-            [(f"node '{r.target}'", s) for r, s in zip(ranks, statuses, strict=True)]
-        )
+        return self.looks.status(handle)
 
-    def _silent(self, handle: RunHandle) -> bool:
-        """Whether the rank's node has stopped answering (offline, not yet given up on)."""
-        try:
-            node = self.nodes.get_node(str(handle.data.get("node_id", "")))
-        except OrbitError:
-            return False
-        return not node.online(datetime.now(UTC), self.offline_after_s)
-
-    def _status(self, handle: RunHandle) -> RunStatus:
-        folder = Path(handle.location)
-        runtime = folder / "runtime"
-        # agent.json first: a report writes the files, then agent.json (alive: false), so a
-        # wrapper said gone here has its result.json there by the time it is read below
-        agent = read_agent_state(folder)
-        result = parse_json(hostside.read_from(str(runtime / "result.json"), 0, -1))
-        status = parse_json(hostside.read_from(str(runtime / "status.json"), 0, -1))
-        if result is not None:
-            return status_from_files(status, result, wrapper_alive=False)
-        if agent.get("refused") == CANCELLED_BEFORE_START:
-            return RunStatus(
-                state=RunState.TERMINATED,
-                reason=FailureReason.CANCELLED,
-                message=f"cancelled before node '{handle.target}' started it",
-            )
-        if agent.get("refused"):
-            return RunStatus(
-                state=RunState.FAILED,
-                reason=FailureReason.LAUNCH_FAILED,
-                message=f"node '{handle.target}' did not start it: {agent['refused']}",
-            )
-        if agent.get("lost"):
-            return _lost(handle, str(agent["lost"]))
-        node_id = str(handle.data.get("node_id", ""))
-        try:
-            node = self.nodes.get_node(node_id)
-        except OrbitError:
-            return _lost(handle, f"node '{handle.target}' was removed")
-        if node.state is NodeState.REVOKED:
-            return _lost(handle, f"node '{node.name}' was revoked")
-        ago = node.seen_ago(datetime.now(UTC))
-        if ago is None or ago >= self.offline_after_s + self.lost_grace_s:
-            return _lost(
-                handle,
-                f"node '{node.name}' silent for {ago or 0:.0f}s (offline after "
-                f"{self.offline_after_s:.0f}s, lost {self.lost_grace_s:.0f}s later)",
-            )
-        if not agent.get("started"):
-            return RunStatus(state=RunState.SUBMITTED)
-        return status_from_files(status, None, wrapper_alive=bool(agent.get("alive", True)))
+    # --- the attempt's files: the control plane's copy (pool_files.py) -----------------------
 
     def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
-        data = hostside.read_from(str(Path(handle.location) / layer.relpath), offset, READ_CHUNK)
-        return data or b"", offset + len(data or b"")
+        return self.files.read_log(handle, layer, offset)
 
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
-        return hostside.read_from(str(Path(handle.location) / relpath), 0, -1)
+        return self.files.read_file(handle, relpath)
 
     def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
-        return hostside.tail(handle.location, pattern, max_bytes)
+        return self.files.tail_files(handle, pattern, max_bytes)
+
+    def collect_in_place(self, handle: RunHandle, copy: CopyArtifacts) -> CollectResult:
+        return self.files.collect_in_place(handle, copy)
+
+    def collect(
+        self, handle: RunHandle, dest: Path, copy: CopyArtifacts | None = None
+    ) -> CollectResult:
+        return self.files.collect(handle, dest, copy)
 
     # --- acting ------------------------------------------------------------------------------
 
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
-        for member in _members(handle, self.artifacts_dir):
+        for member in other_ranks(handle, self.artifacts_dir):
             self._cancel(member, reason)
         self._cancel(handle, reason)
 
@@ -394,54 +319,15 @@ class AgentPoolBackend:
         self.cancel(handle, FailureReason.CANCELLED)
         return 0
 
-    def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
-        from orbit.core.execution.artifacts import copy_artifacts
 
-        folder = Path(handle.location)
-        if not read_agent_state(folder).get("complete"):
-            self._ask_for_everything(handle, folder)
-        got = copy_artifacts(folder / "artifacts", dest, skip=is_scratch)
-        for rank, member in enumerate(_members(handle, self.artifacts_dir), start=1):
-            # a gang's other ranks: each under nodes/RANK/, as each node wrote them
-            where = Path(member.location)
-            try:
-                if not read_agent_state(where).get("complete"):
-                    self._ask_for_everything(member, where)
-            except (OrbitError, LaunchError) as exc:  # its node is away: what is here, said
-                got = got.and_problem(f"rank {rank}: {exc}")
-            if not (where / "artifacts").is_dir():
-                continue
-            more = copy_artifacts(where / "artifacts", dest / "nodes" / str(rank), skip=is_scratch)
-            got = got.and_rank(rank, more)
-        return got
-
-    def _ask_for_everything(self, handle: RunHandle, folder: Path) -> None:
-        """Large files wait on the node until collect asks: ask, and wait for them."""
-        node_id = str(handle.data.get("node_id", ""))
-        self.nodes.enqueue_command(
-            node_id, {"kind": "upload", "attempt_id": handle.attempt_id}, handle.attempt_id
-        )
-        wake(node_id)
-        deadline = time.monotonic() + COLLECT_WAIT_S
-        while time.monotonic() < deadline:
-            if read_agent_state(folder).get("complete"):
-                return
-            try:
-                node = self.nodes.get_node(node_id)
-            except OrbitError:
-                raise LaunchError(
-                    FailureReason.NODE_LOST, f"node '{handle.target}' was removed"
-                ) from None
-            if not node.online(datetime.now(UTC), self.offline_after_s):
-                from orbit.core.errors import Unreachable
-
-                raise Unreachable(
-                    f"node '{node.name}' is offline: its large files stay there until it is back"
-                )
-            time.sleep(0.2)
-        from orbit.core.errors import Unreachable
-
-        raise Unreachable(f"node '{handle.target}' did not upload within {COLLECT_WAIT_S:.0f}s")
+def _quiet_for(folder: Path) -> float:
+    """Seconds since anything under `folder` last changed (inf when it has nothing)."""
+    newest = 0.0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+    return time.time() - newest if newest else float("inf")
 
 
 def _given(node: NodeRecord, indices: list[int], where: dict[str, Any]) -> dict[str, Any]:
@@ -456,22 +342,3 @@ def _given(node: NodeRecord, indices: list[int], where: dict[str, Any]) -> dict[
         "cpus": float(where.get("cpus") or 0.0),
         "memory_gb_ram": float(where.get("memory_gb") or 0.0),
     }
-
-
-def _members(handle: RunHandle, artifacts_dir: Path) -> list[RunHandle]:
-    """A gang's ranks but 0 (an attempt of one node has none), as handles of their own."""
-    return [
-        RunHandle(
-            backend_key=handle.backend_key,
-            target=str(m["node"]),
-            attempt_id=str(m["attempt"]),
-            location=str(artifacts_dir / str(m["attempt"])),
-            data={"node_id": m["node_id"], "fence": 1},
-        )
-        for m in handle.data.get("gang") or ()
-        if m.get("rank")
-    ]
-
-
-def _lost(handle: RunHandle, why: str) -> RunStatus:
-    return RunStatus(state=RunState.FAILED, reason=FailureReason.NODE_LOST, message=why)

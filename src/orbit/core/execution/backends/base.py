@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from orbit.core.layers import LogLayer as LogLayer
-from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
-from orbit.core.records import CollectResult
+from orbit.model.layers import LogLayer as LogLayer
+from orbit.model.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
+from orbit.model.records import CollectResult
 
 if TYPE_CHECKING:
     from orbit.core.execution.bundle import FrozenBundle
@@ -76,7 +76,7 @@ class ExecutionBackend(Protocol):
     key: str
 
     def validate(self, request: ExecutionRequest) -> None:
-        """Refuse (orbit.core.errors.OrbitError) what this backend cannot run, before anything
+        """Refuse (orbit.model.errors.OrbitError) what this backend cannot run, before anything
         is written."""
 
     def launch(
@@ -152,6 +152,22 @@ class KnowsUnplaced(Protocol):
     that only looks dead may still be staging there: such an attempt is ended instead.)"""
 
     def never_placed(self, attempt: AttemptContext) -> bool: ...
+
+
+# how a collect's files reach its destination: copy_artifacts(source, dest, skip=...)
+CopyArtifacts = Callable[..., CollectResult]
+
+
+@runtime_checkable
+class CollectsInPlace(Protocol):
+    """A backend whose attempts' files may be on the control plane's own disk (this
+    machine's attempts, an agent pool's copy, a Slurm cluster whose filesystem is here).
+    `collect_in_place` gathers them as collect would (asking a node for what it holds back,
+    say), but hands each folder to `copy` with where it goes under the destination (`.` for
+    the top), so that a server serves collect from where the files are, with no second copy.
+    None: this attempt's files are elsewhere (collect copies them here)."""
+
+    def collect_in_place(self, handle: RunHandle, copy: CopyArtifacts) -> CollectResult | None: ...
 
 
 LogSink = Callable[[bytes], object]

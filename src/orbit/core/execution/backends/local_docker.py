@@ -28,7 +28,7 @@ from orbit.core.execution.docker.host import (
     remove_attempt_containers,
     sweep_orphans,
 )
-from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
+from orbit.model.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
 
 
 class LocalDockerBackend(LocalHostProcessBackend):

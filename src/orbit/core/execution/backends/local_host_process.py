@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from orbit.core.errors import Refused
-from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer
+from orbit.core.execution.backends.base import (
+    AttemptContext,
+    CopyArtifacts,
+    LaunchError,
+    LogLayer,
+)
 from orbit.core.execution.runtime_state import parse_json, status_from_files
-from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
-from orbit.runtime import hostside
+from orbit.model.errors import Refused
+from orbit.model.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
+from orbit.runtime import host_processes, hostside
 
 if TYPE_CHECKING:  # launching and collecting load what they need; looking at a run does not
     from orbit.core.execution.bundle import FrozenBundle
-    from orbit.core.records import CollectResult
+    from orbit.model.records import CollectResult
 
 LOCAL_TARGETS = {None, "localhost", "local"}
 READ_CHUNK = 1 << 20
@@ -24,11 +29,32 @@ def wrapper_alive(runtime: Path) -> bool:
     return hostside.wrapper_alive(str(runtime))
 
 
+class TaskUser(Protocol):
+    """Who an attempt's wrapper and task run as, where that is not this process's user (an
+    agent as root gives each attempt a user of its own: orbit.agent.isolation)."""
+
+    def enter(self, attempt_dir: Path, env: dict[str, str]) -> tuple[dict[str, str], int, str]:
+        """Hand the attempt's folder to its user: (more env, uid, the wrapper's python)."""
+        ...
+
+    def leave(self, attempt_dir: Path) -> None:
+        """The attempt did not start: its user is free again."""
+        ...
+
+
 class LocalHostProcessBackend:
     key = "local_host_process"
+    pycache = False  # an attempt's copy takes the cache's .pyc files: only where no task
+    # can write the cache (an agent whose tasks run as users of their own)
+    cache_name = "this machine's"
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, task_user: TaskUser | None = None) -> None:
         self.work_dir = work_dir
+        self.task_user = task_user
+
+    def bundle_changed(self, bundle: FrozenBundle) -> None:
+        """A cached bundle failed its digest check (a node drops its copy to fetch it anew;
+        the control plane's own cache is the only copy there is: it stays, refused)."""
 
     def validate(self, request: ExecutionRequest) -> None:
         self.check_target(request)
@@ -55,22 +81,30 @@ class LocalHostProcessBackend:
     def launch(
         self, bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
     ) -> RunHandle:
-        from orbit.core.execution.bundle import copy_frozen
+        from orbit.core.execution.bundle import BundleChanged, copy_frozen
         from orbit.core.execution.local_env import task_environ
 
         attempt_dir = self.work_dir / attempt.attempt_id
         try:
-            copy_frozen(bundle.path, attempt_dir)
+            copy_frozen(bundle, attempt_dir, self.pycache, self.cache_name)
+        except BundleChanged as exc:
+            self.bundle_changed(bundle)
+            raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from None
         except OSError as exc:
             raise LaunchError(
                 FailureReason.STAGING_FAILED, f"staging into {attempt_dir}: {exc}"
             ) from exc
         # the same start an SSH host makes; the job's own env is in job.json. The wrapper
         # runs with this interpreter, the task with this shell's PATH minus ORBIT's own venv
-        started = hostside.launch(
-            str(attempt_dir), {**attempt.env(), **self.launch_env()}, base=task_environ()
-        )
+        env = {**attempt.env(), **self.launch_env()}
+        uid, python = None, None
+        if self.task_user is not None:
+            more, uid, python = self.task_user.enter(attempt_dir, env)
+            env.update(more)
+        started = hostside.launch(str(attempt_dir), env, task_environ(), uid, python)
         if "error" in started:
+            if self.task_user is not None:
+                self.task_user.leave(attempt_dir)
             raise LaunchError(FailureReason.LAUNCH_FAILED, str(started["error"]))
         return RunHandle(
             backend_key=self.key,
@@ -114,9 +148,12 @@ class LocalHostProcessBackend:
         hostside.cancel(handle.location, reason.value)
 
     def stop_leftovers(self, handle: RunHandle) -> int:
-        return len(hostside.stop_attempt(handle.location, handle.attempt_id)["stopped"])
+        return len(host_processes.stop_attempt(handle.location, handle.attempt_id)["stopped"])
 
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         from orbit.core.execution.artifacts import copy_artifacts
 
         return copy_artifacts(Path(handle.location) / "artifacts", dest)
+
+    def collect_in_place(self, handle: RunHandle, copy: CopyArtifacts) -> CollectResult:
+        return copy(Path(handle.location) / "artifacts", Path("."))

@@ -10,10 +10,10 @@ check says its Docker cannot run.
 
 from __future__ import annotations
 
-from orbit.core.clusters import ClusterRecord
-from orbit.core.errors import Refused
 from orbit.core.execution.backends.slurm_host_process import SlurmHostProcessBackend
-from orbit.core.models import ExecutionRequest
+from orbit.model.clusters import ClusterRecord
+from orbit.model.errors import Refused
+from orbit.model.models import ExecutionRequest
 
 
 class SlurmDockerBackend(SlurmHostProcessBackend):

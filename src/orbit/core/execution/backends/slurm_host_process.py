@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orbit.core.clusters import ClusterRecord, ClusterSpec
-from orbit.core.errors import OrbitError, Refused, Unreachable
-from orbit.core.execution.backends.base import AttemptContext, LaunchError, LogLayer, LogSink
+from orbit.core.execution.backends.base import (
+    AttemptContext,
+    CopyArtifacts,
+    LaunchError,
+    LogLayer,
+    LogSink,
+)
 from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend
 from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
 from orbit.core.execution.gang import gang_status
@@ -28,11 +33,13 @@ from orbit.core.execution.slurm.orphans import SQUEUE, MarkedJob, parse_marked
 from orbit.core.execution.slurm.script import SCRIPT, check_request, sbatch_script
 from orbit.core.execution.slurm.shell import ClusterShell, login_spec, slurm_message
 from orbit.core.execution.ssh.transport import SshOptions
-from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
+from orbit.model.clusters import ClusterRecord, ClusterSpec
+from orbit.model.errors import OrbitError, Refused, Unreachable
+from orbit.model.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
 
 if TYPE_CHECKING:
     from orbit.core.execution.bundle import FrozenBundle
-    from orbit.core.records import CollectResult
+    from orbit.model.records import CollectResult
 
 
 class ClusterDirectory(Protocol):
@@ -313,14 +320,29 @@ class SlurmHostProcessBackend:
     def collect(self, handle: RunHandle, dest: Path) -> CollectResult:
         """The attempt's artifacts; a multi-node run's other ranks' under nodes/RANK/."""
         files = self._files(handle)
-        got = files.collect(handle, dest)
+        return self._each_rank(handle, dest, lambda h, d: files.collect(h, d))
+
+    def collect_in_place(self, handle: RunHandle, copy: CopyArtifacts) -> CollectResult | None:
+        """On a cluster whose filesystem is this machine's, its folders as they are."""
+        files = self._files(handle)
+        if not isinstance(files, LocalHostProcessBackend):
+            return None
+        return self._each_rank(
+            handle, Path("."), lambda h, d: copy(Path(h.location).expanduser() / "artifacts", d)
+        )
+
+    def _each_rank(
+        self, handle: RunHandle, dest: Path, collect: Callable[[RunHandle, Path], CollectResult]
+    ) -> CollectResult:
+        files = self._files(handle)
+        got = collect(handle, dest)
         for rank in range(1, _num_nodes(handle)):
             where = f"{handle.location}/nodes/{rank}"
             rank_handle = handle.model_copy(update={"location": where})
             if files.read_file(rank_handle, "job.json") is None:  # srun never started it
                 got = got.and_problem(f"rank {rank}: never started (no {where})")
                 continue
-            got = got.and_rank(rank, files.collect(rank_handle, dest / "nodes" / str(rank)))
+            got = got.and_rank(rank, collect(rank_handle, dest / "nodes" / str(rank)))
         return got
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-from orbit.core.errors import OrbitError
 from orbit.core.execution.backends.base import AttemptContext
 from orbit.core.execution.backends.ssh_host_process import SshHostProcessBackend
 from orbit.core.execution.bundle import FrozenBundle
@@ -16,8 +15,9 @@ from orbit.core.execution.docker.host import (
     sweep_orphans,
 )
 from orbit.core.execution.ssh.transport import Ssh
-from orbit.core.hosts import HostRecord
-from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
+from orbit.model.errors import OrbitError
+from orbit.model.hosts import HostRecord
+from orbit.model.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
 
 
 def ssh_runner(ssh: Ssh) -> Runner:

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orbit.core.errors import OrbitError, Refused, Unreachable
 from orbit.core.execution.backends.base import (
     AttemptContext,
     LaunchError,
@@ -27,16 +26,17 @@ from orbit.core.execution.backends.base import (
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.execution.ssh.hosts import check_request
 from orbit.core.execution.ssh.transport import Ssh, SshOptions, last_line
-from orbit.core.hosts import HostRecord, HostSpec
-from orbit.core.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
+from orbit.model.errors import OrbitError, Refused, Unreachable
+from orbit.model.hosts import HostRecord, HostSpec
+from orbit.model.models import ExecutionRequest, FailureReason, RunHandle, RunState, RunStatus
 
 if TYPE_CHECKING:  # launching and collecting load the transfer code; looking at a run does not
     from orbit.core.execution.bundle import FrozenBundle
-    from orbit.core.records import CollectResult
+    from orbit.model.records import CollectResult
 
 READ_CHUNK = 1 << 20
 DOWN_MEMORY_S = 30.0  # within one command, a host that did not answer is not asked again
-SWEEP_TIMEOUT_S = 90.0  # a stop waits for a graceful end there (hostside.MAX_GRACE_S at most)
+SWEEP_TIMEOUT_S = 90.0  # a stop there waits at most host_processes.MAX_GRACE_S for a graceful end
 LIVE_IDS_PER_ARG = 2000
 
 

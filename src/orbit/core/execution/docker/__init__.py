@@ -1,2 +1,4 @@
 """The docker launch mode: generated scripts, Docker host facts and the orphan sweep, image
-provenance."""
+provenance.
+
+May import what orbit.core.execution may."""

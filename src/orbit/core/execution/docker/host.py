@@ -18,15 +18,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orbit.core.errors import Refused
 from orbit.core.execution.docker.scripts import (
     LABEL_ATTEMPT,
     LABEL_MANAGED,
     LABEL_NODE,
     LABEL_PLANE,
 )
-from orbit.core.execution.launch_modes import docker_settings
-from orbit.core.models import ExecutionRequest
+from orbit.model.errors import Refused
+from orbit.model.launch_modes import docker_settings
+from orbit.model.models import ExecutionRequest
 from orbit.runtime.docker_launch import docker_endpoint as runtime_docker_endpoint
 
 Runner = Callable[[list[str]], tuple[int, str, str]]

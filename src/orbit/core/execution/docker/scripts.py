@@ -16,8 +16,8 @@ import shlex
 from importlib import resources
 from pathlib import Path
 
-from orbit.core.execution.launch_modes import DockerLaunch, docker_settings
-from orbit.core.models import JobSpec
+from orbit.model.launch_modes import DockerLaunch, docker_settings
+from orbit.model.models import JobSpec
 
 BUNDLE_IN_CONTAINER = "/orbit/bundle"
 RUN_SCRIPT = "docker_run.sh"
@@ -91,9 +91,11 @@ def run_script(job: JobSpec) -> str:
         "",
         "# What runs: the job's entrypoint, the precheck in the image's own interpreter, or the",
         "# command given. The options below are added in front of the image, last first.",
+        "runtime_mount=,readonly  # runtime/ is the wrapper's: the task reads it, never writes",
         'if [ "${1:-}" = --precheck ]; then',
         "  shift",
         "  name=$name-precheck",
+        "  runtime_mount=  # the precheck writes runtime/precheck.json",
         f'  set -- -e {q("PYTHONPATH=" + pythonpath)} "$image" {_command_words(precheck)}',
         'elif [ "$#" -gt 0 ]; then',
         '  set -- "$image" "$@"',
@@ -161,10 +163,22 @@ def _options(job: JobSpec, docker: DockerLaunch) -> list[str]:
     ]
     if docker.init:
         options.append("--init")
+    # no device nodes made in the attempt's folders (the wrapper, on the host, writes there),
+    # and no privileges gained through a setuid program in the image
+    options += ["--cap-drop MKNOD", "--security-opt no-new-privileges"]
     options += [
         f"--network {q(docker.network)}",
         f"--shm-size {q(docker.shm_size)}",
-        f'--mount "type=bind,\\"source=$bundle\\",target={root}"',
+        # the bundle read-only: its scripts/ are what the wrapper runs on the host, as its
+        # user (root, where the agent is): the container's root must not be able to rewrite
+        # them. What the task writes goes to folders of their own, which it cannot replace;
+        # runtime/ (the wrapper's status, result and lock) is writable for the precheck only
+        f'--mount "type=bind,\\"source=$bundle\\",target={root},readonly"',
+        *(
+            f'--mount "type=bind,\\"source=$bundle/{part}\\",target={root}/{part}"'
+            for part in ("inputs", "artifacts")
+        ),
+        f'--mount "type=bind,\\"source=$bundle/runtime\\",target={root}/runtime$runtime_mount"',
         f"--workdir {q(f'{root}/inputs/{job.workdir}')}",
         '-e ORBIT_RUN_ID="$run_id"',
         '-e ORBIT_ATTEMPT_ID="$attempt_id"',

@@ -9,9 +9,9 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from orbit.core.clusters import ClusterFacts, SlurmNode, SlurmPartition
-from orbit.core.errors import OrbitError
 from orbit.core.execution.slurm.shell import ClusterShell, slurm_message
+from orbit.model.clusters import ClusterFacts, SlurmNode, SlurmPartition
+from orbit.model.errors import OrbitError
 
 
 def parse_gres(text: str) -> dict[str, int]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orbit.core.errors import Unreachable
 from orbit.core.execution.slurm.shell import ClusterShell, slurm_message
-from orbit.core.models import FailureReason, RunState
+from orbit.model.errors import Unreachable
+from orbit.model.models import FailureReason, RunState
 
 PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 ACTIVE = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING"})

@@ -4,12 +4,13 @@ serve, and the readable sbatch script that runs the bundle's own wrapper. Pure: 
 from __future__ import annotations
 
 import math
+import os
 import shlex
 
-from orbit.core.clusters import ClusterFacts, ClusterRecord, SlurmPartition
-from orbit.core.errors import Refused
 from orbit.core.execution.slurm.orphans import comment
-from orbit.core.models import ExecutionRequest
+from orbit.model.clusters import ClusterFacts, ClusterRecord, SlurmPartition
+from orbit.model.errors import Refused
+from orbit.model.models import ExecutionRequest
 
 SCRIPT = "scripts/slurm.sbatch"
 # Slurm sends its warning of the time limit (--signal) up to this much off the time asked for:
@@ -247,13 +248,13 @@ def sbatch_script(
             "trap on_term TERM",
             "",
             "# rank 0's address as Slurm reaches it (its NodeAddr), and a port free there (this",
-            "# shell runs on rank 0's node, the job's first; else one of 29500-39499 by job id)",
+            "# shell runs on rank 0's node, the job's first; else one of 20000-31999 by job id)",
             "first=${SLURMD_NODENAME:-"
             '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}',
             "addr=$(scontrol -o show node \"$first\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
             f'port=$("$python" -S -c {q(FREE_PORT)} 2>/dev/null)',
             'export ORBIT_MASTER_ADDR="${addr:-$first}"'
-            ' ORBIT_MASTER_PORT="${port:-$(( 29500 + SLURM_JOB_ID % 10000 ))}"',
+            ' ORBIT_MASTER_PORT="${port:-$(( 20000 + SLURM_JOB_ID % 12000 ))}"',
             "# one wrapper per node, with the whole of its node's share (srun does not pass",
             "# the job's --cpus-per-task on to a step by itself)",
             f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1{cpus} \\",
@@ -277,18 +278,20 @@ def _node_lines(frozen: str) -> list[str]:
     return [
         'if [ "${1:-}" = "--node" ]; then',
         "  # srun: this node's wrapper. Rank 0 runs in the attempt's folder; every other rank in",
-        "  # nodes/RANK/, a copy of the frozen bundle with a runtime/ and artifacts/ of its own",
-        "  # (its sources' times kept, so that the .pyc files staged beside them still serve)",
+        "  # nodes/RANK/, a copy of the frozen bundle with a runtime/ and artifacts/ of its own,",
+        "  # checked against the bundle's digest as it is made (by rank 0's checked hostside)",
         '  export ORBIT_NODE_RANK="$SLURM_NODEID" ORBIT_NUM_NODES="$SLURM_JOB_NUM_NODES"',
         '  dir="$bundle"',
         '  if [ "$SLURM_NODEID" -gt 0 ]; then',
         '    dir="$bundle/nodes/$SLURM_NODEID"',
         '    if [ ! -d "$dir/runtime" ]; then',
         f"      frozen={shlex.quote(frozen)}",
-        '      rm -rf "$dir" && mkdir -p "$dir" \\',
-        '        && cp -RP --preserve=timestamps "$frozen/job.json" "$frozen/inputs" \\',
-        '          "$frozen/scripts" "$dir/" \\',
-        '        && mkdir "$dir/artifacts" "$dir/runtime" || exit 1',
+        '      mkdir -p "$bundle/nodes" || exit 1',
+        '      made=$("$python" -S "$bundle/scripts/orbit_hostside.py" copy "$frozen" "$dir" \\',
+        f"        {shlex.quote(os.path.basename(frozen))}) || exit 1",
+        '      case "$made" in',
+        '        *\\"error\\"*) echo "orbit: rank $SLURM_NODEID: $made" >&2; exit 1 ;;',
+        "      esac",
         "    fi",
         "    # a stop asked before this rank's folder was there: the wrapper ends at its start",
         '    [ -e "$bundle/runtime/stop_request.json" ] \\',

@@ -8,10 +8,10 @@ import shlex
 import subprocess
 from typing import Any
 
-from orbit.core.clusters import ClusterSpec
-from orbit.core.errors import OrbitError, Unreachable
 from orbit.core.execution.ssh.transport import Ssh, SshOptions, last_line
-from orbit.core.hosts import HostSpec
+from orbit.model.clusters import ClusterSpec
+from orbit.model.errors import OrbitError, Unreachable
+from orbit.model.hosts import HostSpec
 from orbit.runtime import hostside
 
 TIMEOUT_S = 60.0

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from orbit.core.errors import Refused
-from orbit.core.hosts import GpuInfo, HostFacts, HostRecord
-from orbit.core.models import ExecutionRequest
+from orbit.model.errors import Refused
+from orbit.model.hosts import GpuInfo, HostFacts, HostRecord
+from orbit.model.models import ExecutionRequest
 
 # How a machine's GPUs are listed, here and by `orbit` for this machine (one GpuInfo a line)
 NVIDIA_SMI_QUERY = ("--query-gpu=index,name,memory.total,uuid", "--format=csv,noheader,nounits")

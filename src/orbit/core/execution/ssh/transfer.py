@@ -12,11 +12,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from orbit.core.errors import OrbitError, Unreachable
 from orbit.core.execution.artifacts import CollectResult, sha256_file, verify_manifest
 from orbit.core.execution.bundle import FROZEN_PARTS, FrozenBundle
 from orbit.core.execution.ssh.transport import Ssh, last_line, stats_bytes
-from orbit.core.models import RunHandle
+from orbit.model.errors import OrbitError, Unreachable
+from orbit.model.models import RunHandle
 
 
 def stage_bundle(ssh: Ssh, bundle: FrozenBundle) -> dict[str, Any]:
@@ -105,12 +105,13 @@ def collect_artifacts(ssh: Ssh, handle: RunHandle, dest: Path) -> CollectResult:
             for name, future in digests.items()
             if future.exception() is None  # unreadable now: verify_manifest says why
         }
-    files = sum(1 for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
+    held = [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
     found, problems = verify_manifest(dest, taken)
     return CollectResult(
         dest=dest,
-        files=files,
-        bytes=stats_bytes("".join(stats), "Literal data"),  # only what moved
+        files=len(held),
+        bytes=sum(p.stat().st_size for p in held),
+        moved=stats_bytes("".join(stats), "Literal data"),  # only what moved
         verified=found and not problems,
         problems=tuple(problems),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -24,10 +25,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from orbit.core.config import Settings
-from orbit.core.errors import OrbitError, Unreachable
 from orbit.core.execution.ssh.hosts import CHECK_SCRIPT, parse_facts
-from orbit.core.hosts import HostFacts, HostSpec
+from orbit.model.config import Settings
+from orbit.model.errors import OrbitError, Unreachable
+from orbit.model.hosts import HostFacts, HostSpec
 
 CONTROL_PERSIST_S = 30
 
@@ -59,8 +60,40 @@ class SshOptions:
         return folder / "%C"
 
 
+# hostside's siblings, as a bundle names them (scripts/orbit_NAME.py), each after those it imports
+HOSTSIDE_SIBLINGS = ("host_files", "host_processes", "host_staging")
+# `python3 -` reads one program: the siblings arrive in it as their sources, each made a module
+# on its own (its `from __future__` must be its first statement) and put where hostside's
+# `import orbit_NAME` finds it; hostside then runs as __main__, as if it were the script
+HOSTSIDE_BOOTSTRAP = """\
+import sys
+import types
+
+
+def sibling(name, source):
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, name + ".py", "exec", dont_inherit=True), module.__dict__)
+
+
+"""
+
+
+@functools.cache
 def _hostside_source() -> bytes:
-    return (resources.files("orbit.runtime") / "hostside.py").read_bytes()
+    """orbit/runtime/hostside.py with its siblings, as the one program of `python3 -`."""
+    runtime = resources.files("orbit.runtime")
+
+    def source(name: str) -> str:
+        return ascii((runtime / f"{name}.py").read_text(encoding="utf-8"))  # a literal
+
+    program = [HOSTSIDE_BOOTSTRAP]
+    program += [f"sibling('orbit_{name}', {source(name)})\n" for name in HOSTSIDE_SIBLINGS]
+    program.append(
+        f"exec(compile({source('hostside')}, 'orbit_hostside.py', 'exec', dont_inherit=True),"
+        " {'__name__': '__main__'})\n"
+    )
+    return "".join(program).encode("ascii")
 
 
 def classify(spec: HostSpec, stderr: str) -> OrbitError:

@@ -8,7 +8,7 @@ Create Date: 2026-11-27
 import sqlalchemy as sa
 from alembic import op
 
-from orbit.core.audit_chain import event_hash
+from orbit.model.audit_chain import event_hash
 
 revision = "0002"
 down_revision = "0001"

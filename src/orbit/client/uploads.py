@@ -1,0 +1,62 @@
+"""A submission's inputs, sent to `orbit server`: the task shaped and its files gathered here,
+where they are (the server never reads this machine), packed as one archive and posted with
+the submission; a submit is sent once in effect, however often the line drops."""
+
+from __future__ import annotations
+
+import functools
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from orbit.client.session import M, Session
+from orbit.model.errors import NotFound
+from orbit.model.models import TaskSubmission
+
+
+@functools.cache
+def _tasks() -> Any:
+    """The task plugins, found once, on the first submit."""
+    from orbit.core.tasks import TaskRegistry
+
+    return TaskRegistry()
+
+
+def upload(
+    session: Session,
+    model: type[M],
+    path: str,
+    submission: TaskSubmission,
+    base_dir: Path,
+    source: str,
+    makes_run: bool = False,
+) -> M:
+    """Shape the task and gather its inputs here, where its files are, and send them
+    (once, in effect, when it `makes_run`: see Session.send_once)."""
+    from orbit.core.control.submit import gather_inputs
+
+    with tempfile.TemporaryDirectory(prefix="orbit-submit-") as scratch:
+        inputs = Path(scratch) / "inputs"
+        shaped = gather_inputs(_tasks(), submission, base_dir, source, inputs)
+        archive = Path(scratch) / "inputs.tar.gz"
+        with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+            tar.add(inputs, arcname=".")
+        form = {
+            "submission": submission.model_dump_json(exclude_unset=True),
+            "shaped": shaped.model_dump_json(),
+            "source": source,
+        }
+        with archive.open("rb") as data:
+            files = {"inputs": ("inputs.tar.gz", data, "application/gzip")}
+            try:
+                if makes_run:
+                    rewind = functools.partial(data.seek, 0)
+                    response = session.send_once("POST", path, rewind, data=form, files=files)
+                else:
+                    response = session.send("POST", path, data=form, files=files)
+            except NotFound as exc:
+                if not str(exc).startswith("unknown template"):
+                    raise
+                raise NotFound(f"{exc}; templates are the server's ({session.url})") from None
+    return model.model_validate_json(response.content)

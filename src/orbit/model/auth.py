@@ -1,0 +1,106 @@
+"""Who may do what: users' roles, API tokens, and the rule table between the two. Pure records
+and functions (stdlib and pydantic): the store keeps users and token hashes, the server asks."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from pydantic import Field
+
+from orbit.model.errors import InvalidInput
+from orbit.model.models import Record
+
+
+class Role(StrEnum):
+    ADMIN = "admin"  # everything, users and hosts included
+    MEMBER = "member"  # submits runs, and controls its own
+    VIEWER = "viewer"  # reads
+
+
+TOKEN_PREFIX = "orbit_"  # says what a leaked string is (secret scanners look for prefixes)
+TOKEN_BYTES = 32
+
+# "read": everyone (collecting a run's artifacts is reading it); "submit": members and admins
+# (a replay is a new run of the replayer's own); "control" (cancel, retry, leftovers of a run):
+# admins, and members for their own runs; "admin" (users, other users'
+# tokens, hosts add/remove/check): admins only
+ACTIONS = frozenset({"read", "submit", "control", "admin"})
+
+_DURATION = re.compile(r"([0-9]+)([smhdw])")
+MAX_DURATION = timedelta(days=100 * 365)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def new_token(prefix: str = TOKEN_PREFIX) -> str:
+    """A new API token (or, with another prefix, a join token or node credential): the
+    prefix and 32 random bytes, URL-safe."""
+    return prefix + secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def token_hash(token: str) -> str:
+    """What the store keeps of a token: its sha256, hex. A token is 256 random bits, not a
+    password, so no slow, salted hash is needed: nothing can be guessed, and the store can
+    find a token by its hash in one indexed lookup."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def parse_duration(text: str, field: str) -> timedelta:
+    """`30d`, `12h`, `45m`, `3600s` or `2w`: more than nothing, and at most MAX_DURATION (so
+    that now + it is still a date)."""
+    found = _DURATION.fullmatch(text.strip())
+    if found:
+        seconds = int(found.group(1)) * _UNIT_SECONDS[found.group(2)]
+        if 0 < seconds <= MAX_DURATION.total_seconds():
+            return timedelta(seconds=seconds)
+    raise InvalidInput(f"{field}: expected a duration like 30d, 12h or 45m, got {text!r}")
+
+
+def can(role: Role, action: str, *, own: bool = True) -> bool:
+    """Whether `role` may do `action` (one of ACTIONS); `own`: the run is the caller's own.
+    An unknown action is a bug in the caller, not a refusal: it raises ValueError."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r} (one of {sorted(ACTIONS)})")
+    role = Role(role)
+    if role is Role.ADMIN or action == "read":
+        return True
+    if role is Role.MEMBER:
+        return action == "submit" or (action == "control" and own)
+    return False
+
+
+class UserRecord(Record):
+    id: str
+    name: str
+    role: Role
+    created_at: datetime
+    created_by: str
+
+
+class TokenRecord(Record):
+    """A token as the store lists it: never its hash, and never the token itself."""
+
+    id: str
+    user: str  # the user's name
+    name: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+    def active_at(self, at: datetime) -> bool:
+        """Not revoked, and not expired at `at`."""
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > at)
+
+
+class NewToken(Record):
+    """A token just made: the plain token, shown once, and its record."""
+
+    token: str = Field(repr=False)  # kept out of reprs, and so out of logs and tracebacks
+    record: TokenRecord
+    # its expiry was brought forward to that of the token that made it (a token cannot
+    # outlive its maker)
+    clamped: bool = False

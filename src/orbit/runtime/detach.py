@@ -1,0 +1,84 @@
+"""How the runtime wrapper starts: its command line, read by hand, and the double fork into a
+new session that lets the attempt outlive the shell, the SSH connection or the CLI that started
+it. It travels inside the bundle beside the wrapper (scripts/orbit_detach.py) and needs nothing
+but python3's standard library.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # as mypy reads it
+    from orbit.runtime import sidecars
+else:
+    try:  # in a bundle: beside this file in scripts/
+        import orbit_sidecars as sidecars
+    except ImportError:  # as part of the orbit package
+        from orbit.runtime import sidecars
+
+
+def detach(bundle: str) -> int:
+    """Double fork into a new session, so the attempt outlives the shell, the SSH connection or
+    the CLI that started it. The first process returns once the wrapper has written its pid.
+    The pid of that first process (it may still be printing the wrapper's)."""
+    runtime = os.path.join(os.path.abspath(bundle), "runtime")
+    pid_file = os.path.join(runtime, "pid")
+    os.makedirs(runtime, exist_ok=True)
+    # A wrapper that already runs keeps its pid file (a cancel needs it): refuse at once.
+    with open(os.path.join(runtime, "lock"), "a+", opener=sidecars.nofollow) as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.exit(f"orbit wrapper: {bundle} is already running (runtime/lock is held)")
+        if os.path.exists(pid_file):
+            os.unlink(pid_file)
+    launcher = os.getpid()
+    first = os.fork()
+    if first > 0:
+        os.waitpid(first, 0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with open(pid_file, encoding="utf-8") as f:
+                    pid = f.read().strip()
+                if pid:
+                    print(pid)
+                    sys.exit(0)
+            except FileNotFoundError:
+                pass
+            time.sleep(0.01)
+        sys.exit("orbit wrapper: the detached wrapper did not start (see runtime/wrapper.err)")
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    err = sidecars.nofollow(
+        os.path.join(runtime, "wrapper.err"), os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    )
+    os.dup2(devnull, 0)
+    os.dup2(err, 1)
+    os.dup2(err, 2)
+    return launcher
+
+
+def parse_args(argv: list[str]) -> tuple[str, bool] | None:
+    """`--bundle PATH` and `--detach`, read by hand: argparse, and the re and gettext it
+    imports, cost ~10 ms of every attempt's start. None for anything else (argparse reads
+    it then: abbreviations, --help, errors). The bundle defaults to this file's folder's
+    parent (scripts/.., as the wrapper's own)."""
+    bundle, detached, rest = None, False, list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--detach":
+            detached = True
+        elif arg == "--bundle" and rest:
+            bundle = rest.pop(0)
+        elif arg.startswith("--bundle="):
+            bundle = arg.split("=", 1)[1]
+        else:
+            return None
+    return (bundle or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), detached)

@@ -1,0 +1,100 @@
+"""What runs beside the agents' requests: the Mailbox wakes a node's long-poll when a command
+is queued for it (at once in this process, within a second from another), and Heartbeats
+writes the last-seen times it gathers in one transaction a second."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from datetime import UTC, datetime
+
+from orbit.core.control.service import CoreControlService
+from orbit.core.execution.backends import pool_nodes
+
+log = logging.getLogger("orbit.server.agents")
+
+WATCH_EVERY_S = 0.5  # how often queues other processes filled are looked for
+FLUSH_EVERY_S = 1.0  # how often gathered heartbeats are written
+
+
+class Mailbox:
+    """Wakes a node's long-poll when a command is queued for it."""
+
+    def __init__(self, service: CoreControlService) -> None:
+        self.service = service
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.events: dict[str, asyncio.Event] = {}
+        self.seen_seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="agent-mailbox", daemon=True)
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        with contextlib.suppress(Exception):
+            self.seen_seq = self.service.store.pending_nodes(0)[1]
+        pool_nodes.wake_hooks.append(self.wake)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(ValueError):
+            pool_nodes.wake_hooks.remove(self.wake)
+
+    def event(self, node_id: str) -> asyncio.Event:
+        return self.events.setdefault(node_id, asyncio.Event())
+
+    def wake(self, node_id: str) -> None:
+        """Thread-safe."""
+        if self.loop is None:
+            return
+        self.loop.call_soon_threadsafe(lambda: self.event(node_id).set())
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_EVERY_S):
+            try:
+                nodes, self.seen_seq = self.service.store.pending_nodes(self.seen_seq)
+            except Exception:  # the store is away: look again next time
+                continue
+            for node_id in nodes:
+                self.wake(node_id)
+
+
+class Heartbeats:
+    """Last-seen times gathered in memory and written once a second (one transaction for all
+    nodes, not one per heartbeat)."""
+
+    def __init__(self, service: CoreControlService) -> None:
+        self.service = service
+        self.pending: dict[str, datetime] = {}
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agent-heartbeats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+    def seen(self, node_id: str) -> None:
+        with self.lock:
+            self.pending[node_id] = datetime.now(UTC)
+
+    def flush(self) -> None:
+        with self.lock:
+            batch, self.pending = self.pending, {}
+        if batch:
+            try:
+                self.service.store.nodes_seen(batch)
+            except Exception:
+                log.warning("heartbeats not written (the store?): kept for the next flush")
+                with self.lock:
+                    self.pending = {**batch, **self.pending}
+
+    def _run(self) -> None:
+        while not self._stop.wait(FLUSH_EVERY_S):
+            self.flush()

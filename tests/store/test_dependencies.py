@@ -1,0 +1,99 @@
+"""Run dependencies in the store, on SQLite and PostgreSQL: a held attempt stays out of the
+scheduler's queue and of the free-node wake-ups; the end of a run it waits for (and only its
+end, not an end that opens an automatic retry) makes it due at once; a hold is refused when the
+dependencies ended meanwhile or another process claimed the attempt."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from orbit.model.dependencies import Needed
+from orbit.model.models import FailureReason, RunState
+from orbit.model.records import RunRecord
+from orbit.store import Store
+from orbit.store.attempt_leases import wake_waiting_for_nodes
+from orbit.store.attempt_states import AutoRetry
+from orbit.store.dependencies import Hold
+from tests.store.test_repository import ACTOR
+
+LATER = timedelta(minutes=5)
+
+
+def pool_run(store: Store, after: dict[str, list[str]] | None = None) -> RunRecord:
+    experiment = store.find_experiment("pipe") or store.create_experiment("pipe", ACTOR)
+    return store.create_run(
+        experiment_id=experiment.id,
+        task_type="command",
+        template_id="pool",
+        bundle_digest="d" * 64,
+        submission={"task_type": "command", "task_request": {}, "after": after},
+        request={"template_id": "pool", "placement": {"kind": "agent_pool"}},
+        target=None,
+        backend_key="agent_pool_host_process",
+        actor=ACTOR,
+    )
+
+
+def test_a_held_attempt_is_left_out_until_what_it_waits_for_ends(store: Store) -> None:
+    first, other = pool_run(store), pool_run(store)
+    then = pool_run(store, {"ok": [first.id], "any": [other.id]})
+    assert store.dependencies(then.id) == [
+        Needed(first.id, "ok", RunState.PREPARED),
+        Needed(other.id, "any", RunState.PREPARED),
+    ]
+    now = datetime.now(UTC)
+    said = f"waiting for {first.id}"
+    assert store.hold_attempt(then.current.id, then.id, "me", said, now + LATER) is Hold.HELD
+    held = store.get_attempt(then.current.id)
+    assert held.held == "after" and held.message == said and held.not_before == now + LATER
+    # not in the scheduler's queue, and a freed slot wakes the others, never it
+    pending = {row["id"] for row in store.scheduler_rows(now).pending}
+    assert then.current.id not in pending and first.current.id in pending
+    with store._write() as tx:
+        wake_waiting_for_nodes(tx, now, count=10)
+    assert store.get_attempt(then.current.id).not_before == now + LATER
+
+    # an end that opens an automatic retry is not the run's end: it stays held
+    store.move_attempt(
+        first.current.id,
+        RunState.FAILED,
+        actor=ACTOR,
+        reason=FailureReason.NODE_LOST,
+        retry=AutoRetry(not_before=now + LATER),
+    )
+    assert store.get_attempt(then.current.id).not_before == now + LATER
+    assert store.dependencies(then.id)[0].state is RunState.PREPARED  # its new attempt
+    # the run's end makes it due at once
+    retried = store.get_run(first.id).current
+    store.move_attempt(retried.id, RunState.SUCCEEDED, actor=ACTOR)
+    woken = store.get_attempt(then.current.id)
+    assert woken.held == "after" and woken.not_before is not None
+    assert woken.not_before <= datetime.now(UTC)
+    # held again while `other` runs; once it has ended too, a hold is refused: judge again
+    assert store.hold_attempt(then.current.id, then.id, "me", said, now + LATER) is Hold.HELD
+    store.move_attempt(
+        other.current.id, RunState.TERMINATED, actor=ACTOR, reason=FailureReason.CANCELLED
+    )
+    assert store.hold_attempt(then.current.id, then.id, "me", said, now + LATER) is Hold.ENDED
+    store.release_hold(then.current.id)
+    released = store.get_attempt(then.current.id)
+    assert released.held is None and released.not_before is None and released.message is None
+    assert then.current.id in {row["id"] for row in store.scheduler_rows(now).pending}
+
+
+def test_a_hold_never_takes_an_attempt_another_process_claimed_or_that_moved_on(
+    store: Store,
+) -> None:
+    first = pool_run(store)
+    then = pool_run(store, {"ok": [first.id]})
+    until = datetime.now(UTC) + LATER
+    assert store.claim_launch(then.current.id, "other", until, expect=None)
+    assert store.hold_attempt(then.current.id, then.id, "me", "x", until) is Hold.GONE
+    assert store.hold_attempt(then.current.id, then.id, "other", "x", until) is Hold.HELD
+    assert store.get_attempt(then.current.id).lease_owner is None  # its claim given up
+    store.move_attempt(
+        then.current.id, RunState.TERMINATED, actor=ACTOR, reason=FailureReason.CANCELLED
+    )
+    ended = store.get_attempt(then.current.id)
+    assert ended.held is None  # an ended attempt is held by nothing
+    assert store.hold_attempt(then.current.id, then.id, "me", "x", until) is Hold.GONE

@@ -1,0 +1,74 @@
+"""Runs by who submitted them and where their current attempt is, on SQLite and PostgreSQL:
+an agent node (by name or id, any rank of a gang), an SSH host or cluster (the attempt's
+target), and the attempt's node named in its record; on SQLite, read through the indexes."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from orbit.model.auth import token_hash
+from orbit.model.models import FailureReason, RunState
+from orbit.model.records import RunRecord
+from orbit.store import Store
+from orbit.store.run_queries import RUN_COLUMNS, RUNS_FROM, runs_filter
+
+
+def run(store: Store, experiment: str, actor: str, target: str | None, key: str) -> RunRecord:
+    return store.create_run(
+        experiment_id=experiment, task_type="command", template_id="t",
+        bundle_digest="0" * 64, submission={}, request={}, target=target,
+        backend_key=key, actor=actor,
+    )  # fmt: skip
+
+
+def test_runs_are_found_by_their_user_and_where_their_current_attempt_is(store: Store) -> None:
+    store.create_join_token(token_hash("join"), {}, None, "tests")
+    a, b = (
+        store.register_node(token_hash("join"), n, {}, 8, {}, token_hash(f"cred-{n}"))
+        for n in ("gpu-a", "gpu-b")
+    )
+    e = store.create_experiment("e", "tests").id
+    mias = run(store, e, "mia", None, "agent_pool_host_process")
+    store.assign_attempt(mias.current.id, a.id, {"indices": []}, {"kind": "start"}, "t")
+    gang = run(store, e, "ben", None, "agent_pool_host_process")
+    ranks = [(a.id, {"indices": []}, {"kind": "start"}), (b.id, {"indices": []}, {"kind": "start"})]
+    assert store.assign_gang(gang.current.id, ranks, "t") is not None
+    rented = run(store, e, "mia", "h100-a", "ssh_host_process")
+    moved = run(store, e, "ben", None, "agent_pool_host_process")  # was on gpu-b, retried
+    store.assign_attempt(moved.current.id, b.id, {"indices": []}, {"kind": "start"}, "t")
+    store.move_attempt(moved.current.id, RunState.FAILED, actor="t", reason=FailureReason.NODE_LOST)
+    store.add_attempt(
+        moved.id, target="h100-a", backend_key="ssh_host_process", trigger="retry", actor="t"
+    )
+
+    def found(**filters: str) -> set[str]:
+        listed = {r.id for r in store.list_runs(**filters)}  # type: ignore[arg-type]
+        assert store.count_runs(**filters) == len(listed)  # type: ignore[arg-type]
+        return listed
+
+    assert found(user="mia") == {mias.id, rented.id}
+    assert found(node="gpu-a") == {mias.id, gang.id}
+    assert found(node=a.id) == {mias.id, gang.id}
+    assert found(node="gpu-b") == {gang.id}  # rank 1 there; `moved` is elsewhere now
+    assert found(node="h100-a") == {rented.id, moved.id}
+    assert found(node="h100-a", user="ben") == {moved.id}
+    assert found(node="nowhere") == set()
+    shown = {r.id: r.current for r in store.list_runs()}
+    assert shown[mias.id].where == "gpu-a" and shown[gang.id].where == "gpu-a+gpu-b"
+    assert shown[moved.id].where == "h100-a" and store.get_run(mias.id).current.node == "gpu-a"
+
+
+def test_the_filters_read_through_indexes(store: Store) -> None:
+    if not store.url.startswith("sqlite"):
+        return  # PostgreSQL plans by its statistics: an empty table is read whole anyway
+    path = store.url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        for user, node, index in (
+            ("mia", None, "ix_runs_created_by_created_at"),
+            (None, "gpu-a", "ix_attempts_target"),
+            (None, "gpu-a", "ix_attempts_node_id"),
+        ):
+            where, params = runs_filter(None, None, user, node)
+            sql = f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM}{where} ORDER BY r.created_at DESC"
+            plan = " ".join(str(row) for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+            assert index in plan, plan
