@@ -8,10 +8,12 @@ next launch where they cannot). Real `orbit server` and `orbit agent` processes 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -326,8 +328,10 @@ def _processes_of(uid: int) -> list[int]:
                 status = (entry / "status").read_text()
             except OSError:
                 continue
-            uids = next(line for line in status.splitlines() if line.startswith("Uid:"))
-            if str(uid) in uids.split()[1:]:
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            # a process killed and not yet reaped by pid 1 (its parent, being an orphan)
+            # is a zombie: it runs nothing, and pid 1 takes its time on a loaded machine
+            if fields["State"].split()[0] not in ("Z", "X") and str(uid) in fields["Uid"].split():
                 found.append(int(entry.name))
     return found
 
@@ -389,3 +393,30 @@ def test_a_task_that_stops_its_wrapper_and_blocks_its_stop_request_is_still_canc
     assert ended(orbit_server, run_id)["attempts"][-1]["state"] in ("terminated", "failed")
     after = submit(orbit_server.env(), tmp_path, "echo still working")
     assert ended(orbit_server, after)["attempts"][-1]["state"] == "succeeded"
+
+
+def test_a_task_user_whose_last_process_waits_to_be_reaped_is_free_again(tmp_path: Path) -> None:
+    """A task's orphan killed at its attempt's end is a zombie until pid 1 reaps it, which a
+    loaded machine puts off for seconds: that dead process keeps no user taken, while a live
+    one does."""
+    from orbit.agent.isolation import TaskUsers
+
+    uid = FIRST_UID + 50
+    users = TaskUsers(range(uid, uid + 1))
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        os.setuid(uid)
+        signal.pause()
+    try:
+        eventually(lambda: str(uid) in Path(f"/proc/{child}/status").read_text(), 10)
+        with pytest.raises(RuntimeError, match="no free task uid"):
+            users.take("alive")
+        os.kill(child, signal.SIGKILL)
+        eventually(lambda: "zombie" in Path(f"/proc/{child}/status").read_text(), 10)
+        assert users.take("after") == uid  # the zombie still there: nothing reaped it yet
+        users.give_back("after", tmp_path)
+        assert Path(f"/proc/{child}").exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)

@@ -235,14 +235,18 @@ def _named(uid: int) -> bool:
 
 
 def _processes_of(uid: int) -> list[int]:
-    """The processes with `uid` among their real, effective, saved or file-system uids, by
-    /proc/PID/status (its folder's owner would miss a process made non-dumpable)."""
+    """The live processes with `uid` among their real, effective, saved or file-system uids,
+    by /proc/PID/status (its folder's owner would miss a process made non-dumpable). A zombie
+    is not one: it runs nothing and holds nothing, and it stays until its parent reaps it,
+    which for an orphan is pid 1, whenever that gets to it (seconds on a loaded machine)."""
     found, want = [], str(uid)
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         with contextlib.suppress(OSError), open(f"/proc/{name}/status", encoding="ascii") as f:
             for line in f:
+                if line.startswith("State:") and line.split()[1] in ("Z", "X"):
+                    break
                 if line.startswith("Uid:"):
                     if want in line.split()[1:]:
                         found.append(int(name))
@@ -251,7 +255,7 @@ def _processes_of(uid: int) -> list[int]:
 
 
 def kill_user(uid: int) -> None:
-    """SIGKILL every process of `uid` until none is left (it may fork meanwhile)."""
+    """SIGKILL every process of `uid` until none is left alive (it may fork meanwhile)."""
     for _ in range(50):
         pids = _processes_of(uid)
         if not pids:
