@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from orbit.model.models import ExecutionRequest, LaunchMode, Placement, Resources, TaskSubmission
+
 T = TypeVar("T")
 ORBIT = [sys.executable, "-m", "orbit"]
 HAVE_PROC = Path("/proc/self/stat").exists()
@@ -104,3 +106,34 @@ def sqlite_env(orbit_home: Path, database: Path) -> dict[str, str]:
         "ORBIT_DATABASE_URL": f"sqlite:///{database}",
         "COLUMNS": "200",
     }
+
+
+def a_request(
+    backend_key: str = "local_host_process", target: str | None = None, **fields: Any
+) -> ExecutionRequest:
+    """A whole execution request for a run a test writes into the store itself: its
+    placement and launch mode are `backend_key`'s (`agent_pool_host_process`, say)."""
+    mode = "docker" if backend_key.endswith("_docker") else "host_process"
+    placement = backend_key.removesuffix(f"_{mode}")
+    return ExecutionRequest(
+        template_id=fields.pop("template_id", "local"),
+        placement=Placement(kind=placement),
+        launch_mode=LaunchMode(kind=mode),
+        target=target,
+        detach=fields.pop("detach", True),
+        resources=fields.pop("resources", Resources()),
+        runtime_env=fields.pop("runtime_env", {}),
+        stop_grace_s=fields.pop("stop_grace_s", 10.0),
+        **fields,
+    )
+
+
+def a_submission(**fields: Any) -> TaskSubmission:
+    """A submission for a run a test writes into the store itself (`true` as a command)."""
+    return TaskSubmission(
+        experiment_id=fields.pop("experiment_id", "exp-tests"),
+        task_type=fields.pop("task_type", "command"),
+        task_request=fields.pop("task_request", {"command": "true"}),
+        template_id=fields.pop("template_id", "local"),
+        **fields,
+    )

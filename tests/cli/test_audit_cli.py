@@ -17,6 +17,7 @@ from orbit.model.audit_key import load_audit_key
 from orbit.model.models import RunState
 from orbit.model.records import AuditEvent
 from orbit.store import Store
+from tests.helpers import a_request, a_submission
 from tests.orbit_server import Server
 from tests.store.raw import execute
 from tests.store.test_audit_keyed import rehash_from
@@ -45,10 +46,8 @@ def filled(store_url: str, orbit_home: Path) -> Iterator[tuple[Store, str]]:
         task_type="command",
         template_id="local",
         bundle_digest="d" * 64,
-        submission={"task_type": "command"},
-        request={"template_id": "local"},
-        target="localhost",
-        backend_key="local_host_process",
+        submission=a_submission(),
+        request=a_request(target="localhost"),
         actor="alice",
     )
     for to in (RunState.SUBMITTED, RunState.RUNNING, RunState.SUCCEEDED):

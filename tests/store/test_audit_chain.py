@@ -28,6 +28,7 @@ from orbit.store.audit import append_event
 from orbit.store.schema import HEAD_REVISION, alembic_config, alembic_engine, current_revision
 from orbit.store.sql import Database
 from orbit.store.tables import Base
+from tests.helpers import a_request, a_submission
 from tests.store.raw import execute, query
 
 ACTOR = "tester"
@@ -134,10 +135,8 @@ def busy_store(store: Store) -> None:
         task_type="command",
         template_id="local",
         bundle_digest="d" * 64,
-        submission={"task_type": "command"},
-        request={"template_id": "local"},
-        target="localhost",
-        backend_key="local_host_process",
+        submission=a_submission(),
+        request=a_request(target="localhost"),
         actor=ACTOR,
     )
     aid = run.current.id

@@ -14,6 +14,7 @@ from orbit.store import Store
 from orbit.store.attempt_leases import wake_waiting_for_nodes
 from orbit.store.attempt_states import AutoRetry
 from orbit.store.dependencies import Hold
+from tests.helpers import a_request, a_submission
 from tests.store.test_repository import ACTOR
 
 LATER = timedelta(minutes=5)
@@ -26,10 +27,8 @@ def pool_run(store: Store, after: dict[str, list[str]] | None = None) -> RunReco
         task_type="command",
         template_id="pool",
         bundle_digest="d" * 64,
-        submission={"task_type": "command", "task_request": {}, "after": after},
-        request={"template_id": "pool", "placement": {"kind": "agent_pool"}},
-        target=None,
-        backend_key="agent_pool_host_process",
+        submission=a_submission(after=after),
+        request=a_request("agent_pool_host_process", template_id="pool"),
         actor=ACTOR,
     )
 

@@ -10,6 +10,7 @@ from orbit.model.errors import Refused
 from orbit.model.models import FailureReason, RunState
 from orbit.store import Store
 from orbit.store.sql import read_json
+from tests.helpers import a_request, a_submission
 
 
 def test_a_nodes_lookup_holds_its_own_attempts_and_gpus_only(store: Store) -> None:
@@ -25,8 +26,8 @@ def test_a_nodes_lookup_holds_its_own_attempts_and_gpus_only(store: Store) -> No
     for i, node in enumerate([nodes[0], nodes[1], nodes[1], nodes[0], nodes[1]]):
         run = store.create_run(
             experiment_id=experiment, task_type="command", template_id="pool",
-            bundle_digest="0" * 64, submission={}, request={}, target=None,
-            backend_key="agent_pool_host_process", actor="tests",
+            bundle_digest="0" * 64, submission=a_submission(),
+            request=a_request("agent_pool_host_process"), actor="tests",
         )  # fmt: skip
         gpus = {"indices": [i], "memory_gb": 0.0}
         assert store.assign_attempt(run.current.id, node.id, gpus, {"kind": "start"}, "t")
@@ -57,8 +58,8 @@ def test_an_attempt_is_placed_once_however_many_launchers_try(store: Store) -> N
     experiment = store.create_experiment("e", "tests").id
     run = store.create_run(
         experiment_id=experiment, task_type="command", template_id="pool",
-        bundle_digest="0" * 64, submission={}, request={}, target=None,
-        backend_key="agent_pool_host_process", actor="tests",
+        bundle_digest="0" * 64, submission=a_submission(),
+        request=a_request("agent_pool_host_process"), actor="tests",
     )  # fmt: skip
     gpus = {"indices": [], "memory_gb": 0.0}
     placed = store.assign_attempt(run.current.id, x.id, gpus, {"kind": "start"}, "t")
@@ -84,8 +85,8 @@ def test_a_placement_is_checked_against_the_node_as_it_is_now(store: Store) -> N
     def attempt() -> str:
         run = store.create_run(
             experiment_id=experiment, task_type="command", template_id="pool",
-            bundle_digest="0" * 64, submission={}, request={}, target=None,
-            backend_key="agent_pool_host_process", actor="tests",
+            bundle_digest="0" * 64, submission=a_submission(),
+            request=a_request("agent_pool_host_process"), actor="tests",
         )  # fmt: skip
         return run.current.id
 

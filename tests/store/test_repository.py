@@ -11,11 +11,12 @@ import pytest
 
 import orbit.store.base as base
 from orbit.model.errors import IllegalTransition, InvalidInput, NotFound
-from orbit.model.models import FailureReason, RunState
+from orbit.model.models import FailureReason, Resources, RunState
 from orbit.model.records import AttemptRecord, AuditEvent, RunRecord
 from orbit.store import Store
 from orbit.store.attempt_states import AutoRetry
 from orbit.store.schema import HEAD_REVISION
+from tests.helpers import a_request, a_submission
 from tests.store.raw import query, table_names
 
 S = RunState
@@ -29,10 +30,8 @@ def make_run(store: Store, experiment_id: str, *, digest: str = "d" * 64) -> Run
         task_type="command",
         template_id="local",
         bundle_digest=digest,
-        submission={"task_type": "command", "task_request": {"command": "true"}},
-        request={"template_id": "local", "resources": {"gpu_count": 0}},
-        target="localhost",
-        backend_key="local_host_process",
+        submission=a_submission(),
+        request=a_request(target="localhost", resources=Resources(gpu_count=2)),
         actor=ACTOR,
     )
 
@@ -131,8 +130,10 @@ def test_create_run_and_move_attempt(store: Store) -> None:
     assert run.id.startswith("run-")
     assert run.experiment_name == "e"
     assert run.bundle_digest == "d" * 64
-    assert run.submission["task_request"] == {"command": "true"}
-    assert run.request["resources"] == {"gpu_count": 0}
+    assert run.submission.task_request == {"command": "true"}
+    # the request comes back as the record it went in as, read from its column once
+    assert run.request == a_request(target="localhost", resources=Resources(gpu_count=2))
+    assert run.request.resources.gpu_count == 2 and run.request.backend_key == "local_host_process"
     assert run.created_by == ACTOR
     assert [a.number for a in run.attempts] == [1]
     first = run.current

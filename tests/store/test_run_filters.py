@@ -11,13 +11,14 @@ from orbit.model.models import FailureReason, RunState
 from orbit.model.records import RunRecord
 from orbit.store import Store
 from orbit.store.run_queries import RUN_COLUMNS, RUNS_FROM, runs_filter
+from tests.helpers import a_request, a_submission
 
 
 def run(store: Store, experiment: str, actor: str, target: str | None, key: str) -> RunRecord:
     return store.create_run(
         experiment_id=experiment, task_type="command", template_id="t",
-        bundle_digest="0" * 64, submission={}, request={}, target=target,
-        backend_key=key, actor=actor,
+        bundle_digest="0" * 64, submission=a_submission(),
+        request=a_request(key, target), actor=actor,
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ errors, and eight processes opening a new store at once."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -83,9 +84,8 @@ def test_sqlite_keeps_the_formats_sqlalchemy_wrote(tmp_path: Path) -> None:
         store.move_attempt(run.current.id, S.FAILED, actor=ACTOR, reason=FailureReason.NODE_LOST)
         [row] = query(store, "SELECT created_at, submission FROM runs")
         assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}", row["created_at"])
-        assert row["submission"] == (
-            '{"task_type": "command", "task_request": {"command": "true"}}'
-        )
+        assert isinstance(row["submission"], str)  # JSON as text
+        assert json.loads(row["submission"]) == run.submission.model_dump(mode="json")
         [attempt] = query(store, "SELECT finished_at, handle, cancel_requested FROM attempts")
         assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}", attempt["finished_at"])
         assert attempt["handle"] is None and attempt["cancel_requested"] == 0
@@ -120,7 +120,7 @@ def test_a_time_written_in_another_zone_reads_back_as_the_same_instant(store: St
 EVERYTHING = """
 import sys
 from orbit.model.hosts import HostSpec
-from orbit.model.models import FailureReason, RunState as S
+from orbit.model.models import ExecutionRequest, FailureReason, RunState as S, TaskSubmission
 from orbit.store import Store
 
 store = Store(sys.argv[1])
@@ -128,7 +128,12 @@ exp = store.create_experiment("fast", "t")
 store.find_experiment("fast"), store.list_experiments()
 run = store.create_run(
     experiment_id=exp.id, task_type="command", template_id="local", bundle_digest="d" * 64,
-    submission={}, request={}, target="h", backend_key="local_host_process", actor="t",
+    actor="t", submission=TaskSubmission(
+        experiment_id=exp.id, task_type="command", task_request={}, template_id="local",
+    ), request=ExecutionRequest(
+        template_id="local", placement={"kind": "local"}, launch_mode={"kind": "host_process"},
+        target="h", detach=True, resources={}, runtime_env={}, stop_grace_s=10,
+    ),
 )
 aid = run.current.id
 store.move_attempt(aid, S.SUBMITTED, actor="t")

@@ -13,6 +13,7 @@ import pytest
 from orbit.store import Store
 from orbit.store.base import utcnow
 from orbit.store.submit_keys import KEEP, KeyTaken, SubmitKey
+from tests.helpers import a_request, a_submission
 from tests.store.raw import execute, query
 from tests.store.test_repository import ACTOR
 
@@ -23,10 +24,8 @@ def create(store: Store, experiment_id: str, key: SubmitKey | None) -> str:
         task_type="command",
         template_id="local",
         bundle_digest="d" * 64,
-        submission={"task_type": "command", "task_request": {"command": "true"}},
-        request={"template_id": "local", "resources": {"gpu_count": 0}},
-        target="localhost",
-        backend_key="local_host_process",
+        submission=a_submission(),
+        request=a_request(target="localhost"),
         actor=ACTOR,
         key=key,
     ).id

@@ -110,8 +110,8 @@ def run_json(view: RunView) -> dict[str, Any]:
         "created_at": run.created_at.isoformat(),
         "created_by": run.created_by,
         "replay_of": run.replay_of,
-        "request": run.request,
-        "submission": run.submission,
+        "request": run.request.model_dump(mode="json"),
+        "submission": run.submission.model_dump(mode="json"),
         "attempts": attempts,
         "progress": view.progress.model_dump(mode="json") if view.progress else None,
         "provenance": view.provenance,
@@ -180,8 +180,10 @@ def show_run(console: Printer, view: RunView) -> None:
         rows.append(("image", image))
     if run.replay_of:
         rows.append(("replays", run.replay_of))
-    after = run.submission.get("after") or {}
-    rows += [(f"after.{k}", ", ".join(after[k])) for k in ("ok", "any") if after.get(k)]
+    after = run.submission.after
+    for kind, runs in (("ok", after.ok), ("any", after.any)) if after else ():
+        if runs:
+            rows.append((f"after.{kind}", ", ".join(runs)))
     rows += storage_rows(view)
     if a.message and view.wait is None:  # a wait says what it waits for as of now
         rows.append(("message", a.message))

@@ -117,7 +117,7 @@ def submit(
         render.show_plan(console, plan)
         return
     run = service().submit_task(submission, base_dir=base_dir, source=str(spec_file))
-    wait = wait or run.request.get("detach") is False  # a template may ask to stay attached
+    wait = wait or not run.request.detach  # a template may ask to stay attached
     if not as_json and not wait:
         console.print(
             f"submitted {paint(run.id, 'bold')} ({run.state}); bundle {run.bundle_digest[:12]}"

@@ -52,11 +52,15 @@ def _facts(ev: Evidence) -> tuple[dict[str, str], dict[str, str]]:
     out["template.id"] = run.template_id
     _flatten(
         "overrides",
-        {k: v for k, v in run.submission.get("overrides", {}).items() if v is not None},
+        {
+            k: v
+            for k, v in run.submission.overrides.model_dump(mode="json").items()
+            if v is not None
+        },
         out,
         secrets,
     )
-    _flatten("resources", run.request.get("resources", {}), out)
+    _flatten("resources", run.request.resources.model_dump(mode="json"), out)
     out["target"] = attempt.target or "-"
     _flatten("env", job.get("env", {}), out, secrets)
     _flatten("launch_mode", job.get("launch_mode", {}), out)

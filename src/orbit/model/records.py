@@ -6,7 +6,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from orbit.model.models import FailureReason, Record, RunHandle, RunState
+from orbit.model.models import (
+    ExecutionRequest,
+    FailureReason,
+    Record,
+    RunHandle,
+    RunState,
+    TaskSubmission,
+)
 
 
 class ExperimentRecord(Record):
@@ -69,8 +76,8 @@ class RunRecord(Record):
     task_type: str
     template_id: str
     bundle_digest: str
-    submission: dict[str, Any]
-    request: dict[str, Any]  # the resolved ExecutionRequest
+    submission: TaskSubmission  # as submitted, its experiment and `after` resolved to ids
+    request: ExecutionRequest  # the template with the submission's overrides applied
     created_at: datetime
     created_by: str
     replay_of: str | None = None  # the run whose bundle this one replays

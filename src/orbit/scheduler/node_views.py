@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import Any
 
 from orbit.model.hosts import HostRecord
-from orbit.model.models import ExecutionRequest
 from orbit.model.nodes import SERVICE_LABEL, NodeRecord, NodeState
 from orbit.model.stored import read_json
 from orbit.scheduler.codec import dumps, node_out
@@ -127,7 +126,7 @@ def hosts_snapshot(
         for row in by_host.get(host.name, ()):
             run = running_of(row, config)
             if not run.gpus and not read_json(row["node_gpus"]):
-                want = asks_of(ExecutionRequest.model_validate(read_json(row["request"])).resources)
+                want = asks_of(row["request"].resources)
                 free = [g.index for g in gpus if g.index not in taken]
                 run = replace(run, gpus=tuple(free[: want[0].gpu.count]))
             taken.update(run.gpus)

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from orbit.model.errors import InvalidInput
-from orbit.model.models import ExecutionRequest, ResourceAlternative, Resources
+from orbit.model.models import ExecutionRequest, ResourceAlternative, Resources, TaskSubmission
 from orbit.model.stored import read_json, read_time
 from orbit.scheduler.model import Ask, Request, Running, SchedConfig
 from orbit.scheduler.resources import GpuAsk, parse_gpu
@@ -114,8 +114,8 @@ def epoch_of(value: datetime | None) -> float:
     return value.timestamp() if value is not None else 0.0
 
 
-def _cache_keys(submission: dict[str, Any]) -> tuple[str, ...]:
-    task = submission.get("task_request") or {}
+def _cache_keys(submission: TaskSubmission) -> tuple[str, ...]:
+    task = submission.task_request
     keys = [task.get(k) for k in ("model", "model_id", "dataset")]
     return tuple(k for k in keys if isinstance(k, str) and k)
 
@@ -124,8 +124,8 @@ def request_of(row: dict[str, Any], config: SchedConfig) -> Request:
     """A waiting attempt (a store row with its run's request) as the scheduler reads it. A
     request that no longer reads (an unknown tier after a config change) is queued as the
     least urgent tier rather than dropped."""
-    request = ExecutionRequest.model_validate(_json(row["request"]))
-    submission = _json(row["submission"]) or {}
+    request: ExecutionRequest = row["request"]
+    submission: TaskSubmission = row["submission"]
     try:
         asks = asks_of(request.resources)
     except InvalidInput:
@@ -167,7 +167,7 @@ def eta_from_progress(
 def running_of(row: dict[str, Any], config: SchedConfig, eta: float | None = None) -> Running:
     """`eta`: when its progress says it will end (eta_from_progress); the end the scheduler
     counts on is the earlier of that and its max_runtime's."""
-    request = ExecutionRequest.model_validate(_json(row["request"]))
+    request: ExecutionRequest = row["request"]
     placed = _json(row["node_gpus"]) or {}
     rank = config.tier_rank(request.priority)
     started = _time(row["started_at"]) or _time(row["created_at"])

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Any
 
-from orbit.model.dependencies import HELD, Needed
+from orbit.model.dependencies import HELD, After, Needed
 from orbit.model.models import FailureReason, RunState
 from orbit.store.base import StoreBase
+from orbit.store.run_queries import with_request
 from orbit.store.sql import Row, Tx, expand
 
 # the current attempt of a run named `alias`.needs: its highest number, rank 0
@@ -30,11 +30,11 @@ class Hold(Enum):
     GONE = "gone"  # the attempt moved on (cancelled, or another process is launching it)
 
 
-def write_dependencies(tx: Tx, run_id: str, after: dict[str, Any] | None) -> None:
+def write_dependencies(tx: Tx, run_id: str, after: After | None) -> None:
     """The runs a new run waits for (its submission's `after`, already resolved to ids)."""
     position = 0
     for kind in ("ok", "any"):
-        for needs in (after or {}).get(kind) or ():
+        for needs in getattr(after, kind) if after else ():
             tx.execute(
                 "INSERT INTO run_dependencies (run_id, needs, kind, position) "
                 "VALUES (:run, :needs, :kind, :pos)",
@@ -123,11 +123,13 @@ class DependenciesMixin(StoreBase):
     def held_attempts(self) -> list[Row]:
         """Every held attempt with its run's request and submission, oldest first."""
         with self._read() as tx:
-            return tx.all(
-                "SELECT a.id, a.run_id, a.created_at, r.request, r.created_by "
-                "FROM attempts a JOIN runs r ON r.id = a.run_id "
-                "WHERE a.held IS NOT NULL AND a.state = :prepared ORDER BY a.created_at, a.id",
-                {"prepared": RunState.PREPARED.value},
+            return with_request(
+                tx.all(
+                    "SELECT a.id, a.run_id, a.created_at, r.request, r.created_by "
+                    "FROM attempts a JOIN runs r ON r.id = a.run_id "
+                    "WHERE a.held IS NOT NULL AND a.state = :prepared ORDER BY a.created_at, a.id",
+                    {"prepared": RunState.PREPARED.value},
+                )
             )
 
     def dependencies_of_runs(self, run_ids: list[str]) -> dict[str, list[Needed]]:

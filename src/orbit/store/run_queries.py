@@ -9,7 +9,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orbit.model.errors import InvalidInput, NotFound
-from orbit.model.models import FailureReason, RunHandle, RunState
+from orbit.model.models import (
+    ExecutionRequest,
+    FailureReason,
+    RunHandle,
+    RunState,
+    TaskSubmission,
+)
 from orbit.model.records import AttemptRecord, RunRecord
 from orbit.store.base import StoreBase
 from orbit.store.sql import Row, Tx, expand, like_prefix, read_json, read_time, read_time_required
@@ -26,6 +32,31 @@ RUN_COLUMNS = (
 )
 RUNS_FROM = "runs r JOIN experiments e ON e.id = r.experiment_id"
 AMBIGUOUS_SHOWN = 5  # matches named when a run id prefix is ambiguous
+
+
+def stored_request(raw: str | dict[str, Any]) -> ExecutionRequest:
+    """A run's request as its column holds it (JSON text, or already a dict where the driver
+    reads JSON): the one place a stored request becomes its record again."""
+    if isinstance(raw, str):
+        return ExecutionRequest.model_validate_json(raw)
+    return ExecutionRequest.model_validate(raw)
+
+
+def stored_submission(raw: str | dict[str, Any]) -> TaskSubmission:
+    """A run's submission as its column holds it, as stored_request."""
+    if isinstance(raw, str):
+        return TaskSubmission.model_validate_json(raw)
+    return TaskSubmission.model_validate(raw)
+
+
+def with_request(rows: list[Row]) -> list[Row]:
+    """`rows` that join their run's request (and its submission, where they read it), each
+    holding them as their records."""
+    for row in rows:
+        row["request"] = stored_request(row["request"])
+        if "submission" in row:
+            row["submission"] = stored_submission(row["submission"])
+    return rows
 
 
 def attempt_record(row: Row) -> AttemptRecord:
@@ -192,8 +223,8 @@ class RunQueriesMixin(StoreBase):
                 task_type=r["task_type"],
                 template_id=r["template_id"],
                 bundle_digest=r["bundle_digest"],
-                submission=read_json(r["submission"]),
-                request=read_json(r["request"]),
+                submission=stored_submission(r["submission"]),
+                request=stored_request(r["request"]),
                 created_at=read_time_required(r["created_at"]),
                 created_by=r["created_by"],
                 replay_of=r["replay_of"],

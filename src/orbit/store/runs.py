@@ -5,10 +5,9 @@ makes it when asked. How an attempt's state changes: orbit.store.attempt_states.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from orbit.model.errors import InvalidInput, NotFound
-from orbit.model.models import RunState
+from orbit.model.models import ExecutionRequest, RunState, TaskSubmission
 from orbit.model.records import AttemptRecord, RunRecord
 from orbit.store import base
 from orbit.store.attempt_leases import Lease, set_launch_claim
@@ -70,10 +69,8 @@ class RunsMixin(RunQueriesMixin):
         task_type: str,
         template_id: str,
         bundle_digest: str,
-        submission: dict[str, Any],
-        request: dict[str, Any],
-        target: str | None,
-        backend_key: str,
+        submission: TaskSubmission,
+        request: ExecutionRequest,
         actor: str,
         replay_of: str | None = None,
         launcher: Lease | None = None,
@@ -98,8 +95,8 @@ class RunsMixin(RunQueriesMixin):
                     "task_type": task_type,
                     "template_id": template_id,
                     "bundle_digest": bundle_digest,
-                    "submission": submission,
-                    "request": request,
+                    "submission": submission.model_dump(mode="json"),
+                    "request": request.model_dump(mode="json"),
                     "created_at": utcnow(),
                     "created_by": actor,
                     "replay_of": replay_of,
@@ -114,8 +111,10 @@ class RunsMixin(RunQueriesMixin):
                 template_id=template_id,
                 task_type=task_type,
             )
-            write_dependencies(tx, run_id, submission.get("after"))
-            attempt_id = insert_attempt(tx, run_id, 1, target, backend_key, "submit", actor)
+            write_dependencies(tx, run_id, submission.after)
+            attempt_id = insert_attempt(
+                tx, run_id, 1, request.target, request.backend_key, "submit", actor
+            )
             set_launch_claim(tx, attempt_id, launcher=launcher, not_before=None)
         return self.get_run(run_id)
 

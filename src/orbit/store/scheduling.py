@@ -17,6 +17,7 @@ from orbit.store.attempt_states import ACTIVE_IN
 from orbit.store.audit import append_event
 from orbit.store.base import StoreBase, utcnow
 from orbit.store.nodes import NODE_COLUMNS, NodesMixin
+from orbit.store.run_queries import with_request
 from orbit.store.sql import Row
 
 PASS_KEEP = timedelta(days=7)  # a pass no decision refers to is kept this long (simulate)
@@ -74,19 +75,21 @@ class SchedulingMixin(NodesMixin, StoreBase):
                 "ORDER BY a.id",
                 {"prepared": RunState.PREPARED.value, "at": at, "no": False},
             )
-        return SchedRows(nodes, placed, pending)
+        return SchedRows(nodes, with_request(placed), with_request(pending))
 
     def on_hosts(self) -> list[Row]:
         """Attempts on registered SSH hosts that have not ended (their host in `target`), with
         their run's request: what counts against a host when runs overflow onto it."""
         with self._read() as tx:
-            return tx.all(
-                "SELECT a.id, a.run_id, a.target, a.node_gpus, a.started_at, a.created_at, "
-                f"a.preempted_by, {_RUN_FIELDS} FROM attempts a JOIN runs r ON r.id = a.run_id "
-                "JOIN experiments e ON e.id = r.experiment_id "
-                f"WHERE a.state IN {ACTIVE_IN} AND a.target IS NOT NULL "
-                "AND (a.backend_key LIKE 'ssh%' OR a.backend_key LIKE 'targon_rental%') "
-                "ORDER BY a.id"
+            return with_request(
+                tx.all(
+                    "SELECT a.id, a.run_id, a.target, a.node_gpus, a.started_at, a.created_at, "
+                    f"a.preempted_by, {_RUN_FIELDS} FROM attempts a JOIN runs r ON r.id = a.run_id "
+                    "JOIN experiments e ON e.id = r.experiment_id "
+                    f"WHERE a.state IN {ACTIVE_IN} AND a.target IS NOT NULL "
+                    "AND (a.backend_key LIKE 'ssh%' OR a.backend_key LIKE 'targon_rental%') "
+                    "ORDER BY a.id"
+                )
             )
 
     def overflow_attempt(

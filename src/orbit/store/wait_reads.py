@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from orbit.model.models import RunState
 from orbit.model.records import AttemptRecord
-from orbit.store.run_queries import ATTEMPT_COLUMNS, attempt_record
-from orbit.store.sql import Row, expand, read_json
+from orbit.store.run_queries import ATTEMPT_COLUMNS, attempt_record, stored_request
+from orbit.store.sql import Row, expand
 
 if TYPE_CHECKING:
     from orbit.store.base import StoreBase
@@ -51,6 +51,5 @@ class WaitReads:
             for start in range(0, len(run_ids), CHUNK):
                 marks, params = expand("r", run_ids[start : start + CHUNK])
                 for run in tx.all(f"SELECT id, request FROM runs WHERE id IN ({marks})", params):
-                    request = read_json(run["request"]) or {}
-                    tiers[run["id"]] = str(request.get("priority") or "normal")
+                    tiers[run["id"]] = stored_request(run["request"]).priority
         return [(attempt_record(r), tiers.get(r["run_id"], "normal")) for r in rows]

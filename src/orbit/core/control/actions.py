@@ -69,7 +69,7 @@ class RunActions(Submitting):
                 message=f"cancel requested; it reaches the host when the host answers: {exc}",
             )
             return self.store.get_run(run.id), None
-        grace = float(run.request.get("stop_grace_s", 10.0))
+        grace = run.request.stop_grace_s
         return run, grace + 5 if wait_s is None else wait_s
 
     def stop_leftovers(self, ref: str) -> int:
@@ -104,7 +104,7 @@ class RunActions(Submitting):
         changed = overrides.model_dump(exclude_unset=True)
         if changed:  # only then is the template needed: a retry works from any folder
             check_whitelist(self.templates.get(run.template_id), overrides)
-        request = ExecutionRequest.model_validate(run.request).model_copy(update=changed)
+        request = run.request.model_copy(update=changed)
         self.execution.backend(request.backend_key).validate(request)
         if changed.get("target"):  # a pool node that does not exist is named as such
             self.check_schedulable(request)
@@ -175,9 +175,7 @@ class RunActions(Submitting):
                 template_id=original.template_id,
                 bundle_digest=original.bundle_digest,
                 submission=original.submission,
-                request=request.model_dump(mode="json"),
-                target=request.target,
-                backend_key=request.backend_key,
+                request=request,
                 actor=self.actor,
                 replay_of=original.id,
                 launcher=self._claim(),

@@ -20,7 +20,7 @@ from orbit.model.dependencies import After, Judgement, failed_message, judge, wa
 from orbit.model.errors import InvalidInput, NotFound, OrbitError
 from orbit.model.models import FailureReason, RunState, RunStatus
 from orbit.store.dependencies import Hold
-from orbit.store.sql import read_json, read_time_required
+from orbit.store.sql import read_time_required
 
 if TYPE_CHECKING:
     from orbit.model.records import AttemptRecord, RunRecord
@@ -66,7 +66,7 @@ class DependencyGate(ServiceBase):
         """Whether the gate keeps the attempt from launching now: held on dependencies still
         to end, failed for one that ended without success, or moved on meanwhile. False: its
         dependencies are met (or it has none), and the launch goes on."""
-        if not run.submission.get("after"):
+        if not run.submission.after:
             return False  # no query for the runs (most) that wait for nothing
         for _ in range(3):  # a dependency ending while it is held: judged again
             found = self._judge(run)
@@ -128,12 +128,11 @@ class DependencyGate(ServiceBase):
         for row in rows:
             waiting = [d for d in needed[row["run_id"]] if not d.ended]
             said = ", ".join(f"{d.run_id} ({d.state}, after.{d.kind})" for d in waiting)
-            request = read_json(row["request"]) or {}
             created = read_time_required(row["created_at"])
             out.append(
                 QueueEntry(
                     run=row["run_id"],
-                    tier=str(request.get("priority") or "-"),
+                    tier=row["request"].priority,
                     position=None,
                     outcome="held",
                     reason=f"waiting for its dependencies: {said or 'ending now'}",

@@ -200,7 +200,7 @@ class Launching(DependencyGate):
     @staticmethod
     def _request_for(run: RunRecord, attempt: AttemptRecord) -> ExecutionRequest:
         """The run's request, aimed at the attempt's own target."""
-        request = ExecutionRequest.model_validate(run.request)
+        request = run.request
         if attempt.target is not None:
             request = request.model_copy(update={"target": attempt.target})
         if request.placement.kind == "agent_pool" and attempt.backend_key.startswith("ssh_"):

@@ -15,7 +15,7 @@ from orbit.core.control.leases import LEASE_S, launcher_id, now
 from orbit.core.control.waiting import WaitsForRuns
 from orbit.core.execution.leftovers import sweep_after_contact
 from orbit.model.errors import NoBackend, OrbitError, Unreachable
-from orbit.model.models import FailureReason, RetryPolicy, RunState, RunStatus
+from orbit.model.models import FailureReason, RunState, RunStatus
 from orbit.model.records import AttemptRecord, RunRecord
 from orbit.model.retry import backoff_delay, should_retry
 from orbit.model.states import ALLOWED
@@ -105,11 +105,11 @@ class Lifecycle(Launching, WaitsForRuns):
     ) -> None:
         """A running attempt past its max_runtime_s is stopped gracefully, once; it ends
         terminated (max_runtime), a reason of its own, and is not retried."""
-        limit = run.request.get("max_runtime_s")
+        limit = run.request.max_runtime_s
         started = status.started_at or attempt.started_at
         if not limit or started is None or attempt.cancel_requested or attempt.handle is None:
             return
-        if (now() - started).total_seconds() < float(limit):
+        if (now() - started).total_seconds() < limit:
             return
         self.store.request_cancel(attempt.id, "orbit")
         self.store.record_event(
@@ -149,7 +149,7 @@ class Lifecycle(Launching, WaitsForRuns):
         attempt to open with the end (launched at once, or once its backoff is over), or
         None. (The store opens none if a cancel was asked for by the time the end is made.)"""
         attempt = run.current
-        policy = RetryPolicy.model_validate(run.submission.get("retry", {}))
+        policy = run.submission.retry
         if status.reason is FailureReason.PREEMPTED and attempt.preempted_by is not None:
             # pushed off by the scheduler: it goes on at once, whatever its retries so far,
             # unless a person cancelled it meanwhile

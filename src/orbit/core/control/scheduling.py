@@ -40,7 +40,6 @@ from orbit.scheduler.plugins import site_checks
 from orbit.scheduler.request_views import check_request, eta_from_progress, request_of
 from orbit.store.base import new_id
 from orbit.store.scheduling import DecisionRow
-from orbit.store.sql import read_json
 
 ETA_EVERY_S = 30.0  # how often a running attempt's progress is read for estimated starts
 PASSES_IN_A_ROW = 3  # a pass asked for during a pass runs after it, at most this many more
@@ -54,8 +53,7 @@ def _overflows(row: dict[str, Any]) -> bool:
     """Whether a waiting run's template lets it overflow (placement.overflow, checked at
     submit by the backend's validate), read from its stored request: request_of has validated
     it whole once this pass already, and a pass may hold thousands."""
-    placement = (read_json(row["request"]) or {}).get("placement") or {}
-    return bool(placement.get("overflow"))
+    return bool(getattr(row["request"].placement, "overflow", False))
 
 
 def gist(record: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from orbit.forensics.progress import Progress
 from orbit.forensics.rundiff import Difference
 from orbit.model.hosts import HostRecord
-from orbit.model.models import ExecutionTemplate, Record
+from orbit.model.models import ExecutionRequest, ExecutionTemplate, Record
 from orbit.model.records import RunRecord
 from orbit.model.storage import RunStorage
 
@@ -97,7 +97,7 @@ class SubmitPlan(Record):
     template_id: str
     backend_key: str
     target: str | None
-    request: dict[str, Any]  # the resolved execution request
+    request: ExecutionRequest  # the template with the submission's overrides applied
     job: dict[str, Any]  # job.json as the bundle would hold it
     bundle_digest: str
     bundle_files: int

@@ -109,9 +109,8 @@ class Sessions:
         if placed is None:
             return
         from orbit.core.execution.backends.base import AttemptContext
-        from orbit.model.models import ExecutionRequest
 
-        request = ExecutionRequest.model_validate(run.request)
+        request = run.request
         gpus = read_json(placed["node_gpus"]) or {}
         context = AttemptContext(run_id=run.id, attempt_id=attempt_id)
         body = agent_pool.start_body(

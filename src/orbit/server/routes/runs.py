@@ -101,8 +101,7 @@ def make_runs_router(
 
     def may_push(who: Caller, run: RunRecord) -> None:
         """A new attempt or run of `run`'s bundle goes where its recorded request says."""
-        placement = run.request.get("placement") or {}
-        who.require_placement(run.template_id, str(placement.get("kind", "")))
+        who.require_placement(run.template_id, run.request.placement.kind)
 
     # -- submitting ----------------------------------------------------------------------
     def _submission(submission: str, shaped: str, source: str) -> tuple[TaskSubmission, ShapedWire]:

@@ -27,6 +27,7 @@ from orbit.model.models import (
     FailureKind,
     FailureReason,
     JobSpec,
+    LaunchMode,
     Resources,
     RunHandle,
     RunState,
@@ -35,6 +36,7 @@ from orbit.model.overrides import resolve
 from orbit.model.records import AttemptRecord, RunRecord
 from orbit.model.task import StagedPath
 from orbit.model.templates import TemplateRegistry, builtin_dir, load_template_file
+from tests.helpers import a_request, a_submission
 
 TEMPLATE = """\
 id: box
@@ -277,8 +279,10 @@ def evidence(run_id: str, image: dict[str, Any] | None, reason: FailureReason | 
         task_type="command",
         template_id="local-docker",
         bundle_digest=run_id * 8,
-        submission={"overrides": {"image": ref}},
-        request={"launch_mode": {"kind": "docker", "image": ref}},
+        submission=a_submission(template_id="local-docker", overrides={"image": ref}),
+        request=a_request("local_docker", "localhost", template_id="local-docker").model_copy(
+            update={"launch_mode": LaunchMode(kind="docker", image=ref)}
+        ),
         created_at=NOW,
         created_by="tester",
         attempts=(attempt,),
