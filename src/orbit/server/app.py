@@ -57,7 +57,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
     scheduler = SchedulerLoop(service, metrics, config.reconcile_every_s) if config.loops else None
     gc_loop = GcLoop(service, config.storage.gc_every_s) if config.loops else None
     if scheduler is not None:
-        service.schedule_hook = scheduler.poke
+        service.pass_wanted.listen(scheduler.poke)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -34,10 +34,13 @@ def server_settings(settings: Settings, config: ServerConfig) -> Settings:
 
 
 def open_service(settings: Settings, config: ServerConfig) -> CoreControlService:
-    service = CoreControlService.from_settings(settings, actor="orbit-server", live_templates=True)
-    service.looks_on_read = not config.loops  # the loops look; reads answer from the store
-    service.retention = config.storage.retention  # the server's rules, not storage.yaml
-    return service
+    return CoreControlService.from_settings(
+        settings,
+        actor="orbit-server",
+        live_templates=True,
+        looks_on_read=not config.loops,  # the loops look; reads answer from the store
+        retention=config.storage.retention,  # the server's rules, not storage.yaml
+    )
 
 
 def bootstrap_admin(service: CoreControlService, token_file: Path) -> Path | None:

@@ -7,18 +7,22 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orbit.model.config import OFFLINE_AFTER_S
 from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.signals import Signal
 
 if TYPE_CHECKING:  # loaded by the commands that use them, not by every command
     from orbit.core.control.host_registry import HostRegistry
+    from orbit.core.execution.backends.pool_nodes import NodeWakes
     from orbit.core.execution.bundle import FrozenBundle
     from orbit.core.execution.service import ExecutionService
     from orbit.core.tasks import TaskRegistry
     from orbit.model.records import AttemptRecord, ExperimentRecord, RunRecord
+    from orbit.model.retention import Retention
     from orbit.model.templates import TemplateRegistry
     from orbit.store import Store
 
@@ -35,19 +39,35 @@ def current_actor() -> str:
         return f"uid:{os.getuid()}"
 
 
+@dataclass(frozen=True)
+class ServiceConfig:
+    """How one control plane behaves, fixed when it is made (CoreControlService.from_settings
+    reads it from Settings and, for a server, its config file)."""
+
+    # Whether reading a run first looks where it runs. Embedded, a look is the only way a run
+    # moves; a server's loops look on their own, so its reads answer from the store.
+    looks_on_read: bool = True
+    node_offline_s: float = OFFLINE_AFTER_S  # Settings.node_offline_s
+    lost_retry_floor_s: float = 0.0  # Settings.lost_retry_floor_s: a fenced node's stop first
+    scheduler_config_file: Path | None = None  # watched for edits (core/control/sched_config)
+    scheduler_config_named: bool = False  # ORBIT_SCHEDULER_CONFIG named it: it must exist
+    storage_config_file: Path | None = None  # embedded: storage.yaml, read at each `orbit gc`
+    retention: Retention | None = None  # a server's rules (its config's `storage:`) instead
+
+
 class ServiceBase:
-    """The store, the execution plane, the registries, the bundle cache and who is acting."""
+    """The store, the execution plane, the registries, the bundle cache, who is acting, the
+    service's config and the signals between its parts and the server's loops; all given or
+    made at construction (CoreControlService.__init__)."""
 
     store: Store
     execution: ExecutionService
     bundles_dir: Path
     _actor: str  # who acts when no call says otherwise: the local user, embedded
     hosts: HostRegistry
-    # Whether reading a run first looks where it runs. Embedded, a look is the only way a run
-    # moves; a server's loops look on their own, so its reads answer from the store.
-    looks_on_read: bool = True
-    node_offline_s: float = OFFLINE_AFTER_S  # this control plane's (Settings.node_offline_s)
-    lost_retry_floor_s: float = 0.0  # Settings.lost_retry_floor_s: a fenced node's stop first
+    config: ServiceConfig
+    wakes: NodeWakes  # a command was queued for a node (the server's long-polls listen)
+    pass_wanted: Signal[[]]  # a run may be placed now (the server's scheduler loop listens)
     # given, or made on first use (see CoreControlService.from_settings)
     _templates: TemplateRegistry | Callable[[], TemplateRegistry]
     _tasks: TaskRegistry | None
@@ -56,7 +76,9 @@ class ServiceBase:
         """How long a retry of `attempt`, lost with its node, waits: an agent's node, cut off,
         stops the attempt itself (orbit.agent.fencing) within that time. A Slurm job lost with its
         node has already ended (NODE_FAIL): no wait."""
-        return self.lost_retry_floor_s if attempt.backend_key.startswith("agent_pool") else 0.0
+        return (
+            self.config.lost_retry_floor_s if attempt.backend_key.startswith("agent_pool") else 0.0
+        )
 
     @property
     def actor(self) -> str:

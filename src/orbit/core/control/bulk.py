@@ -42,7 +42,7 @@ class BulkActions(RunActions):
             raise InvalidInput(problem)
         if selection.ids:
             ids = dict.fromkeys(self.store.resolve_run_id(ref) for ref in selection.ids)
-            look = self.refresh_run_status if self.looks_on_read else self.store.get_run
+            look = self.refresh_run_status if self.config.looks_on_read else self.store.get_run
             runs = [look(run_id) for run_id in ids]  # embedded: as they stand where they run
         else:
             experiment = selection.experiment
@@ -56,7 +56,7 @@ class BulkActions(RunActions):
                     limit=MAX_RUNS + 1,
                 )
 
-            if self.looks_on_read:  # embedded: the states a filter reads are looked at first
+            if self.config.looks_on_read:  # embedded: the states a filter reads are looked at first
                 self.refresh_active(matching({s for s in RunState if not s.terminal}))
             runs = matching(set(selection.states) or None)
             if len(runs) > MAX_RUNS:
@@ -87,7 +87,7 @@ class BulkActions(RunActions):
         refused = may(run) if may is not None else None
         if refused is not None:
             return _item(run, BulkOutcome.REFUSED, refused)
-        if not run.state.terminal and (dry_run or not self.looks_on_read):
+        if not run.state.terminal and (dry_run or not self.config.looks_on_read):
             return _item(run, BulkOutcome.NOT_ENDED, "cancel it first")
         if dry_run:
             return _item(run, BulkOutcome.WOULD_RETRY)

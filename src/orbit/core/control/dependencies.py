@@ -86,7 +86,7 @@ class DependencyGate(ServiceBase):
     def _judge(self, run: RunRecord) -> Judgement:
         """The run's dependencies as they stand; embedded, looked at where they run first."""
         needed = self.store.dependencies(run.id)
-        if not self.looks_on_read or _looking.get() or all(d.ended for d in needed):
+        if not self.config.looks_on_read or _looking.get() or all(d.ended for d in needed):
             return judge(needed)
         token = _looking.set(True)
         try:

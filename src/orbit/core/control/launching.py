@@ -184,7 +184,7 @@ class Launching(DependencyGate):
             self._adopt(run, attempt)
             return
         waits = attempt.not_before is not None and attempt.not_before > at
-        if waits and not (attempt.held and self.looks_on_read):  # embedded: a look judges it
+        if waits and not (attempt.held and self.config.looks_on_read):  # embedded: a look judges it
             return  # its backoff, its wait for the host or for its dependencies is not over
         self._launch(run, attempt, self._request_for(run, attempt))
 

@@ -54,7 +54,7 @@ class Nodes(ServiceBase):
 
     def _judged(self, node: NodeRecord) -> NodeRecord:
         """The record with this control plane's offline timeout, which its readers judge by."""
-        return node.model_copy(update={"offline_after_s": self.node_offline_s})
+        return node.model_copy(update={"offline_after_s": self.config.node_offline_s})
 
     def list_nodes(self) -> list[NodeRecord]:
         return [self._judged(n) for n in self.store.list_nodes()]
@@ -153,14 +153,12 @@ class Nodes(ServiceBase):
     def _run_transfer(
         self, node: NodeRecord, transfer_id: str, body: dict[str, object], what: str
     ) -> dict[str, object]:
-        from orbit.core.execution.backends.pool_nodes import wake
-
         if node.state is NodeState.REVOKED:
             raise InvalidInput(f"node '{node.name}' is revoked")
         if not node.online(datetime.now(UTC)):
             raise Unreachable(f"node '{node.name}' is offline")
         self.store.enqueue_command(node.id, body, command_id=transfer_id)
-        wake(node.id)
+        self.wakes(node.id)
         deadline = time.monotonic() + TRANSFER_WAIT_S
         while time.monotonic() < deadline:
             result = self.store.command_result(transfer_id)

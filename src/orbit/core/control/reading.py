@@ -41,7 +41,7 @@ class Reading(RunActions):
     def _list_runs(
         self, found: RunFilter, limit: int | None, refresh: bool = True
     ) -> list[RunRecord]:
-        if refresh and self.looks_on_read:
+        if refresh and self.config.looks_on_read:
             active = self.store.list_runs(
                 **found.but(states={s for s in RunState if not s.terminal}).query()
             )
@@ -78,7 +78,7 @@ class Reading(RunActions):
         if not refresh:
             run = self.store.get_run(ref)
             return self._view(run, wait=self.waits_of([run]).get(run.current.id))
-        run = self.refresh_run_status(ref) if self.looks_on_read else self.store.get_run(ref)
+        run = self.refresh_run_status(ref) if self.config.looks_on_read else self.store.get_run(ref)
         images_of = self._attempt_images(run) if images else {}
         wait = self.waits_of([run]).get(run.current.id)
         view = self._view(run, self.progress(run), images_of, wait)

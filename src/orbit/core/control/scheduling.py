@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from orbit.core.control.leases import LEASE_S, launcher_id, now
@@ -77,11 +75,8 @@ def decision_row(record: dict[str, Any]) -> DecisionRow:
 
 
 class Scheduling(Lifecycle):
-    scheduler_config_file: Path | None = None  # watched for edits (core/control/sched_config)
-    scheduler_config_named = False  # ORBIT_SCHEDULER_CONFIG named it: it must exist
-    schedule_hook: Callable[[], None] | None = None  # set by the server: passes run on its loop
-    _sched_lock: threading.Lock | None = None
-    _sched_again = False
+    _sched_lock: threading.Lock  # one pass at a time in this service (made at construction)
+    _sched_again: bool
 
     # --- config ----------------------------------------------------------------------------
 
@@ -97,7 +92,7 @@ class Scheduling(Lifecycle):
         found = self.__dict__.get("_live_config")
         if found is None:
             made = LiveSchedConfig(
-                self.store, self.scheduler_config_file, self.scheduler_config_named
+                self.store, self.config.scheduler_config_file, self.config.scheduler_config_named
             )
             found = self.__dict__.setdefault("_live_config", made)
         assert isinstance(found, LiveSchedConfig)
@@ -134,18 +129,15 @@ class Scheduling(Lifecycle):
     # --- a pass ----------------------------------------------------------------------------
 
     def request_schedule(self) -> None:
-        if self.schedule_hook is not None:
-            self.schedule_hook()
+        if self.pass_wanted.heard:  # a server: passes run on its scheduler loop
+            self.pass_wanted()
         else:
             self.schedule_pass()
 
     def schedule_pass(self) -> Plan | None:
-        """Run a pass now, unless one is running in this process (it will run again once it
+        """Run a pass now, unless one of this service's is running (it will run again once it
         ends). The last pass's plan, or None if it was left to the running one."""
-        if self._sched_lock is None:
-            type(self)._sched_lock = threading.Lock()
         lock = self._sched_lock
-        assert lock is not None
         if not lock.acquire(blocking=False):
             self._sched_again = True
             return None
@@ -167,7 +159,9 @@ class Scheduling(Lifecycle):
         if not rows.pending:
             return Plan()
         etas = self._etas(rows.placed, at)
-        snapshot = snapshot_of(rows.nodes, rows.placed, at, config, self.node_offline_s, etas)
+        snapshot = snapshot_of(
+            rows.nodes, rows.placed, at, config, self.config.node_offline_s, etas
+        )
         queue = [request_of(row, config) for row in rows.pending]
         with collector_paused():  # the pass, and its records made and kept
             plan = schedule(snapshot, queue, config, *site_checks(config))
@@ -264,7 +258,7 @@ class Scheduling(Lifecycle):
         ):
             return  # placed, launched or claimed meanwhile
         claimed = self.store.get_attempt(attempt.id)
-        if self.schedule_hook is None:
+        if not self.pass_wanted.heard:  # embedded: no loop to keep free
             self._launch(run, claimed, request)
             return
         # in the server, beside the loop: staging to a rented host (an rsync of the bundle)

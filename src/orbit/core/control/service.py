@@ -9,12 +9,13 @@ whole from settings."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orbit.core.control.accounts import Accounts
-from orbit.core.control.base import current_actor
+from orbit.core.control.base import ServiceConfig, current_actor
 from orbit.core.control.bulk import BulkActions
 from orbit.core.control.clusters import Clusters
 from orbit.core.control.host_registry import HostRegistry
@@ -25,15 +26,18 @@ from orbit.core.control.storage import Storage
 from orbit.core.control.views import HostCheck, SchedConfigView, TemplateView
 from orbit.model.hosts import HostRecord, HostSpec
 from orbit.model.records import AuditEvent, ExperimentRecord
+from orbit.model.signals import Signal
 
 if TYPE_CHECKING:  # what only some commands need is loaded by them
     from orbit.core.execution.backends.base import ProcessSweep
+    from orbit.core.execution.backends.pool_nodes import NodeWakes
     from orbit.core.execution.docker.host import SweepResult
     from orbit.core.execution.service import ExecutionService
     from orbit.core.execution.ssh.transport import SshOptions
     from orbit.core.tasks import TaskRegistry
     from orbit.model.audit_chain import Anchor, ChainCheck
     from orbit.model.config import Settings
+    from orbit.model.retention import Retention
     from orbit.model.templates import TemplateRegistry, TemplateSource
     from orbit.store import Store
 
@@ -56,15 +60,22 @@ class CoreControlService(
         bundles_dir: Path,
         actor: str | None = None,
         ssh_options: SshOptions | Callable[[], SshOptions] | None = None,
+        config: ServiceConfig | None = None,
+        wakes: NodeWakes | None = None,
     ) -> None:
         """`templates` and `ssh_options` may be functions and `tasks` None: each is then made
-        the first time a command needs it, not by every command."""
+        the first time a command needs it, not by every command. `wakes`: the signal the
+        execution plane's pool backends send when they queue a node's command."""
         self.store = store
         self.execution = execution
         self._templates = templates
         self._tasks = tasks
         self.bundles_dir = bundles_dir
         self._actor = actor or current_actor()
+        self.config = config or ServiceConfig()
+        self.wakes = wakes if wakes is not None else Signal()
+        self.pass_wanted = Signal()
+        self._sched_lock, self._sched_again = threading.Lock(), False
         self.hosts = HostRegistry(
             store,
             ssh_options if ssh_options is not None else _default_ssh_options,
@@ -80,9 +91,12 @@ class CoreControlService(
         cwd: Path | None = None,
         actor: str | None = None,
         live_templates: bool = False,
+        looks_on_read: bool = True,
+        retention: Retention | None = None,
     ) -> CoreControlService:
         """`live_templates`: see templates added or changed after the service was made (a
-        server), rather than those there when first asked (a command)."""
+        server), rather than those there when first asked (a command). `looks_on_read` and
+        `retention`: see ServiceConfig (a server's loops look; its config's storage rules)."""
         from orbit.core.execution.service import ExecutionService
         from orbit.model.private import private_home
         from orbit.store import Store
@@ -102,25 +116,29 @@ class CoreControlService(
             return options_for(settings)
 
         from orbit.model.audit_key import load_audit_key
+        from orbit.model.retention import config_file
 
         store = Store(settings.database_url, audit_key=load_audit_key(settings.audit_key_file))
-        service = cls(
+        wakes: NodeWakes = Signal()
+        return cls(
             store=store,
-            execution=ExecutionService.default(settings, store.hosts, store),
+            execution=ExecutionService.default(settings, store.hosts, store, wakes),
             templates=templates,
             tasks=None,
             bundles_dir=settings.bundles_dir,
             actor=actor,
             ssh_options=ssh_options,
+            config=ServiceConfig(
+                looks_on_read=looks_on_read,
+                node_offline_s=settings.node_offline_s,
+                lost_retry_floor_s=settings.lost_retry_floor_s,
+                scheduler_config_file=settings.scheduler_config,
+                scheduler_config_named=settings.scheduler_config_named,
+                storage_config_file=config_file(settings.home),
+                retention=retention,
+            ),
+            wakes=wakes,
         )
-        service.node_offline_s = settings.node_offline_s
-        service.lost_retry_floor_s = settings.lost_retry_floor_s
-        service.scheduler_config_file = settings.scheduler_config
-        service.scheduler_config_named = settings.scheduler_config_named
-        from orbit.model.retention import config_file
-
-        service.storage_config_file = config_file(settings.home)
-        return service
 
     def _sweep_host(self, host: HostRecord, known: set[str]) -> SweepResult:
         from orbit.core.execution.backends.ssh_docker import SshDockerBackend

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orbit.core.control.base import ServiceBase
@@ -39,9 +38,6 @@ class CollectPlan:
 
 
 class Storage(ServiceBase):
-    retention: Retention | None = None  # a server's rules (its config's `storage:`)
-    storage_config_file: Path | None = None  # embedded: read at each `orbit gc`
-
     if TYPE_CHECKING:
 
         def refresh_run_status(self, ref: str) -> RunRecord: ...
@@ -55,9 +51,9 @@ class Storage(ServiceBase):
     def retention_rules(self) -> Retention:
         from orbit.model.retention import load_storage_config
 
-        if self.retention is not None:
-            return self.retention
-        return load_storage_config(self.storage_config_file).retention
+        if self.config.retention is not None:
+            return self.config.retention
+        return load_storage_config(self.config.storage_config_file).retention
 
     # --- marks ---------------------------------------------------------------------------
 

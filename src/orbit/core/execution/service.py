@@ -10,7 +10,7 @@ from orbit.model.config import Settings
 from orbit.model.errors import NoBackend
 
 if TYPE_CHECKING:
-    from orbit.core.execution.backends.pool_nodes import NodeDirectory
+    from orbit.core.execution.backends.pool_nodes import NodeDirectory, NodeWakes
     from orbit.core.execution.backends.ssh_host_process import HostDirectory
 
 
@@ -63,9 +63,10 @@ class ExecutionService:
         settings: Settings,
         hosts: HostDirectory | None = None,
         nodes: NodeDirectory | None = None,
+        wakes: NodeWakes | None = None,
     ) -> ExecutionService:
         """Every backend this control plane can drive; SSH ones find hosts in `hosts`, agent
-        pool ones nodes in `nodes`."""
+        pool ones nodes in `nodes`, telling `wakes` when they queue a command for one."""
 
         def local_host_process() -> ExecutionBackend:
             from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend
@@ -133,6 +134,7 @@ class ExecutionService:
                     settings.artifacts_dir,
                     offline_after_s=settings.node_offline_s,
                     lost_grace_s=settings.node_lost_grace_s,
+                    wakes=wakes,
                 )
 
             return make

@@ -11,7 +11,6 @@ import threading
 from datetime import UTC, datetime
 
 from orbit.core.control.service import CoreControlService
-from orbit.core.execution.backends import pool_nodes
 
 log = logging.getLogger("orbit.server.agents")
 
@@ -34,13 +33,12 @@ class Mailbox:
         self.loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
             self.seen_seq = self.service.store.pending_nodes(0)[1]
-        pool_nodes.wake_hooks.append(self.wake)
+        self.service.wakes.listen(self.wake)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        with contextlib.suppress(ValueError):
-            pool_nodes.wake_hooks.remove(self.wake)
+        self.service.wakes.forget(self.wake)
 
     def event(self, node_id: str) -> asyncio.Event:
         return self.events.setdefault(node_id, asyncio.Event())

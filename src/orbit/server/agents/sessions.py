@@ -8,7 +8,8 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from orbit.core.execution.backends import agent_pool, pool_nodes
+from orbit.core.execution.backends import agent_pool
+from orbit.core.execution.backends.pool_nodes import NodeWakes
 from orbit.core.execution.mirror import (
     write_agent_state,
 )
@@ -28,8 +29,9 @@ class Sessions:
     fencing check before a start, and the node info its heartbeats bring. Runs in worker
     threads (the store is synchronous)."""
 
-    def __init__(self, store: Store, settings: Settings) -> None:
+    def __init__(self, store: Store, settings: Settings, wakes: NodeWakes) -> None:
         self.store = store
+        self.wakes = wakes
         self.settings = settings
         self.artifacts = settings.artifacts_dir
 
@@ -79,7 +81,7 @@ class Sessions:
                 )
             else:
                 self._requeue_start(node, attempt_id)
-        pool_nodes.wake(node.id)
+        self.wakes(node.id)
         fresh = self.store.get_node(node.id)
         self.store.wake_waiting(fresh.max_tasks - len(fresh.running))
         return p.SyncResponse(

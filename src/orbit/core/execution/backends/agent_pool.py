@@ -4,7 +4,7 @@ node: launching places the attempt on a node and queues its start command in the
 cancel and collect queue commands too; status, logs and files are read from the control
 plane's copy of the attempt's files (orbit.core.execution.mirror), which the agent's reports
 keep current (reading and collecting them: pool_files.py; an attempt's state from them:
-pool_status.py; the node directory and the wake hooks: pool_nodes.py). The agent runs the
+pool_status.py; the node directory and the wake signal: pool_nodes.py). The agent runs the
 attempt with the local backends, so a pool run behaves on its node as a local run does on
 this machine."""
 
@@ -24,7 +24,7 @@ from orbit.core.execution.backends.base import (
     NoNodeFree,
 )
 from orbit.core.execution.backends.pool_files import PoolFiles
-from orbit.core.execution.backends.pool_nodes import NodeDirectory, other_ranks, wake
+from orbit.core.execution.backends.pool_nodes import NodeDirectory, NodeWakes, other_ranks
 from orbit.core.execution.backends.pool_status import PoolStatus
 from orbit.core.execution.gang import master_port
 from orbit.core.execution.mirror import is_scratch, read_agent_state
@@ -70,13 +70,15 @@ class AgentPoolBackend:
         artifacts_dir: Path,
         offline_after_s: float = OFFLINE_AFTER_S,
         lost_grace_s: float = LOST_GRACE_S,
+        wakes: NodeWakes | None = None,
     ) -> None:
         self.key = f"agent_pool_{launch_mode}"
         self.nodes = nodes
+        self.wakes = wakes if wakes is not None else NodeWakes()
         self.artifacts_dir = artifacts_dir
         self.offline_after_s = offline_after_s
         self.lost_grace_s = lost_grace_s
-        self.files = PoolFiles(nodes, artifacts_dir, offline_after_s)
+        self.files = PoolFiles(nodes, artifacts_dir, offline_after_s, self.wakes)
         self.looks = PoolStatus(nodes, artifacts_dir, offline_after_s, lost_grace_s)
 
     # --- launching -------------------------------------------------------------------------
@@ -134,7 +136,7 @@ class AgentPoolBackend:
                 f"node '{node.name}' filled up or stopped taking work before the plan was committed"
             )
         fence, _command = placed
-        wake(node.id)
+        self.wakes(node.id)
         return RunHandle(
             backend_key=self.key,
             target=node.name,
@@ -191,7 +193,7 @@ class AgentPoolBackend:
                 + ") filled up or stopped taking work before the plan was committed"
             )
         for node in nodes:
-            wake(node.id)
+            self.wakes(node.id)
         return RunHandle(
             backend_key=self.key,
             target=nodes[0].name,
@@ -313,7 +315,7 @@ class AgentPoolBackend:
             "reason": reason.value,
         }
         self.nodes.enqueue_command(node_id, body, attempt_id=handle.attempt_id)
-        wake(node_id)
+        self.wakes(node_id)
 
     def stop_leftovers(self, handle: RunHandle) -> int:
         self.cancel(handle, FailureReason.CANCELLED)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orbit.core.execution.backends.base import CopyArtifacts, LogLayer
-from orbit.core.execution.backends.pool_nodes import NodeDirectory, other_ranks, wake
+from orbit.core.execution.backends.pool_nodes import NodeDirectory, NodeWakes, other_ranks
 from orbit.core.execution.mirror import is_scratch, read_agent_state
 from orbit.model.errors import OrbitError
 from orbit.model.models import RunHandle
@@ -34,8 +34,11 @@ class PoolFiles:
     """An agent pool attempt's files as the control plane's copy has them (rank 0's, and each
     other rank's of a gang), kept current by the agents' reports."""
 
-    def __init__(self, nodes: NodeDirectory, artifacts_dir: Path, offline_after_s: float) -> None:
+    def __init__(
+        self, nodes: NodeDirectory, artifacts_dir: Path, offline_after_s: float, wakes: NodeWakes
+    ) -> None:
         self.nodes = nodes
+        self.wakes = wakes
         self.artifacts_dir = artifacts_dir
         self.offline_after_s = offline_after_s
 
@@ -87,7 +90,7 @@ class PoolFiles:
         self.nodes.enqueue_command(
             node_id, {"kind": "upload", "attempt_id": handle.attempt_id}, handle.attempt_id
         )
-        wake(node_id)
+        self.wakes(node_id)
         return True
 
     def _await(self, handle: RunHandle, folder: Path, asked: bool) -> str | None:

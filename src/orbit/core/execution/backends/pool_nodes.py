@@ -1,27 +1,22 @@
 """How the control plane reaches a pool's nodes, which it never calls: the node directory (the
-store) it places attempts and queues commands in, the wake hooks that tell the server's
+store) it places attempts and queues commands in, the wake signal that tells the server's
 long-polls a command was queued, and a gang's other ranks as handles of their own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orbit.model.models import RunHandle
 from orbit.model.nodes import NodeRecord
+from orbit.model.signals import Signal
 
 if TYPE_CHECKING:
     from orbit.store.sql import Row
 
-# Called with a node id whenever a command is queued for it: the server's long-polls wake at
-# once rather than on their next look at the store. Process-wide, as the server is.
-wake_hooks: list[Callable[[str], None]] = []
-
-
-def wake(node_id: str) -> None:
-    for hook in wake_hooks:
-        hook(node_id)
+# Sent with a node id whenever a command is queued for it: the server's long-polls wake at once
+# rather than on their next look at the store. One per control plane (orbit.model.signals).
+NodeWakes = Signal[[str]]
 
 
 class NodeDirectory(Protocol):
