@@ -9,8 +9,8 @@ from orbit.core.execution.backends.base import (
     AttemptContext,
     CopyArtifacts,
     LaunchError,
-    LogLayer,
 )
+from orbit.core.execution.backends.local_files import LocalFiles
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.model.errors import Refused
 from orbit.model.models import ExecutionRequest, FailureReason, RunHandle, RunStatus
@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # launching and collecting load what they need; looking at a 
     from orbit.model.records import CollectResult
 
 LOCAL_TARGETS = {None, "localhost", "local"}
-READ_CHUNK = 1 << 20
 
 
 def wrapper_alive(runtime: Path) -> bool:
@@ -42,7 +41,7 @@ class TaskUser(Protocol):
         ...
 
 
-class LocalHostProcessBackend:
+class LocalHostProcessBackend(LocalFiles):
     key = "local_host_process"
     pycache = False  # an attempt's copy takes the cache's .pyc files: only where no task
     # can write the cache (an agent whose tasks run as users of their own)
@@ -133,16 +132,6 @@ class LocalHostProcessBackend:
             parse_json(found.get("result")),
             found.get("alive", False),
         )
-
-    def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
-        data = hostside.read_from(str(Path(handle.location) / layer.relpath), offset, READ_CHUNK)
-        return data or b"", offset + len(data or b"")
-
-    def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
-        return hostside.read_from(str(Path(handle.location) / relpath), 0, -1)
-
-    def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
-        return hostside.tail(handle.location, pattern, max_bytes)
 
     def cancel(self, handle: RunHandle, reason: FailureReason) -> None:
         hostside.cancel(handle.location, reason.value)

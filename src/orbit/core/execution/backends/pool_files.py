@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orbit.core.execution.backends.base import CopyArtifacts, LogLayer
+from orbit.core.execution.backends.base import CopyArtifacts
+from orbit.core.execution.backends.local_files import LocalFiles
 from orbit.core.execution.backends.pool_nodes import NodeDirectory, NodeWakes, other_ranks
 from orbit.core.execution.mirror import is_scratch, read_agent_state
 from orbit.model.errors import OrbitError
@@ -21,7 +22,6 @@ from orbit.runtime import hostside
 if TYPE_CHECKING:
     from orbit.model.records import CollectResult
 
-READ_CHUNK = 1 << 20
 # orbit collect waits for what the node still has to send while it keeps coming: it gives up
 # once nothing new arrived for COLLECT_IDLE_S (or COLLECT_MAX_S in all), and at once when the
 # node says it has no folder of the attempt, has gone offline or was removed; an attempt still
@@ -30,7 +30,7 @@ COLLECT_IDLE_S = 30.0
 COLLECT_MAX_S = 600.0  # and at most this long in all
 
 
-class PoolFiles:
+class PoolFiles(LocalFiles):
     """An agent pool attempt's files as the control plane's copy has them (rank 0's, and each
     other rank's of a gang), kept current by the agents' reports."""
 
@@ -41,16 +41,6 @@ class PoolFiles:
         self.wakes = wakes
         self.artifacts_dir = artifacts_dir
         self.offline_after_s = offline_after_s
-
-    def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
-        data = hostside.read_from(str(Path(handle.location) / layer.relpath), offset, READ_CHUNK)
-        return data or b"", offset + len(data or b"")
-
-    def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
-        return hostside.read_from(str(Path(handle.location) / relpath), 0, -1)
-
-    def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
-        return hostside.tail(handle.location, pattern, max_bytes)
 
     def collect_in_place(self, handle: RunHandle, copy: CopyArtifacts) -> CollectResult:
         return self.collect(handle, Path("."), copy)

@@ -23,6 +23,7 @@ from orbit.core.execution.backends.base import (
     LogSink,
     ProcessSweep,
 )
+from orbit.core.execution.backends.local_files import READ_CHUNK
 from orbit.core.execution.runtime_state import parse_json, status_from_files
 from orbit.core.execution.ssh.hosts import check_request
 from orbit.core.execution.ssh.transport import Ssh, SshOptions, last_line
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # launching and collecting load the transfer code; looking at
     from orbit.core.execution.bundle import FrozenBundle
     from orbit.model.records import CollectResult
 
-READ_CHUNK = 1 << 20
+
 DOWN_MEMORY_S = 30.0  # within one command, a host that did not answer is not asked again
 SWEEP_TIMEOUT_S = 90.0  # a stop there waits at most host_processes.MAX_GRACE_S for a graceful end
 LIVE_IDS_PER_ARG = 2000
