@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orbit.agent.daemon import Agent, AgentOptions
 from orbit.agent.reports import build_report
+from orbit.agent.state import AgentOptions, AgentState
 from orbit.agent.sync import running
 from orbit.agent.tracked import Tracked, has_ended
 
 
-def agent_with(tmp_path: Path, tracked: Tracked) -> Agent:
-    agent = Agent(AgentOptions(server="http://127.0.0.1:9", work_dir=tmp_path / "work"))
+def agent_with(tmp_path: Path, tracked: Tracked) -> AgentState:
+    agent = AgentState(AgentOptions(server="http://127.0.0.1:9", work_dir=tmp_path / "work"))
     agent.identity = {"node_id": "node-1", "name": "n1", "credential": "c"}
     agent.tracked[tracked.attempt_id] = tracked
     return agent

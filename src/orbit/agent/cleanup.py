@@ -39,8 +39,8 @@ class CleanupOptions:
     every_s: float = 10.0  # how often the work dir is looked at (sooner for a short clean_after)
 
 
-class AgentState(Protocol):
-    """What the cleaner reads of the agent (orbit.agent.daemon.Agent)."""
+class AgentView(Protocol):
+    """What the cleaner reads of the agent (orbit.agent.state.AgentState, which makes it)."""
 
     work: Path
     attempts_dir: Path
@@ -52,7 +52,7 @@ class AgentState(Protocol):
 
 
 class WorkDirCleaner:
-    def __init__(self, agent: AgentState, options: CleanupOptions) -> None:
+    def __init__(self, agent: AgentView, options: CleanupOptions) -> None:
         self.agent, self.o = agent, options
 
     def loop(self) -> None:

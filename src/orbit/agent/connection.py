@@ -14,16 +14,15 @@ import httpx
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
-    from orbit.agent.daemon import Agent
+    from orbit.agent.state import AgentState
 
 log = logging.getLogger("orbit.agent")
 
 IDENTITY_FILE = "agent-identity.json"
-TOKEN_FILE = "join-token"  # where `orbit agent install-service` leaves the join token: used once
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0  # how soon a message is sent again, at first and at most
 
 
-def load_or_register(agent: Agent) -> None:
+def load_or_register(agent: AgentState) -> None:
     # the work dir and attempts/ may be passed through (a task reaches its own attempt's
     # folder in them), never listed; the credential and the bundle cache are the agent's
     for folder, mode in (
@@ -85,7 +84,7 @@ def load_or_register(agent: Agent) -> None:
     forget_join_token(agent)
 
 
-def forget_join_token(agent: Agent) -> None:
+def forget_join_token(agent: AgentState) -> None:
     """Joined: the node's own credential is all it keeps. The join token (reusable: it
     joins more nodes) is dropped, and its file too where it is the agent's own."""
     agent.join_token = None
@@ -95,7 +94,9 @@ def forget_join_token(agent: Agent) -> None:
         log.info("joined: removed the join token's file %s", agent.token_file)
 
 
-def post(agent: Agent, path: str, body: p.Message, answer: type[Any], auth: bool = True) -> Any:
+def post(
+    agent: AgentState, path: str, body: p.Message, answer: type[Any], auth: bool = True
+) -> Any:
     headers = {"authorization": f"Bearer {agent.identity['credential']}"} if auth else {}
     content = body.model_dump_json()
     try:
@@ -106,7 +107,7 @@ def post(agent: Agent, path: str, body: p.Message, answer: type[Any], auth: bool
     return read_answer(agent, response, answer)
 
 
-def read_answer(agent: Agent, response: httpx.Response, answer: type[Any]) -> Any:
+def read_answer(agent: AgentState, response: httpx.Response, answer: type[Any]) -> Any:
     if response.status_code == 401:
         raise Revoked(detail(response))
     if response.status_code >= 400:

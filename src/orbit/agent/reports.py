@@ -16,7 +16,7 @@ from orbit.agent.tracked import has_ended, write_json
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
-    from orbit.agent.daemon import Agent
+    from orbit.agent.state import AgentState
 
 log = logging.getLogger("orbit.agent")
 
@@ -24,7 +24,7 @@ REPORT_EVERY_S = 0.25
 REFUSED_MAX_S = 60.0  # the longest wait between reports the server refuses as they are
 
 
-def report_loop(agent: Agent) -> None:
+def report_loop(agent: AgentState) -> None:
     pending: p.Report | None = None
     refused_wait = failing_wait = RETRY_MIN_S
     while not agent.stop.is_set():
@@ -74,7 +74,7 @@ def report_loop(agent: Agent) -> None:
             agent.stop.wait(RETRY_MAX_S)
 
 
-def release_users(agent: Agent) -> None:
+def release_users(agent: AgentState) -> None:
     """Attempts that ended give their user back (see orbit.agent.isolation)."""
     if agent.users is None:
         return
@@ -85,7 +85,7 @@ def release_users(agent: Agent) -> None:
             agent.users.give_back(t.attempt_id, t.folder)
 
 
-def build_report(agent: Agent) -> p.Report | None:
+def build_report(agent: AgentState) -> p.Report | None:
     release_users(agent)
     with agent.lock:
         gone = [t for t in agent.tracked.values() if not t.launching and not t.folder.is_dir()]
@@ -140,7 +140,7 @@ def build_report(agent: Agent) -> p.Report | None:
     )
 
 
-def applied(agent: Agent, report: p.Report, answer: p.ReportResponse) -> None:
+def applied(agent: AgentState, report: p.Report, answer: p.ReportResponse) -> None:
     wants = {(w.attempt_id, w.path): w.offset for w in answer.wants}
     with agent.lock:
         for a in report.attempts:

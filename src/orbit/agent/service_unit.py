@@ -10,6 +10,8 @@ import shlex
 import shutil
 from pathlib import Path
 
+TOKEN_FILE = "join-token"  # where install-service leaves the join token: the agent uses it once
+
 
 def unit_text(argv: list[str], user: str | None) -> str:
     lines = [
@@ -55,7 +57,7 @@ def write_unit(
     written = []
     if join_token:
         work_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
-        token_file = work_dir / "join-token"
+        token_file = work_dir / TOKEN_FILE
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(f"{join_token}\n")

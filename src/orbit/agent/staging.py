@@ -20,14 +20,14 @@ from orbit.runtime import host_staging
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
-    from orbit.agent.daemon import Agent
+    from orbit.agent.state import AgentState
 
 log = logging.getLogger("orbit.agent")
 
 BUNDLE_PATIENCE_S = 60.0  # how long a bundle fetch waits out a server that is away
 
 
-def forget_bundle(agent: Agent, digest: str) -> None:
+def forget_bundle(agent: AgentState, digest: str) -> None:
     """A cached bundle that no longer gives its digest: removed, fetched anew when next
     needed."""
     log.error("bundle %s in the cache was changed since it was fetched: removed", digest[:12])
@@ -35,7 +35,7 @@ def forget_bundle(agent: Agent, digest: str) -> None:
         shutil.rmtree(agent.bundles_dir / digest, ignore_errors=True)
 
 
-def bundle(agent: Agent, digest: str) -> Path:
+def bundle(agent: AgentState, digest: str) -> Path:
     """The bundle with this digest, from the cache, else fetched once and checked. An
     archive that does not match its digest is asked for once more, made afresh (the
     server's cached copy may be what went bad)."""
@@ -57,7 +57,7 @@ def bundle(agent: Agent, digest: str) -> Path:
         return cached
 
 
-def fetch_patiently(agent: Agent, digest: str, cached: Path, rebuild: bool) -> None:
+def fetch_patiently(agent: AgentState, digest: str, cached: Path, rebuild: bool) -> None:
     """`fetch_bundle`, again while the server is away or failing (restarted, say) for up
     to BUNDLE_PATIENCE_S: a server restart must not fail a start as staging_failed."""
     deadline = time.monotonic() + BUNDLE_PATIENCE_S
@@ -75,7 +75,7 @@ def fetch_patiently(agent: Agent, digest: str, cached: Path, rebuild: bool) -> N
             wait = min(wait * 2, RETRY_MAX_S)
 
 
-def fetch_bundle(agent: Agent, digest: str, cached: Path, rebuild: bool) -> None:
+def fetch_bundle(agent: AgentState, digest: str, cached: Path, rebuild: bool) -> None:
     from orbit.core.execution.bundle_archive import extract_bundle_archive
 
     archive = agent.bundles_dir / f".{digest}.{uuid.uuid4().hex}.tar"
@@ -103,7 +103,7 @@ def fetch_bundle(agent: Agent, digest: str, cached: Path, rebuild: bool) -> None
         archive.unlink(missing_ok=True)
 
 
-def stage_resume(agent: Agent, start: p.StartAttempt) -> Path | None:
+def stage_resume(agent: AgentState, start: p.StartAttempt) -> Path | None:
     """An earlier attempt's checkpoint, put beside the new attempt's folder for its
     wrapper to move in: copied from this node's own folder of that attempt when it has
     one, else fetched from the control plane's copy. Where it cannot be had, the attempt
@@ -134,7 +134,7 @@ def stage_resume(agent: Agent, start: p.StartAttempt) -> Path | None:
     return staged
 
 
-def fetch_checkpoint(agent: Agent, resume: p.Resume, staged: Path) -> None:
+def fetch_checkpoint(agent: AgentState, resume: p.Resume, staged: Path) -> None:
     headers = {"authorization": f"Bearer {agent.identity['credential']}"}
     top = f"artifacts/{resume.relpath}"
     for path, size in resume.files:

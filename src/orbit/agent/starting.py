@@ -19,12 +19,12 @@ from orbit.model.models import ExecutionRequest
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
-    from orbit.agent.daemon import Agent
+    from orbit.agent.state import AgentState
 
 log = logging.getLogger("orbit.agent")
 
 
-def claim(agent: Agent, start: p.StartAttempt, refuse: str | None = None) -> p.ClaimResponse:
+def claim(agent: AgentState, start: p.StartAttempt, refuse: str | None = None) -> p.ClaimResponse:
     """Asked up to three times: the same claim is granted again (an answer lost)."""
     body = p.ClaimRequest(
         node_id=agent.node_id, attempt_id=start.attempt_id, fence=start.fence, refuse=refuse
@@ -40,8 +40,8 @@ def claim(agent: Agent, start: p.StartAttempt, refuse: str | None = None) -> p.C
     raise AssertionError("unreachable")
 
 
-def start(agent: Agent, start: p.StartAttempt) -> None:
-    with agent._attempt_lock(start.attempt_id):
+def start(agent: AgentState, start: p.StartAttempt) -> None:
+    with agent.attempt_lock(start.attempt_id):
         folder = agent.attempts_dir / start.attempt_id
         marker = agent.attempts_dir / f"{start.attempt_id}.json"
         if folder.exists() or marker.exists() or start.attempt_id in agent.tracked:
@@ -107,7 +107,9 @@ def start(agent: Agent, start: p.StartAttempt) -> None:
         agent.report_wake.set()
 
 
-def launch(agent: Agent, bundle: Path, request: ExecutionRequest, start: p.StartAttempt) -> None:
+def launch(
+    agent: AgentState, bundle: Path, request: ExecutionRequest, start: p.StartAttempt
+) -> None:
     from orbit.core.execution.bundle import FrozenBundle
 
     backend = node_backend(agent, request.launch_mode.kind, start.gpu_indices, start.attempt_id)
@@ -131,7 +133,9 @@ def launch(agent: Agent, bundle: Path, request: ExecutionRequest, start: p.Start
             os.sched_setaffinity(0, before)
 
 
-def node_backend(agent: Agent, launch_mode: str, gpus: tuple[int, ...], attempt_id: str) -> Any:
+def node_backend(
+    agent: AgentState, launch_mode: str, gpus: tuple[int, ...], attempt_id: str
+) -> Any:
     from orbit.agent.isolation import AttemptUser
     from orbit.core.execution.backends.local_docker import LocalDockerBackend
     from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend
@@ -166,7 +170,7 @@ def node_backend(agent: Agent, launch_mode: str, gpus: tuple[int, ...], attempt_
     return backend
 
 
-def cpus_for(agent: Agent, count: int, attempt_id: str) -> set[int]:
+def cpus_for(agent: AgentState, count: int, attempt_id: str) -> set[int]:
     """CPUs for a host process (taskset): `count` of this agent's, those other attempts
     were given last; none (no pinning) when count is 0 or more than there are."""
     have = sorted(os.sched_getaffinity(0))

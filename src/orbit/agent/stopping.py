@@ -16,14 +16,14 @@ from orbit.runtime import host_processes, hostside
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
-    from orbit.agent.daemon import Agent
+    from orbit.agent.state import AgentState
 
 log = logging.getLogger("orbit.agent")
 
 FORCE_AFTER_S = 10.0  # past an attempt's grace, what still runs of it is killed outright
 
 
-def sweep_containers(agent: Agent, live: list[str]) -> None:
+def sweep_containers(agent: AgentState, live: list[str]) -> None:
     if shutil.which("docker") is None:
         return
     from orbit.core.execution.docker.host import local_runner, sweep_orphans
@@ -32,7 +32,7 @@ def sweep_containers(agent: Agent, live: list[str]) -> None:
         sweep_orphans(local_runner, live, plane=agent.plane)
 
 
-def halt(agent: Agent, attempt_id: str, why: str) -> None:
+def halt(agent: AgentState, attempt_id: str, why: str) -> None:
     """Stop what runs of an attempt the server has given up on (lost), gracefully for at
     most FENCE_STOP_S, and keep its folder: its files still go up (its checkpoint is what
     its retry resumes from)."""
@@ -51,7 +51,7 @@ def halt(agent: Agent, attempt_id: str, why: str) -> None:
     agent.report_wake.set()
 
 
-def force_stop_later(agent: Agent, attempt_id: str, delay: float) -> None:
+def force_stop_later(agent: AgentState, attempt_id: str, delay: float) -> None:
     """Once `delay` is over, kill what still runs of the attempt: every process of its
     user (a task that stopped its own wrapper ignores the wrapper's grace), or, sharing
     the agent's user, every process with its marks."""
@@ -60,7 +60,7 @@ def force_stop_later(agent: Agent, attempt_id: str, delay: float) -> None:
     timer.start()
 
 
-def force_stop(agent: Agent, attempt_id: str) -> None:
+def force_stop(agent: AgentState, attempt_id: str) -> None:
     try:
         uid = agent.users.uid_of(attempt_id) if agent.users is not None else None
         if uid is not None:
@@ -75,7 +75,7 @@ def force_stop(agent: Agent, attempt_id: str) -> None:
         log.exception("stopping what is left of attempt %s", attempt_id)
 
 
-def stop_and_clean(agent: Agent, attempt_id: str) -> None:
+def stop_and_clean(agent: AgentState, attempt_id: str) -> None:
     folder = agent.attempts_dir / attempt_id
     log.warning("stopping attempt %s: the server does not expect it here", attempt_id)
     if folder.is_dir():
@@ -89,8 +89,8 @@ def stop_and_clean(agent: Agent, attempt_id: str) -> None:
     (agent.attempts_dir / f"{attempt_id}.json").unlink(missing_ok=True)
 
 
-def cancel(agent: Agent, body: p.CancelAttempt) -> None:
-    with agent._attempt_lock(body.attempt_id):
+def cancel(agent: AgentState, body: p.CancelAttempt) -> None:
+    with agent.attempt_lock(body.attempt_id):
         with agent.lock:
             tracked = agent.tracked.get(body.attempt_id)
             if tracked is None:
@@ -115,7 +115,7 @@ def cancel(agent: Agent, body: p.CancelAttempt) -> None:
             connection.post(agent, "/claim", refuse, p.ClaimResponse)
 
 
-def sweep_dead(agent: Agent, t: Tracked) -> None:
+def sweep_dead(agent: AgentState, t: Tracked) -> None:
     """Stop what an attempt whose wrapper died left running: its task (by the pid its
     status names, when it still carries the attempt's marks), the processes with its
     marks, and its containers."""

@@ -17,14 +17,14 @@ from orbit.runtime import host_processes, hostside
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
-    from orbit.agent.daemon import Agent
+    from orbit.agent.state import AgentState
 
 log = logging.getLogger("orbit.agent")
 
 INFO_EVERY_S = 30.0  # how often the node's facts are looked at again for the heartbeat
 
 
-def running(agent: Agent) -> list[p.RunningAttempt]:
+def running(agent: AgentState) -> list[p.RunningAttempt]:
     with agent.lock:
         tracked = list(agent.tracked.values())
     return [
@@ -38,7 +38,7 @@ def running(agent: Agent) -> list[p.RunningAttempt]:
     ]
 
 
-def resync(agent: Agent) -> None:
+def resync(agent: AgentState) -> None:
     """Tell the server what runs here; stop what it does not know, forget what it lost."""
     info = agent.node_info()
     body = p.SyncRequest(
@@ -69,7 +69,7 @@ def resync(agent: Agent) -> None:
     agent.report_wake.set()
 
 
-def restore(agent: Agent) -> None:
+def restore(agent: AgentState) -> None:
     """The attempts this agent started before it restarted: their markers."""
     for marker in sorted(agent.attempts_dir.glob("*.json")):
         try:
@@ -92,7 +92,7 @@ def restore(agent: Agent) -> None:
             log.warning("%s: not an attempt marker this agent can read; left alone", marker)
 
 
-def heartbeat_loop(agent: Agent) -> None:
+def heartbeat_loop(agent: AgentState) -> None:
     last = time.monotonic()
     # in short steps: the interval is the server's (it says at sync), not the one known
     # before the first sync
@@ -123,7 +123,7 @@ def heartbeat_loop(agent: Agent) -> None:
             agent.connected.clear()
 
 
-def fence_check(agent: Agent) -> None:
+def fence_check(agent: AgentState) -> None:
     """Cut off from the server past its lost timeout: stop every running attempt. (And,
     once a second, give back the users of ended attempts, connected or not.)"""
     if time.monotonic() - agent.released_at >= 1.0:
@@ -135,7 +135,7 @@ def fence_check(agent: Agent) -> None:
         )
 
 
-def running_ids(agent: Agent) -> list[str]:
+def running_ids(agent: AgentState) -> list[str]:
     """The attempts whose wrapper runs here now."""
     with agent.lock:
         tracked = [t for t in agent.tracked.values() if not t.launching]

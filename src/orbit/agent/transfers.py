@@ -17,12 +17,12 @@ from orbit.agent import connection
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
-    from orbit.agent.daemon import Agent
+    from orbit.agent.state import AgentState
 
 log = logging.getLogger("orbit.agent")
 
 
-def upload_everything(agent: Agent, attempt_id: str) -> None:
+def upload_everything(agent: AgentState, attempt_id: str) -> None:
     with agent.lock:
         tracked = agent.tracked.get(attempt_id)
         if tracked is not None:
@@ -33,7 +33,7 @@ def upload_everything(agent: Agent, attempt_id: str) -> None:
     agent.report_wake.set()
 
 
-def confined(agent: Agent, relpath: str) -> Path:
+def confined(agent: AgentState, relpath: str) -> Path:
     """`relpath` under the work dir; refused if it would lead out."""
     target = (agent.work / relpath.lstrip("/")).resolve()
     if not str(target).startswith(str(agent.work.resolve()) + os.sep):
@@ -41,7 +41,7 @@ def confined(agent: Agent, relpath: str) -> Path:
     return target
 
 
-def writable(agent: Agent, relpath: str) -> Path:
+def writable(agent: AgentState, relpath: str) -> Path:
     """`relpath` under the work dir for `orbit nodes push`; refused where it would write
     the agent's own files: its credential, its bundle cache (frozen code other runs
     execute) or its attempts (their frozen copies and what they wrote)."""
@@ -62,7 +62,7 @@ def writable(agent: Agent, relpath: str) -> Path:
     return target
 
 
-def put_file(agent: Agent, body: p.PutFile) -> None:
+def put_file(agent: AgentState, body: p.PutFile) -> None:
     error = None
     try:
         target = writable(agent, body.dest)
@@ -91,7 +91,7 @@ def put_file(agent: Agent, body: p.PutFile) -> None:
     )
 
 
-def get_file(agent: Agent, body: p.GetFile) -> None:
+def get_file(agent: AgentState, body: p.GetFile) -> None:
     done = p.TransferDone(node_id=agent.node_id, transfer_id=body.transfer_id)
     try:
         target = confined(agent, body.path)

@@ -257,8 +257,8 @@ def agent(
         cleanup=cleanup,
     )
     daemon = Agent(options)
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop.set())
-    signal.signal(signal.SIGINT, lambda *_: daemon.stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: daemon.shutdown())
+    signal.signal(signal.SIGINT, lambda *_: daemon.shutdown())
     sys.exit(daemon.run())
 
 
