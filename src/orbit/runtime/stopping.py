@@ -21,11 +21,10 @@ import contextlib
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # as mypy reads them
     from orbit.runtime import records, sidecars
-    from orbit.runtime.wrapper import Wrapper
 else:
     try:  # in a bundle: beside this file in scripts/
         import orbit_records as records
@@ -35,6 +34,23 @@ else:
 
 MARKER = "ORBIT_ATTEMPT_ID"  # in the environment of everything an attempt starts
 FENCE_SLACK_S = 5.0  # a wrapper stops its task this long after its agent would have
+
+
+class Wrapper(Protocol):
+    """What a stop reads and sets of the wrapper (orbit.runtime.wrapper.Wrapper): named here,
+    so that this module does not import the one that imports it."""
+
+    bundle: str
+    runtime: str
+    grace: float
+    stop_at: float | None
+    signal_reason: str
+    docker: Any
+    launcher_pid: int
+
+    def log(self, message: str) -> None: ...
+
+    def signal_task(self, sig: int) -> None: ...
 
 
 def on_signal(w: Wrapper, signum: int, _frame: Any) -> None:
