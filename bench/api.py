@@ -81,7 +81,7 @@ import httpx
 import psutil
 
 from orbit.model.audit_chain import canonical_data, event_hash
-from orbit.model.models import RunState
+from orbit.model.models import ExecutionRequest, RunState, TaskSubmission
 from orbit.model.records import RunRecord
 from orbit.store import Store
 from orbit.store.audit import AUDIT_LOCK_KEY
@@ -771,10 +771,8 @@ def add_run(store: Store, experiment: str, seed: Seed, i: int) -> RunRecord:
         task_type="command",
         template_id="local",
         bundle_digest=seed.runs[i][4],
-        submission=seed.runs[i][5],
-        request=seed.runs[i][6],
-        target="localhost",
-        backend_key="local_host_process",
+        submission=TaskSubmission.model_validate(seed.runs[i][5]),
+        request=ExecutionRequest.model_validate(seed.runs[i][6]),
         actor="bench",
     )
 

@@ -34,23 +34,45 @@ import tempfile
 import time
 from pathlib import Path
 
-from orbit.model.models import FailureReason, RunState
+from orbit.model.models import (
+    ExecutionRequest,
+    FailureReason,
+    LaunchMode,
+    Placement,
+    Resources,
+    RunState,
+    TaskSubmission,
+)
 from orbit.store import Store
 
 
 def fill(store: Store, runs: int) -> None:
     """`runs` runs, as ended ones (a fifth failed) of two experiments."""
     experiments = [store.create_experiment(name, "bench").id for name in ("sft", "grpo")]
+    request = ExecutionRequest(
+        template_id="local",
+        placement=Placement(kind="local"),
+        launch_mode=LaunchMode(kind="host_process"),
+        target="localhost",
+        detach=True,
+        resources=Resources(),
+        runtime_env={},
+        stop_grace_s=10,
+    )
     for i in range(runs):
+        submission = TaskSubmission(
+            experiment_id=experiments[i % 2],
+            task_type="python",
+            task_request={"script": "train.py"},
+            template_id="local",
+        )
         run = store.create_run(
             experiment_id=experiments[i % 2],
             task_type="python",
             template_id="local",
             bundle_digest=f"{i:064x}",
-            submission={"retry": {"max_retries": 2}},
-            request={"template_id": "local", "stop_grace_s": 10},
-            target="localhost",
-            backend_key="local_host_process",
+            submission=submission,
+            request=request,
             actor="bench",
         )
         attempt = run.current.id

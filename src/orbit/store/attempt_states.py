@@ -16,8 +16,9 @@ from orbit.store.attempt_leases import Lease, set_launch_claim, wake_waiting_for
 from orbit.store.audit import append_event
 from orbit.store.base import StoreBase, utcnow
 from orbit.store.dependencies import wake_dependents
+from orbit.store.run_queries import stored_request
 from orbit.store.runs import insert_attempt
-from orbit.store.sql import Row, Tx, read_json
+from orbit.store.sql import Row, Tx
 
 ACTIVE_IN = "(" + ", ".join(f"'{s.value}'" for s in RunState if not s.terminal) + ")"
 
@@ -129,11 +130,10 @@ class AttemptStatesMixin(StoreBase):
         if not backend_key.startswith("agent_pool"):
             # one that overflowed from its pool onto an SSH host is retried as its run asks
             # (the scheduler may place it in the pool, or on another host), not on that host
-            request = read_json(tx.scalar("SELECT request FROM runs WHERE id = :r", {"r": run_id}))
-            kinds = (request or {}).get("placement", {}), (request or {}).get("launch_mode", {})
-            if kinds[0].get("kind") == "agent_pool":
-                target = (request or {}).get("target")
-                backend_key = f"agent_pool_{kinds[1].get('kind')}"
+            raw = tx.scalar("SELECT request FROM runs WHERE id = :r", {"r": run_id})
+            request = stored_request(raw)
+            if request.placement.kind == "agent_pool":
+                target, backend_key = request.target, request.backend_key
         new_id = insert_attempt(
             tx,
             run_id,
