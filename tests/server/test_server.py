@@ -4,12 +4,9 @@ with nobody looking; logs that survive dropped connections; metrics; TLS."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import stat
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +17,7 @@ import pytest
 from orbit.store import Store
 from tests.helpers import ORBIT, eventually, orbit, orbit_json, write_spec
 from tests.orbit_server import Server
+from tests.proxy import CuttingProxy
 
 
 def token_for(server: Server, user: str, role: str) -> str:
@@ -169,59 +167,9 @@ def test_loops_finish_and_retry_runs_with_nobody_looking(
     assert [a["trigger"] for a in run["attempts"]] == ["submit", "auto_retry", "auto_retry"]  # type: ignore[index]
 
 
-class CuttingProxy:
-    """A TCP proxy to the server that cuts every connection after `cut_after` bytes from the
-    server: a flaky network between the CLI and the server."""
-
-    def __init__(self, target_port: int, cut_after: int) -> None:
-        self.target_port, self.cut_after = target_port, cut_after
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.cuts = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(
-                target=self._pipe, args=(upstream, client, self.cut_after), daemon=True
-            ).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, limit: int | None) -> None:
-        moved = 0
-        try:
-            while True:
-                data = src.recv(4096)
-                if not data:
-                    break
-                if limit is not None and moved + len(data) > limit:
-                    dst.sendall(data[: max(0, limit - moved)])
-                    self.cuts += 1
-                    break
-                dst.sendall(data)
-                moved += len(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
 def flaky(orbit_server: Server) -> Iterator[CuttingProxy]:
-    port = int(orbit_server.url.rsplit(":", 1)[1])
-    proxy = CuttingProxy(port, cut_after=40_000)
+    proxy = CuttingProxy(orbit_server.url, cut_after=40_000)
     yield proxy
     proxy.close()
 
@@ -232,7 +180,7 @@ def test_logs_follow_over_sse_resumes_after_dropped_connections_with_nothing_los
     script = "for i in $(seq 1 20000); do echo line-$i; [ $((i % 4000)) = 0 ] && sleep 0.3; done"
     spec = write_spec(tmp_path, task={"command": script})
     run_id = orbit_json(orbit_server.env(), "submit", str(spec))["id"]
-    env = orbit_server.env(ORBIT_SERVER=f"http://127.0.0.1:{flaky.port}")
+    env = orbit_server.env(ORBIT_SERVER=flaky.url)
     followed = orbit(env, "logs", run_id, "--follow", timeout=120)
     assert followed.stdout == "".join(f"line-{i}\n" for i in range(1, 20001))
     assert flaky.cuts >= 3  # the stream really was broken off, more than once

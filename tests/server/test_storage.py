@@ -6,11 +6,8 @@ the node, never what a running attempt needs; usage says the bytes that are on d
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +21,7 @@ from orbit.core.execution.mirror import read_agent_state
 from tests.agents import AgentProc, wait_online
 from tests.helpers import eventually, orbit, orbit_json, write_spec
 from tests.orbit_server import Server
+from tests.proxy import CuttingProxy
 from tests.sshd import SshdFactory
 
 # three checkpoints (checkpoint-1..3, 200 kB each) and 3 MB of weights
@@ -87,54 +85,9 @@ def storage_server(start_server: Callable[..., Server], tmp_path: Path) -> Calla
 # --- collect: one copy, incremental, resumable -------------------------------------------------
 
 
-class CuttingProxy:
-    """A TCP proxy to the server that cuts each connection after `limit` bytes of answers: a
-    transfer broken off part way, as a dropped link or a proxy's timeout would."""
-
-    def __init__(self, upstream: str, limit: int) -> None:
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
-        self.limit = limit
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            threading.Thread(target=self._pipe, args=(client, server, None), daemon=True).start()
-            threading.Thread(
-                target=self._pipe, args=(server, client, self.limit), daemon=True
-            ).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, limit: int | None) -> None:
-        sent = 0
-        try:
-            while data := src.recv(65536):
-                if limit is not None and sent + len(data) > limit:
-                    dst.sendall(data[: limit - sent])
-                    break
-                dst.sendall(data)
-                sent += len(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
 def proxy(orbit_server: Server) -> Iterator[CuttingProxy]:
-    found = CuttingProxy(orbit_server.url, limit=1_500_000)
+    found = CuttingProxy(orbit_server.url, cut_after=1_500_000)
     yield found
     found.close()
 
