@@ -34,7 +34,7 @@ server) is started and stopped a few times:
     processes (the CLI over HTTP, from compiled bytecode as an installed ORBIT runs), median;
     then, with nothing left to do, the server's CPU (% of one core) over --idle-s seconds
     and its RSS
- 3. 100 prepared runs added (store.create_run, unclaimed) and the server restarted with
+ 3. 100 prepared runs added (store.runs.create_run, unclaimed) and the server restarted with
     ORBIT_FAILPOINTS=launch=skip: its loop looks at the 100 again and again, launching none;
     CPU and RSS over --idle-s seconds again, and the looks per second
  4. the server with --no-loops and ORBIT_FAILPOINTS=launch=skip (every new attempt is left
@@ -766,7 +766,7 @@ def database(kind: str, home: Path, admin_url: str) -> Iterator[str]:
 
 def add_run(store: Store, experiment: str, seed: Seed, i: int) -> RunRecord:
     """The seed's run `i`, made through the store's own call (launched by no one)."""
-    return store.create_run(
+    return store.runs.create_run(
         experiment_id=experiment,
         task_type="command",
         template_id="local",
@@ -781,10 +781,12 @@ def one_page(url: str, seed: Seed) -> None:
     """PAGE ended runs, through the store's own calls."""
     store = Store(url)
     try:
-        experiment = store.create_experiment("sft", "bench").id
+        experiment = store.experiments.create_experiment("sft", "bench").id
         for i in range(PAGE):
             run = add_run(store, experiment, seed, i)
-            store.move_attempt(run.current.id, RunState.SUCCEEDED, actor="bench", exit_code=0)
+            store.attempts.move_attempt(
+                run.current.id, RunState.SUCCEEDED, actor="bench", exit_code=0
+            )
     finally:
         store.close()
 
@@ -811,9 +813,9 @@ def measure_database(
             store = Store(url)
             try:
                 write_seed(store, seed)
-                assert store.count_runs() == sz.runs
+                assert store.runs.count_runs() == sz.runs
                 if sz.runs <= 10_000:
-                    assert store.check_audit().intact, "the seeded audit chain is broken"
+                    assert store.audit.check_audit().intact, "the seeded audit chain is broken"
                 if kind == "postgres":
                     with store.db.transaction(write=False) as tx:
                         report["server_version"] = tx.scalar("SHOW server_version")
@@ -857,7 +859,7 @@ def measure_database(
 
             store = Store(url)
             try:
-                experiment = store.get_experiment("sft").id
+                experiment = store.experiments.get_experiment("sft").id
                 for i in range(ACTIVE_RUNS):  # as submitted with no launcher: due a launch
                     add_run(store, experiment, seed, i)
             finally:

@@ -48,7 +48,9 @@ from orbit.store import Store
 
 def fill(store: Store, runs: int) -> None:
     """`runs` runs, as ended ones (a fifth failed) of two experiments."""
-    experiments = [store.create_experiment(name, "bench").id for name in ("sft", "grpo")]
+    experiments = [
+        store.experiments.create_experiment(name, "bench").id for name in ("sft", "grpo")
+    ]
     request = ExecutionRequest(
         template_id="local",
         placement=Placement(kind="local"),
@@ -66,7 +68,7 @@ def fill(store: Store, runs: int) -> None:
             task_request={"script": "train.py"},
             template_id="local",
         )
-        run = store.create_run(
+        run = store.runs.create_run(
             experiment_id=experiments[i % 2],
             task_type="python",
             template_id="local",
@@ -77,7 +79,7 @@ def fill(store: Store, runs: int) -> None:
         )
         attempt = run.current.id
         if i % 5 == 4:
-            store.move_attempt(
+            store.attempts.move_attempt(
                 attempt,
                 RunState.FAILED,
                 actor="bench",
@@ -85,7 +87,7 @@ def fill(store: Store, runs: int) -> None:
                 exit_code=1,
             )
         else:
-            store.move_attempt(attempt, RunState.SUCCEEDED, actor="bench", exit_code=0)
+            store.attempts.move_attempt(attempt, RunState.SUCCEEDED, actor="bench", exit_code=0)
 
 
 def timed(argv: list[str], env: dict[str, str], repeat: int) -> list[float]:

@@ -185,7 +185,7 @@ class Stack:
             self.store.close()
 
     def ended(self) -> int:
-        return self.store.count_runs(states=TERMINAL)
+        return self.store.runs.count_runs(states=TERMINAL)
 
     def claimed_at(self, attempt_id: str) -> float:
         """When the server granted the agent's fencing claim (the agent had the start)."""
@@ -411,8 +411,8 @@ def orbit_throughput(s: Stack, scratch: Path, n: int, clients: int) -> dict[str,
         warm = client.submit(spec(out, "throughput"), base_dir=job)
         attempt = warm.record.current.id
         wait_for(partial(has_stamp, out / attempt), 120, "the warm-up run")
-    wait_for(lambda: s.ended() >= s.store.count_runs(), 60, "the earlier runs' ends", 0.05)
-    before = s.store.count_runs()
+    wait_for(lambda: s.ended() >= s.store.runs.count_runs(), 60, "the earlier runs' ends", 0.05)
+    before = s.store.runs.count_runs()
     ctx = multiprocessing.get_context("spawn")
     barrier, queue = ctx.Barrier(clients + 1), ctx.Queue()
     each = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
@@ -446,7 +446,7 @@ def orbit_throughput(s: Stack, scratch: Path, n: int, clients: int) -> dict[str,
                 w.kill()
     stamps = [stamp_of(p) for p in out.iterdir() if p.name != attempt]
     started = [t for t in stamps if t is not None]
-    failed = s.store.count_runs(states={RunState.FAILED, RunState.TERMINATED})
+    failed = s.store.runs.count_runs(states={RunState.FAILED, RunState.TERMINATED})
     wall = t_end - t0
     return {
         "n": n,

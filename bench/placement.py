@@ -333,11 +333,13 @@ def from_store(plan: Plan, inputs: bytes, run_id: str, repeat: int) -> tuple[flo
         try:
             counts = (len(plan.placements), len(rows) - len(plan.placements), 0)
             save_s, _ = timed(
-                lambda: store.save_pass("pass-1", datetime.now(UTC), {}, inputs, rows, counts, {})
+                lambda: store.scheduling.save_pass(
+                    "pass-1", datetime.now(UTC), {}, inputs, rows, counts, {}
+                )
             )
 
             def words() -> list[str]:
-                row = store.get_decision(run_id)
+                row = store.scheduling.get_decision(run_id)
                 assert row is not None
                 return lines(json.loads(row["body"]))
 

@@ -89,7 +89,7 @@ class Gate:
         requests, refused or not, say that it lives."""
         store = Store(self.server.database_url)
         try:
-            with store._read() as tx:
+            with store.db.transaction(write=False) as tx:
                 found: dict[str, Any] = {
                     "nodes": tx.all(
                         "SELECT id, name, credential_hash, labels, info, state, max_tasks, "

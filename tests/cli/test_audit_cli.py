@@ -40,8 +40,8 @@ def filled(store_url: str, orbit_home: Path) -> Iterator[tuple[Store, str]]:
     """A store with a run that went through a few states, and the run's id; keyed under the
     audit key the CLI finds in its ORBIT home."""
     store = Store(store_url, audit_key=load_audit_key(orbit_home / "audit-key"))
-    exp = store.create_experiment("audited", "alice")
-    run = store.create_run(
+    exp = store.experiments.create_experiment("audited", "alice")
+    run = store.runs.create_run(
         experiment_id=exp.id,
         task_type="command",
         template_id="local",
@@ -51,8 +51,8 @@ def filled(store_url: str, orbit_home: Path) -> Iterator[tuple[Store, str]]:
         actor="alice",
     )
     for to in (RunState.SUBMITTED, RunState.RUNNING, RunState.SUCCEEDED):
-        store.move_attempt(run.current.id, to, actor="orbit")
-    store.record_event("bob", "run.note", run_id=run.id, text="looks fine ✓")
+        store.attempts.move_attempt(run.current.id, to, actor="orbit")
+    store.audit.record_event("bob", "run.note", run_id=run.id, text="looks fine ✓")
     yield store, run.id
     store.close()
 
@@ -65,13 +65,13 @@ def test_verify_passes_then_names_the_tampered_event(
     env: dict[str, str], filled: tuple[Store, str]
 ) -> None:
     store, _ = filled
-    events = store.list_events()
+    events = store.audit.list_events()
     ok = orbit(env, "audit", "verify")
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.splitlines() == [
         f"audit chain intact: {len(events)} events",
         f"head: {events[-1].hash}",
-        f"keyed from event {events[0].id} (audit key {store.check_audit().key_id})",
+        f"keyed from event {events[0].id} (audit key {store.audit.check_audit().key_id})",
     ]
 
     edited, removed = events[3], events[5]
@@ -92,7 +92,7 @@ def test_verify_passes_then_names_the_tampered_event(
         "events": 6,
         "head": events[-1].hash,
         "keyed_from": events[0].id,
-        "key_id": store.check_audit().key_id,
+        "key_id": store.audit.check_audit().key_id,
         "anchors": 0,
         "problems": lines,
     }
@@ -105,12 +105,12 @@ def test_export_round_trips_with_the_hashes(
     proc = orbit(env, "audit", "export", "--json")
     assert proc.returncode == 0, proc.stderr
     exported = json.loads(proc.stdout)
-    assert [e["id"] for e in exported] == [e.id for e in store.list_events()]
+    assert [e["id"] for e in exported] == [e.id for e in store.audit.list_events()]
     assert all(len(e["hash"]) == 64 for e in exported)
     assert exported[0]["prev_hash"] is None
     assert [e["prev_hash"] for e in exported[1:]] == [e["hash"] for e in exported[:-1]]
     events = [AuditEvent.model_validate(e) for e in exported]
-    assert events == store.list_events()  # nothing lost in the JSON, to the microsecond
+    assert events == store.audit.list_events()  # nothing lost in the JSON, to the microsecond
     assert verify_chain(events) == []  # checkable away from the store
 
     out = tmp_path / "audit.json"
@@ -149,9 +149,9 @@ def test_help_explains_the_listing_and_both_commands(orbit_home: Path) -> None:
 
 def test_a_rehashed_chain_fails_verify(env: dict[str, str], filled: tuple[Store, str]) -> None:
     store, _ = filled
-    events = store.list_events()
+    events = store.audit.list_events()
     rehash_from(store, events[2], actor="mallory")
-    assert verify_chain(store.list_events()) == []  # every sha256 re-computed: whole again
+    assert verify_chain(store.audit.list_events()) == []  # every sha256 re-computed: whole again
     bad = orbit(env, "audit", "verify")
     assert bad.returncode == 1 and bad.stdout == "", bad
     lines = bad.stderr.splitlines()
@@ -183,7 +183,7 @@ def test_a_truncated_chain_fails_verify_and_its_anchor(
 
     raw = Store(store_url)
     try:
-        events = raw.list_events()
+        events = raw.audit.list_events()
         assert (events[-1].id, events[-1].hash) == (checkpoint["event"], checkpoint["hash"])
         execute(raw, "DELETE FROM events WHERE id >= :id", id=events[-2].id)
     finally:
@@ -207,12 +207,12 @@ def test_a_store_opened_with_another_key_is_refused_in_one_line(
     env: dict[str, str], filled: tuple[Store, str], tmp_path: Path
 ) -> None:
     store, _ = filled
-    before = store.list_events()
+    before = store.audit.list_events()
     other = {**env, "ORBIT_AUDIT_KEY_FILE": str(tmp_path / "another-key")}
     refused = orbit(other, "runs", "list")
     assert refused.returncode == 2 and refused.stdout == "", refused
     [line] = refused.stderr.splitlines()
     assert line.startswith(
-        f"orbit: error: the audit chain is keyed under audit key {store.check_audit().key_id}"
+        f"orbit: error: the audit chain is keyed under audit key {store.audit.check_audit().key_id}"
     )
-    assert store.list_events() == before  # nothing written under the wrong key
+    assert store.audit.list_events() == before  # nothing written under the wrong key

@@ -95,7 +95,7 @@ def test_cancel_and_retry_many_by_ids_and_by_filter(env: dict[str, str], tmp_pat
     }
     store = store_of(env)
     try:
-        bulk = [e for e in store.list_events() if e.action.startswith("runs.")]
+        bulk = [e for e in store.audit.list_events() if e.action.startswith("runs.")]
     finally:
         store.close()
     assert [(e.action, e.data["counts"]) for e in bulk] == [

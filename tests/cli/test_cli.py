@@ -213,9 +213,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert proc.stdout == ""
     store = store_of(env)
     try:
-        assert store.list_runs() == [] and store.list_experiments() == []
+        assert store.runs.list_runs() == [] and store.experiments.list_experiments() == []
         # (a server's own first start is in its trail: its admin and that admin's token)
-        assert [e.action for e in store.list_events() if e.actor != "orbit-server"] == []
+        assert [e.action for e in store.audit.list_events() if e.actor != "orbit-server"] == []
     finally:
         store.close()
 

@@ -120,7 +120,7 @@ def test_after_a_failure_any_runs_and_ok_fails_cleanly_without_a_retry(
     assert f"dependency {second} ended terminated (cancelled)" in gone["attempts"][0]["message"]
     store = store_of(env)
     try:
-        actions = [e.action for e in store.list_events(run_id=needs)]
+        actions = [e.action for e in store.audit.list_events(run_id=needs)]
     finally:
         store.close()
     assert "run.auto_retry" not in actions

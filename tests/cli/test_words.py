@@ -64,7 +64,7 @@ def test_a_misspelt_key_is_named_with_the_nearest_known_one(
     assert proc.stderr.strip().splitlines() == [f"orbit: error: {spec}: {line.split(': ', 1)[1]}"]
     store = store_of(env)
     try:
-        assert store.list_runs() == []
+        assert store.runs.list_runs() == []
     finally:
         store.close()
 

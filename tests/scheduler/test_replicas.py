@@ -120,7 +120,7 @@ def planned_by_replica(store_url: str, since: datetime) -> dict[int, collections
     again from its stored snapshot, queue and config, as `orbit sched simulate` does."""
     store = Store(store_url)
     try:
-        rows = store.passes_since(since)
+        rows = store.scheduling.passes_since(since)
     finally:
         store.close()
     out: dict[int, collections.Counter[str]] = {0: collections.Counter(), 1: collections.Counter()}

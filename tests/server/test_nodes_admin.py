@@ -104,7 +104,7 @@ def dump_store(url: str) -> str:
     """Every row of every table, as text."""
     store = Store(url)
     try:
-        with store._read() as tx:
+        with store.db.transaction(write=False) as tx:
             rows = {t: tx.all(f"SELECT * FROM {t}") for t in Base.metadata.tables}
     finally:
         store.close()

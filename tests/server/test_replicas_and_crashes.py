@@ -346,12 +346,12 @@ def test_the_reconcile_leases_of_a_gone_process_of_this_host_are_released_at_onc
     dead = f"reconcile:{host}:{int(gone.stdout)}"
     alive = f"reconcile:{host}:{os.getppid()}"
     elsewhere = f"reconcile:{host}-b:{int(gone.stdout)}"
-    experiment = store.create_experiment("exp", "tester")
+    experiment = store.experiments.create_experiment("exp", "tester")
     runs = [make_run(store, experiment.id) for _ in range(3)]
     at = datetime.now(UTC)
     lease = at + timedelta(seconds=LOOK_LEASE_S)
     for owner in (dead, alive, elsewhere):
-        assert len(store.claim_reconcile(owner, at=at, lease_until=lease, limit=1)) == 1
+        assert len(store.leases.claim_reconcile(owner, at=at, lease_until=lease, limit=1)) == 1
     reconciler = Reconciler(
         SimpleNamespace(store=store),  # type: ignore[arg-type]
         Metrics(store),
@@ -359,6 +359,9 @@ def test_the_reconcile_leases_of_a_gone_process_of_this_host_are_released_at_onc
         workers=1,
     )
     assert reconciler.release_the_gone() == [dead]
-    assert store.reconcile_holders(datetime.now(UTC)) == sorted([alive, elsewhere])
-    assert len(store.claim_reconcile("next", at=datetime.now(UTC), lease_until=lease, limit=9)) == 1
+    assert store.leases.reconcile_holders(datetime.now(UTC)) == sorted([alive, elsewhere])
+    assert (
+        len(store.leases.claim_reconcile("next", at=datetime.now(UTC), lease_until=lease, limit=9))
+        == 1
+    )
     assert reconciler.release_the_gone() == [] and len(runs) == 3

@@ -38,10 +38,10 @@ def test_first_start_writes_the_admin_token_once_and_the_store_keeps_only_hashes
     assert made["token"].startswith("orbit_") and made["user"] == "admin"
     store = Store(store_url)
     try:
-        with store._read() as tx:
+        with store.db.transaction(write=False) as tx:
             rows = tx.all("SELECT * FROM tokens")
         dumped = json.dumps([{k: str(v) for k, v in r.items()} for r in rows])
-        events = json.dumps([e.data for e in store.list_events()])
+        events = json.dumps([e.data for e in store.audit.list_events()])
     finally:
         store.close()
     assert len(rows) == 2

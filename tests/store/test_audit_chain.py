@@ -129,8 +129,8 @@ def test_verify_chain_names_altered_and_unlinked_events() -> None:
 
 def busy_store(store: Store) -> None:
     """A few real operations, each writing events."""
-    exp = store.create_experiment("chain", ACTOR)
-    run = store.create_run(
+    exp = store.experiments.create_experiment("chain", ACTOR)
+    run = store.runs.create_run(
         experiment_id=exp.id,
         task_type="command",
         template_id="local",
@@ -141,11 +141,13 @@ def busy_store(store: Store) -> None:
     )
     aid = run.current.id
     for to in (S.SUBMITTED, S.RUNNING, S.SUCCEEDED):
-        assert store.move_attempt(aid, to, actor=ACTOR, exit_code=0 if to.terminal else None)
-    store.record_event("alice", "run.note", run_id=run.id, text="héllo ✓", ratio=0.1, n=None)
-    store.request_cancel(aid, "bob")
+        assert store.attempts.move_attempt(
+            aid, to, actor=ACTOR, exit_code=0 if to.terminal else None
+        )
+    store.audit.record_event("alice", "run.note", run_id=run.id, text="héllo ✓", ratio=0.1, n=None)
+    store.attempts.request_cancel(aid, "bob")
     with pytest.raises(InvalidInput):  # rolled back, event and all: the chain has no gap
-        store.create_experiment("chain", ACTOR)
+        store.experiments.create_experiment("chain", ACTOR)
 
 
 def assert_linked(events: list[AuditEvent]) -> None:
@@ -166,28 +168,28 @@ def json_param(store: Store) -> str:
 
 def test_the_chain_is_intact_after_real_operations(store: Store, store_url: str) -> None:
     busy_store(store)
-    events = store.list_events()
+    events = store.audit.list_events()
     assert len(events) == 8
     assert_linked(events)
-    assert store.verify_audit() == []
-    check = store.check_audit()
+    assert store.audit.verify_audit() == []
+    check = store.audit.check_audit()
     assert (check.events, check.head) == (8, events[-1].hash)
     assert events[6].data == {"text": "héllo ✓", "ratio": 0.1, "n": None}
 
     # another store (new connections) reads back exactly what was hashed; appends go on
     again = Store(store_url)
     try:
-        assert again.verify_audit() == []
-        again.record_event("carol", "run.note", data={"tuple": (1, 2)}, at=1.5e-7)
-        assert store.verify_audit() == []
-        assert store.list_events()[-1].prev_hash == events[-1].hash
+        assert again.audit.verify_audit() == []
+        again.audit.record_event("carol", "run.note", data={"tuple": (1, 2)}, at=1.5e-7)
+        assert store.audit.verify_audit() == []
+        assert store.audit.list_events()[-1].prev_hash == events[-1].hash
     finally:
         again.close()
 
 
 def test_an_edited_event_is_named(store: Store) -> None:
     busy_store(store)
-    events = store.list_events()
+    events = store.audit.list_events()
     target = events[4]
     tamper(
         store,
@@ -195,7 +197,7 @@ def test_an_edited_event_is_named(store: Store) -> None:
         d=json.dumps({**target.data, "to": "failed"}),
         id=target.id,
     )
-    problems = store.verify_audit()
+    problems = store.audit.verify_audit()
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"event {target.id}: content altered")
 
@@ -211,21 +213,21 @@ def test_an_edited_event_is_named(store: Store) -> None:
         data={**target.data, "to": "failed"},
     )
     tamper(store, "UPDATE events SET hash = :h WHERE id = :id", h=forged, id=target.id)
-    problems = store.verify_audit()
+    problems = store.audit.verify_audit()
     assert [p.split(":")[0] for p in problems] == [f"event {events[1].id}", f"event {events[5].id}"]
     assert "content altered" in problems[0] and "broken link" in problems[1]
 
 
 def test_a_deleted_event_is_named(store: Store) -> None:
     busy_store(store)
-    events = store.list_events()
+    events = store.audit.list_events()
     tamper(store, "DELETE FROM events WHERE id = :id", id=events[3].id)
-    [problem] = store.verify_audit()
+    [problem] = store.audit.verify_audit()
     assert problem.startswith(f"event {events[4].id}: broken link")
     assert f"event before it, {events[2].id}" in problem
 
     tamper(store, "DELETE FROM events WHERE id = :id", id=events[0].id)
-    problems = store.verify_audit()
+    problems = store.audit.verify_audit()
     assert problems[0].startswith(f"event {events[1].id}: broken link")
     assert "no event precedes it" in problems[0]
 
@@ -242,12 +244,12 @@ def test_two_writers_leave_one_unbroken_chain(store_url: str) -> None:
         try:
             barrier.wait(timeout=10)
             for i in range(50):
-                store.record_event(name, "run.note", i=i)
+                store.audit.record_event(name, "run.note", i=i)
         except BaseException as exc:  # handed to the main thread
             failures.append(exc)
 
     try:
-        setup.record_event(ACTOR, "run.note", first=True)
+        setup.audit.record_event(ACTOR, "run.note", first=True)
         threads = [
             threading.Thread(target=append, args=(s, f"writer-{i}")) for i, s in enumerate(writers)
         ]
@@ -256,12 +258,12 @@ def test_two_writers_leave_one_unbroken_chain(store_url: str) -> None:
         for t in threads:
             t.join(timeout=60)
         assert failures == []
-        events = setup.list_events()
+        events = setup.audit.list_events()
         assert len(events) == 101
         prevs = [e.prev_hash for e in events]
         assert len(set(prevs)) == len(prevs)  # no two events share a predecessor
         assert_linked(events)
-        assert setup.verify_audit() == []
+        assert setup.audit.verify_audit() == []
         for name in ("writer-0", "writer-1"):  # each writer's events in its own order
             assert [e.data["i"] for e in events if e.actor == name] == list(range(50))
     finally:
@@ -271,8 +273,8 @@ def test_two_writers_leave_one_unbroken_chain(store_url: str) -> None:
 
 def test_a_fork_is_refused_by_the_database(store: Store) -> None:
     """Even a writer that skipped the lock could not chain two events onto one predecessor."""
-    store.record_event(ACTOR, "run.note")
-    [first] = store.list_events()
+    store.audit.record_event(ACTOR, "run.note")
+    [first] = store.audit.list_events()
     columns = "at, actor, action, data, prev_hash, hash"
     values = f":at, 'x', 'run.note', {json_param(store)}, :prev, :h"
     tamper(
@@ -296,7 +298,7 @@ def test_a_fork_is_refused_by_the_database(store: Store) -> None:
     assert isinstance(
         refused.value.__cause__, sqlite3.IntegrityError | psycopg.errors.UniqueViolation
     )
-    assert len(store.list_events()) == 2
+    assert len(store.audit.list_events()) == 2
 
 
 @pytest.mark.postgres
@@ -308,16 +310,16 @@ def test_a_session_in_another_time_zone_reads_utc_and_hashes_the_same_instant(
     away = Store(f"{postgres_url}?options=-c%20timezone%3DAsia/Kathmandu")
     home = Store(postgres_url)
     try:
-        away.record_event("a", "run.note")
-        home.record_event("b", "run.note")
-        away.record_event("c", "run.note")
+        away.audit.record_event("a", "run.note")
+        home.audit.record_event("b", "run.note")
+        away.audit.record_event("c", "run.note")
         [session] = query(away, "SELECT current_setting('TimeZone') AS zone, now() AS now")
         assert session["zone"] == "Asia/Kathmandu"  # the session really is elsewhere
         assert session["now"].utcoffset() == timedelta(hours=5, minutes=45)
-        events = away.list_events()
+        events = away.audit.list_events()
         assert [e.at.utcoffset() for e in events] == [timedelta(0)] * 3
-        assert away.verify_audit() == [] and home.verify_audit() == []
-        assert events == home.list_events()
+        assert away.audit.verify_audit() == [] and home.audit.verify_audit() == []
+        assert events == home.audit.list_events()
     finally:
         away.close()
         home.close()
@@ -327,32 +329,41 @@ def test_sqlite_writes_begin_immediate_and_reads_do_not_wait(store: Store) -> No
     """While one write transaction holds the store, a read still answers at once; on SQLite a
     write holds the write lock from its start, a read never takes it, and the pragmas apply to
     every connection."""
-    store.record_event(ACTOR, "run.note")
-    with store._write() as tx:
+    store.audit.record_event(ACTOR, "run.note")
+    with store.db.transaction(write=True) as tx:
         append_event(tx, ACTOR, "run.note", held=True)
-        assert len(store.list_events()) == 1  # another connection, not waiting for the writer
-    assert len(store.list_events()) == 2
-    with store._read() as tx, pytest.raises(RuntimeError, match="only inside a write"):
+        assert len(store.audit.list_events()) == 1  # another connection, not waiting for the writer
+    assert len(store.audit.list_events()) == 2
+    with (
+        store.db.transaction(write=False) as tx,
+        pytest.raises(RuntimeError, match="only inside a write"),
+    ):
         append_event(tx, ACTOR, "run.note")
-    assert len(store.list_events()) == 2
+    assert len(store.audit.list_events()) == 2
     if store.dialect != "sqlite":
         return
     path = store.url.removeprefix("sqlite:///")
     other = sqlite3.connect(path, timeout=0.05, isolation_level=None)
     try:
         # nothing written yet, and still the lock is held
-        with store._write(), pytest.raises(sqlite3.OperationalError, match="database is locked"):
+        with (
+            store.db.transaction(write=True),
+            pytest.raises(sqlite3.OperationalError, match="database is locked"),
+        ):
             other.execute("BEGIN IMMEDIATE")
-        with store._read():  # a read leaves the write lock free
+        with store.db.transaction(write=False):  # a read leaves the write lock free
             other.execute("BEGIN IMMEDIATE")
             other.execute("ROLLBACK")
     finally:
         other.close()
-    with store._read() as tx:
+    with store.db.transaction(write=False) as tx:
         assert tx.scalar("PRAGMA journal_mode") == "wal"
         assert tx.scalar("PRAGMA busy_timeout") == 30000
         assert tx.scalar("PRAGMA foreign_keys") == 1
-    with store._write() as tx, store._read() as nested:  # a second pooled connection
+    with (
+        store.db.transaction(write=True) as tx,
+        store.db.transaction(write=False) as nested,
+    ):  # a second pooled connection
         assert tx.scalar("PRAGMA busy_timeout") == nested.scalar("PRAGMA busy_timeout") == 30000
         assert nested.scalar("PRAGMA foreign_keys") == 1
 
@@ -410,14 +421,14 @@ def test_a_0001_store_is_migrated_with_a_backfilled_chain(store_url: str) -> Non
     engine = alembic_engine(store_url)
     try:
         assert current_revision(store.db) == HEAD_REVISION
-        events = store.list_events()
+        events = store.audit.list_events()
         assert [e.id for e in events] == [1, 3, 4, 5]
         assert events[0].at == at
         assert_linked(events)
-        assert store.verify_audit() == []
-        store.record_event(ACTOR, "run.note", after="migration")
-        assert store.list_events()[-1].prev_hash == events[-1].hash
-        assert store.verify_audit() == []
+        assert store.audit.verify_audit() == []
+        store.audit.record_event(ACTOR, "run.note", after="migration")
+        assert store.audit.list_events()[-1].prev_hash == events[-1].hash
+        assert store.audit.verify_audit() == []
 
         columns = {c["name"]: c for c in inspect(engine).get_columns("events")}
         assert columns["hash"]["nullable"] is False and columns["prev_hash"]["nullable"]
@@ -434,8 +445,8 @@ def test_a_0001_store_is_migrated_with_a_backfilled_chain(store_url: str) -> Non
         migrate_to(engine, "0001", down=True)
         assert "hash" not in {c["name"] for c in inspect(engine).get_columns("events")}
         migrate_to(engine, "head")
-        assert store.list_events()[:4] == events
-        assert store.verify_audit() == []
+        assert store.audit.list_events()[:4] == events
+        assert store.audit.verify_audit() == []
     finally:
         store.close()
         engine.dispose()

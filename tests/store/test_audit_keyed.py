@@ -30,7 +30,7 @@ KEY = bytes(range(32))
 def keyed(store_url: str) -> Any:
     store = Store(store_url, audit_key=KEY)
     busy_store(store)
-    assert store.verify_audit() == []
+    assert store.audit.verify_audit() == []
     yield store
     store.close()
 
@@ -38,7 +38,7 @@ def keyed(store_url: str) -> Any:
 def rehash_from(store: Store, edited: AuditEvent, **change: Any) -> None:
     """What someone with write access to the database does: change `edited`, then re-compute
     its hash and every later event's hash and link, so the sha256 chain is whole again."""
-    events = store.list_events()
+    events = store.audit.list_events()
     prev = None
     for event in events:
         if event.id == edited.id:
@@ -75,9 +75,9 @@ def rehash_from(store: Store, edited: AuditEvent, **change: Any) -> None:
 def test_every_event_of_a_keyed_store_carries_a_mac_and_the_seal_names_the_head(
     keyed: Store,
 ) -> None:
-    events = keyed.list_events()
+    events = keyed.audit.list_events()
     assert all(e.mac and len(e.mac) == 64 for e in events)
-    check = keyed.check_audit()
+    check = keyed.audit.check_audit()
     assert (check.keyed_from, check.key_id, check.head) == (
         events[0].id,
         key_id(KEY),
@@ -88,11 +88,11 @@ def test_every_event_of_a_keyed_store_carries_a_mac_and_the_seal_names_the_head(
 
 
 def test_a_rehashed_chain_fails_under_the_key(keyed: Store) -> None:
-    events = keyed.list_events()
+    events = keyed.audit.list_events()
     target = events[3]
     rehash_from(keyed, target, actor="mallory")
-    assert verify_chain(keyed.list_events()) == []  # sha256 alone is fooled
-    problems = keyed.verify_audit()
+    assert verify_chain(keyed.audit.list_events()) == []  # sha256 alone is fooled
+    problems = keyed.audit.verify_audit()
     assert problems[0] == (
         f"events {target.id} to {events[-1].id}: MAC does not match "
         "(re-hashed by someone without the audit key?)"
@@ -101,24 +101,24 @@ def test_a_rehashed_chain_fails_under_the_key(keyed: Store) -> None:
 
     # and with the MACs removed too: the events are named as unkeyed in a keyed chain
     execute(keyed, "UPDATE events SET mac = NULL WHERE id >= :id", id=target.id)
-    problems = keyed.verify_audit()
+    problems = keyed.audit.verify_audit()
     assert problems[0].startswith(f"events {target.id} to {events[-1].id}: no MAC in a keyed chain")
 
 
 def test_a_chain_cut_short_fails_and_the_next_append_does_not_hide_it(keyed: Store) -> None:
-    events = keyed.list_events()
+    events = keyed.audit.list_events()
     execute(keyed, "DELETE FROM events WHERE id >= :id", id=events[-3].id)
-    problems = keyed.verify_audit()
+    problems = keyed.audit.verify_audit()
     assert problems == [
         f"the chain ends at event {events[-4].id}, but its seal names event {events[-1].id} "
         f"({events[-1].hash[:12]}) as the last: events were removed from its end"
     ]
     # the next writer finds the seal off the end: it says so in the chain before its own event
-    keyed.record_event("alice", "run.note", text="later")
-    after = keyed.list_events()
+    keyed.audit.record_event("alice", "run.note", text="later")
+    after = keyed.audit.list_events()
     assert [e.action for e in after[-2:]] == [SEAL_BROKEN, "run.note"]
     assert after[-2].data == {"seal": "behind", "sealed_head": events[-1].id, "last": events[-4].id}
-    assert keyed.verify_audit() == [
+    assert keyed.audit.verify_audit() == [
         f"event {after[-2].id}: the audit seal named event {events[-1].id} as the last, but the "
         f"chain ended at event {events[-4].id} when this event was written: events were removed "
         "or written without the key"
@@ -127,7 +127,7 @@ def test_a_chain_cut_short_fails_and_the_next_append_does_not_hide_it(keyed: Sto
 
 @pytest.mark.parametrize("how", ["moved", "deleted"])
 def test_a_chain_cut_short_with_its_seal_moved_or_deleted_fails(keyed: Store, how: str) -> None:
-    events = keyed.list_events()
+    events = keyed.audit.list_events()
     execute(keyed, "DELETE FROM events WHERE id >= :id", id=events[-3].id)
     if how == "moved":  # onto the new end: its MAC gives it away
         execute(
@@ -136,66 +136,66 @@ def test_a_chain_cut_short_with_its_seal_moved_or_deleted_fails(keyed: Store, ho
             i=events[-4].id,
             h=events[-4].hash,
         )
-        assert keyed.verify_audit() == ["the audit seal was altered: its MAC does not match"]
+        assert keyed.audit.verify_audit() == ["the audit seal was altered: its MAC does not match"]
     else:
         execute(keyed, "DELETE FROM audit_seal")
-        [problem] = keyed.verify_audit()
+        [problem] = keyed.audit.verify_audit()
         assert problem.startswith(f"the audit seal is missing, though events from {events[0].id}")
-    keyed.record_event("alice", "run.note", text="later")
-    marker = keyed.list_events()[-2]
+    keyed.audit.record_event("alice", "run.note", text="later")
+    marker = keyed.audit.list_events()[-2]
     assert marker.action == SEAL_BROKEN
     assert marker.data == {"seal": "altered" if how == "moved" else "missing"}
-    [problem] = keyed.verify_audit()
+    [problem] = keyed.audit.verify_audit()
     assert problem.startswith(f"event {marker.id}: the audit seal had been ")
 
 
 def test_a_chain_stripped_to_look_never_keyed_fails_against_an_anchor(keyed: Store) -> None:
     """Whoever deletes the seal and every MAC leaves a chain that looks as if keying had never
     begun: only something kept outside the database can tell. An anchor does."""
-    events = keyed.list_events()
+    events = keyed.audit.list_events()
     anchor = Anchor(events[-2].id, events[-2].hash)
-    assert keyed.check_audit([anchor]).intact
+    assert keyed.audit.check_audit([anchor]).intact
     execute(keyed, "DELETE FROM audit_seal")
     execute(keyed, "UPDATE events SET mac = NULL")
     rehash_from(keyed, events[2], actor="mallory")
-    assert keyed.verify_audit() == []  # nothing in the database says otherwise
-    [problem] = keyed.check_audit([anchor]).problems
+    assert keyed.audit.verify_audit() == []  # nothing in the database says otherwise
+    [problem] = keyed.audit.check_audit([anchor]).problems
     assert problem.startswith(f"event {anchor.event}: not the anchored event")
 
     execute(keyed, "DELETE FROM events WHERE id >= :id", id=events[-3].id)
-    [problem] = keyed.check_audit([anchor]).problems
+    [problem] = keyed.audit.check_audit([anchor]).problems
     assert problem.startswith(f"anchored event {anchor.event} ({anchor.hash[:12]}) is past its end")
 
 
 def test_old_events_keep_verifying_and_keying_begins_with_the_next(store_url: str) -> None:
     plain = Store(store_url)
     busy_store(plain)
-    old = plain.list_events()
+    old = plain.audit.list_events()
     plain.close()
     store = Store(store_url, audit_key=KEY)
     try:
-        assert store.check_audit().keyed_from is None and store.verify_audit() == []
-        store.record_event("alice", "run.note", text="first keyed")
-        check = store.check_audit()
+        assert store.audit.check_audit().keyed_from is None and store.audit.verify_audit() == []
+        store.audit.record_event("alice", "run.note", text="first keyed")
+        check = store.audit.check_audit()
         assert check.intact and check.keyed_from == old[-1].id + 1
-        assert [e.mac is None for e in store.list_events()] == [True] * len(old) + [False]
+        assert [e.mac is None for e in store.audit.list_events()] == [True] * len(old) + [False]
         # the old events are checked by the plain rule, as before
         execute(store, "UPDATE events SET actor = 'mallory' WHERE id = :id", id=old[2].id)
-        [problem] = store.verify_audit()
+        [problem] = store.audit.verify_audit()
         assert problem.startswith(f"event {old[2].id}: content altered")
     finally:
         store.close()
 
 
 def test_another_key_is_refused_before_anything_is_written(keyed: Store) -> None:
-    before = keyed.list_events()
+    before = keyed.audit.list_events()
     other = bytes(32)
     with pytest.raises(
         InvalidInput,
         match=rf"keyed under audit key {key_id(KEY)}, and the key given is {key_id(other)}",
     ):
         Store(keyed.url, audit_key=other)
-    assert keyed.list_events() == before
+    assert keyed.audit.list_events() == before
 
 
 def test_the_key_file_is_made_once_for_its_owner_only(tmp_path: Path) -> None:
@@ -224,7 +224,7 @@ def test_two_keyed_writers_keep_one_sealed_chain(store_url: str) -> None:
         try:
             barrier.wait(timeout=10)
             for i in range(40):
-                store.record_event(name, "run.note", i=i)
+                store.audit.record_event(name, "run.note", i=i)
         except BaseException as exc:  # handed to the main thread
             failures.append(exc)
 
@@ -237,9 +237,9 @@ def test_two_keyed_writers_keep_one_sealed_chain(store_url: str) -> None:
         for t in threads:
             t.join(timeout=120)
         assert failures == []
-        events = writers[0].list_events()
+        events = writers[0].audit.list_events()
         assert len(events) == 80 and SEAL_BROKEN not in {e.action for e in events}
-        check = writers[1].check_audit()
+        check = writers[1].audit.check_audit()
         assert check.intact and check.head == events[-1].hash, check.problems
     finally:
         for s in writers:

@@ -35,33 +35,35 @@ def test_hosts_are_added_found_checked_and_removed_with_an_audit(store: Store) -
     assert store.hosts.find("h100-a") is None
     with pytest.raises(NotFound, match="unknown host 'h100-a'"):
         store.hosts.remove("h100-a", ACTOR)
-    actions = [e.action for e in store.list_events()]
+    actions = [e.action for e in store.audit.list_events()]
     assert actions == ["host.added", "host.checked", "host.removed"]
-    assert store.verify_audit() == []
+    assert store.audit.verify_audit() == []
 
 
 def test_an_unreachable_host_marks_the_attempt_without_changing_its_state(store: Store) -> None:
-    experiment = store.create_experiment("exp", ACTOR)
+    experiment = store.experiments.create_experiment("exp", ACTOR)
     run = make_run(store, experiment.id)
     attempt = run.current.id
-    store.move_attempt(attempt, S.SUBMITTED, actor=ACTOR)
-    store.move_attempt(attempt, S.RUNNING, actor=ACTOR)
+    store.attempts.move_attempt(attempt, S.SUBMITTED, actor=ACTOR)
+    store.attempts.move_attempt(attempt, S.RUNNING, actor=ACTOR)
     assert store.hosts.active_attempts("localhost") == {attempt}
-    store.record_contact(attempt, reachable=True, actor=ACTOR)
-    seen = store.get_attempt(attempt).last_contact_at
+    store.attempts.record_contact(attempt, reachable=True, actor=ACTOR)
+    seen = store.runs.get_attempt(attempt).last_contact_at
     assert seen is not None
     for _ in range(2):  # a second miss changes nothing but the message
-        store.record_contact(attempt, reachable=False, actor=ACTOR, message="timed out")
-    lost = store.get_attempt(attempt)
+        store.attempts.record_contact(attempt, reachable=False, actor=ACTOR, message="timed out")
+    lost = store.runs.get_attempt(attempt)
     assert lost.state is S.RUNNING and lost.unreachable
     assert lost.reason is FailureReason.HOST_UNREACHABLE and lost.message == "timed out"
     assert lost.last_contact_at == seen and lost.unreachable_since is not None
-    store.record_contact(attempt, reachable=True, actor=ACTOR)
-    back = store.get_attempt(attempt)
+    store.attempts.record_contact(attempt, reachable=True, actor=ACTOR)
+    back = store.runs.get_attempt(attempt)
     assert not back.unreachable and back.reason is None and back.message is None
-    actions = [e.action for e in store.list_events() if e.action.startswith("host.")]
+    actions = [e.action for e in store.audit.list_events() if e.action.startswith("host.")]
     assert actions == ["host.unreachable", "host.reachable"]
-    store.move_attempt(attempt, S.SUCCEEDED, actor=ACTOR)
+    store.attempts.move_attempt(attempt, S.SUCCEEDED, actor=ACTOR)
     assert store.hosts.active_attempts("localhost") == set()
-    store.record_contact(attempt, reachable=False, actor=ACTOR, message="gone")  # ended: ignored
-    assert store.get_attempt(attempt).reason is None
+    store.attempts.record_contact(
+        attempt, reachable=False, actor=ACTOR, message="gone"
+    )  # ended: ignored
+    assert store.runs.get_attempt(attempt).reason is None

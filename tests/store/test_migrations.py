@@ -35,8 +35,8 @@ def test_a_store_newer_than_this_orbit_is_refused_in_one_line(store: Store) -> N
 def test_a_0005_store_gains_users_and_reconcile_leases(store: Store) -> None:
     """Down to 0005 (no users, no leases) and up again: the runs stay, and each attempt that
     has not ended is due its first reconcile."""
-    run = make_run(store, store.create_experiment("exp", ACTOR).id)
-    store.create_user("root", Role.ADMIN, ACTOR)
+    run = make_run(store, store.experiments.create_experiment("exp", ACTOR).id)
+    store.users.create_user("root", Role.ADMIN, ACTOR)
     engine = alembic_engine(store.url)
     try:
         migrate_to(engine, "0005", down=True)
@@ -46,10 +46,12 @@ def test_a_0005_store_gains_users_and_reconcile_leases(store: Store) -> None:
     store.close()
     again = Store(store.url)
     try:
-        assert current_revision(again.db) == HEAD_REVISION and again.count_users() == 0
-        assert again.get_run(run.id) == run
+        assert current_revision(again.db) == HEAD_REVISION and again.users.count_users() == 0
+        assert again.runs.get_run(run.id) == run
         at = datetime.now(UTC)
-        claimed = again.claim_reconcile("r", at=at, lease_until=at + timedelta(minutes=1), limit=5)
+        claimed = again.leases.claim_reconcile(
+            "r", at=at, lease_until=at + timedelta(minutes=1), limit=5
+        )
         assert claimed == [(run.id, run.current.id)]
     finally:
         again.close()

@@ -14,60 +14,62 @@ from tests.helpers import a_request, a_submission
 
 
 def test_a_nodes_lookup_holds_its_own_attempts_and_gpus_only(store: Store) -> None:
-    store.create_join_token(token_hash("join"), {}, None, "tests")
+    store.nodes.create_join_token(token_hash("join"), {}, None, "tests")
     nodes = [
-        store.register_node(
+        store.nodes.register_node(
             token_hash("join"), name, {}, 8, {"agent_version": "t"}, token_hash(f"cred-{name}")
         )
         for name in ("a", "b")
     ]
-    experiment = store.create_experiment("e", "tests").id
+    experiment = store.experiments.create_experiment("e", "tests").id
     placed: dict[str, list[str]] = {"a": [], "b": []}
     for i, node in enumerate([nodes[0], nodes[1], nodes[1], nodes[0], nodes[1]]):
-        run = store.create_run(
+        run = store.runs.create_run(
             experiment_id=experiment, task_type="command", template_id="pool",
             bundle_digest="0" * 64, submission=a_submission(),
             request=a_request("agent_pool_host_process"), actor="tests",
         )  # fmt: skip
         gpus = {"indices": [i], "memory_gb": 0.0}
-        assert store.assign_attempt(run.current.id, node.id, gpus, {"kind": "start"}, "t")
+        assert store.placement.assign_attempt(run.current.id, node.id, gpus, {"kind": "start"}, "t")
         placed[node.name].append(run.current.id)
     ended = placed["b"].pop()  # an ended attempt is no longer running there
-    store.move_attempt(ended, RunState.FAILED, actor="tests", reason=FailureReason.NODE_LOST)
+    store.attempts.move_attempt(
+        ended, RunState.FAILED, actor="tests", reason=FailureReason.NODE_LOST
+    )
 
-    a = store.node_by_credential(token_hash("cred-a"))
-    b = store.node_by_credential(token_hash("cred-b"))
+    a = store.nodes.node_by_credential(token_hash("cred-a"))
+    b = store.nodes.node_by_credential(token_hash("cred-b"))
     assert a is not None and b is not None
     assert list(a.running) == placed["a"] and set(a.gpus_in_use) == {0, 3}
     assert list(b.running) == placed["b"] and set(b.gpus_in_use) == {1, 2}
-    listed = {n.name: n for n in store.list_nodes()}
+    listed = {n.name: n for n in store.nodes.list_nodes()}
     assert listed["a"].running == a.running and listed["b"].running == b.running
-    assert store.get_node("b").gpus_in_use == b.gpus_in_use
+    assert store.nodes.get_node("b").gpus_in_use == b.gpus_in_use
 
 
 def test_an_attempt_is_placed_once_however_many_launchers_try(store: Store) -> None:
     """A launcher that stalled past its lease while another placed the attempt cannot place it
     a second time: it would start on two nodes, each under its own fence."""
-    store.create_join_token(token_hash("join"), {}, None, "tests")
+    store.nodes.create_join_token(token_hash("join"), {}, None, "tests")
     x, y = (
-        store.register_node(
+        store.nodes.register_node(
             token_hash("join"), name, {}, 8, {"agent_version": "t"}, token_hash(f"cred-{name}")
         )
         for name in ("x", "y")
     )
-    experiment = store.create_experiment("e", "tests").id
-    run = store.create_run(
+    experiment = store.experiments.create_experiment("e", "tests").id
+    run = store.runs.create_run(
         experiment_id=experiment, task_type="command", template_id="pool",
         bundle_digest="0" * 64, submission=a_submission(),
         request=a_request("agent_pool_host_process"), actor="tests",
     )  # fmt: skip
     gpus = {"indices": [], "memory_gb": 0.0}
-    placed = store.assign_attempt(run.current.id, x.id, gpus, {"kind": "start"}, "t")
+    placed = store.placement.assign_attempt(run.current.id, x.id, gpus, {"kind": "start"}, "t")
     assert placed is not None and placed[0] == 1
     with pytest.raises(Refused, match="already placed"):
-        store.assign_attempt(run.current.id, y.id, gpus, {"kind": "start"}, "t")
-    assert store.attempt_placement(run.current.id)["node_id"] == x.id
-    assert store.pending_commands(y.id) == []
+        store.placement.assign_attempt(run.current.id, y.id, gpus, {"kind": "start"}, "t")
+    assert store.placement.attempt_placement(run.current.id)["node_id"] == x.id
+    assert store.commands.pending_commands(y.id) == []
 
 
 def test_a_placement_is_checked_against_the_node_as_it_is_now(store: Store) -> None:
@@ -76,14 +78,14 @@ def test_a_placement_is_checked_against_the_node_as_it_is_now(store: Store) -> N
     have brought yet."""
     from orbit.model.nodes import NodeState
 
-    store.create_join_token(token_hash("join"), {}, None, "tests")
-    node = store.register_node(
+    store.nodes.create_join_token(token_hash("join"), {}, None, "tests")
+    node = store.nodes.register_node(
         token_hash("join"), "n", {}, 1, {"agent_version": "t"}, token_hash("cred-n")
     )
-    experiment = store.create_experiment("e", "tests").id
+    experiment = store.experiments.create_experiment("e", "tests").id
 
     def attempt() -> str:
-        run = store.create_run(
+        run = store.runs.create_run(
             experiment_id=experiment, task_type="command", template_id="pool",
             bundle_digest="0" * 64, submission=a_submission(),
             request=a_request("agent_pool_host_process"), actor="tests",
@@ -91,11 +93,13 @@ def test_a_placement_is_checked_against_the_node_as_it_is_now(store: Store) -> N
         return run.current.id
 
     gpus = {"indices": [], "memory_gb": 0.0}
-    store.update_node("n", "admin", max_tasks=0)
-    assert store.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is None
-    store.update_node("n", "admin", max_tasks=2, state=NodeState.CORDONED)
-    assert store.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is None
-    store.update_node("n", "admin", state=NodeState.ACTIVE)
-    assert store.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is not None
-    [start] = [read_json(c["body"]) for c in store.pending_commands(node.id)]
+    store.nodes.update_node("n", "admin", max_tasks=0)
+    assert store.placement.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is None
+    store.nodes.update_node("n", "admin", max_tasks=2, state=NodeState.CORDONED)
+    assert store.placement.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is None
+    store.nodes.update_node("n", "admin", state=NodeState.ACTIVE)
+    assert (
+        store.placement.assign_attempt(attempt(), node.id, gpus, {"kind": "start"}, "t") is not None
+    )
+    [start] = [read_json(c["body"]) for c in store.commands.pending_commands(node.id)]
     assert start["max_tasks"] == 2

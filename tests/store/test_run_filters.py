@@ -15,7 +15,7 @@ from tests.helpers import a_request, a_submission
 
 
 def run(store: Store, experiment: str, actor: str, target: str | None, key: str) -> RunRecord:
-    return store.create_run(
+    return store.runs.create_run(
         experiment_id=experiment, task_type="command", template_id="t",
         bundle_digest="0" * 64, submission=a_submission(),
         request=a_request(key, target), actor=actor,
@@ -23,28 +23,30 @@ def run(store: Store, experiment: str, actor: str, target: str | None, key: str)
 
 
 def test_runs_are_found_by_their_user_and_where_their_current_attempt_is(store: Store) -> None:
-    store.create_join_token(token_hash("join"), {}, None, "tests")
+    store.nodes.create_join_token(token_hash("join"), {}, None, "tests")
     a, b = (
-        store.register_node(token_hash("join"), n, {}, 8, {}, token_hash(f"cred-{n}"))
+        store.nodes.register_node(token_hash("join"), n, {}, 8, {}, token_hash(f"cred-{n}"))
         for n in ("gpu-a", "gpu-b")
     )
-    e = store.create_experiment("e", "tests").id
+    e = store.experiments.create_experiment("e", "tests").id
     mias = run(store, e, "mia", None, "agent_pool_host_process")
-    store.assign_attempt(mias.current.id, a.id, {"indices": []}, {"kind": "start"}, "t")
+    store.placement.assign_attempt(mias.current.id, a.id, {"indices": []}, {"kind": "start"}, "t")
     gang = run(store, e, "ben", None, "agent_pool_host_process")
     ranks = [(a.id, {"indices": []}, {"kind": "start"}), (b.id, {"indices": []}, {"kind": "start"})]
-    assert store.assign_gang(gang.current.id, ranks, "t") is not None
+    assert store.placement.assign_gang(gang.current.id, ranks, "t") is not None
     rented = run(store, e, "mia", "h100-a", "ssh_host_process")
     moved = run(store, e, "ben", None, "agent_pool_host_process")  # was on gpu-b, retried
-    store.assign_attempt(moved.current.id, b.id, {"indices": []}, {"kind": "start"}, "t")
-    store.move_attempt(moved.current.id, RunState.FAILED, actor="t", reason=FailureReason.NODE_LOST)
-    store.add_attempt(
+    store.placement.assign_attempt(moved.current.id, b.id, {"indices": []}, {"kind": "start"}, "t")
+    store.attempts.move_attempt(
+        moved.current.id, RunState.FAILED, actor="t", reason=FailureReason.NODE_LOST
+    )
+    store.runs.add_attempt(
         moved.id, target="h100-a", backend_key="ssh_host_process", trigger="retry", actor="t"
     )
 
     def found(**filters: str) -> set[str]:
-        listed = {r.id for r in store.list_runs(**filters)}  # type: ignore[arg-type]
-        assert store.count_runs(**filters) == len(listed)  # type: ignore[arg-type]
+        listed = {r.id for r in store.runs.list_runs(**filters)}  # type: ignore[arg-type]
+        assert store.runs.count_runs(**filters) == len(listed)  # type: ignore[arg-type]
         return listed
 
     assert found(user="mia") == {mias.id, rented.id}
@@ -54,9 +56,9 @@ def test_runs_are_found_by_their_user_and_where_their_current_attempt_is(store: 
     assert found(node="h100-a") == {rented.id, moved.id}
     assert found(node="h100-a", user="ben") == {moved.id}
     assert found(node="nowhere") == set()
-    shown = {r.id: r.current for r in store.list_runs()}
+    shown = {r.id: r.current for r in store.runs.list_runs()}
     assert shown[mias.id].where == "gpu-a" and shown[gang.id].where == "gpu-a+gpu-b"
-    assert shown[moved.id].where == "h100-a" and store.get_run(mias.id).current.node == "gpu-a"
+    assert shown[moved.id].where == "h100-a" and store.runs.get_run(mias.id).current.node == "gpu-a"
 
 
 def test_the_filters_read_through_indexes(store: Store) -> None:

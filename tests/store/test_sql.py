@@ -79,9 +79,11 @@ def test_sqlite_keeps_the_formats_sqlalchemy_wrote(tmp_path: Path) -> None:
     rows written in either way (and by hand, with a zone or no microseconds) read the same."""
     store = Store(f"sqlite:///{tmp_path / 'orbit.db'}")
     try:
-        exp = store.create_experiment("e", ACTOR)
+        exp = store.experiments.create_experiment("e", ACTOR)
         run = make_run(store, exp.id)
-        store.move_attempt(run.current.id, S.FAILED, actor=ACTOR, reason=FailureReason.NODE_LOST)
+        store.attempts.move_attempt(
+            run.current.id, S.FAILED, actor=ACTOR, reason=FailureReason.NODE_LOST
+        )
         [row] = query(store, "SELECT created_at, submission FROM runs")
         assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}", row["created_at"])
         assert isinstance(row["submission"], str)  # JSON as text
@@ -95,22 +97,22 @@ def test_sqlite_keeps_the_formats_sqlalchemy_wrote(tmp_path: Path) -> None:
             ("2026-11-23 08:24:27+00:00", datetime(2026, 11, 23, 8, 24, 27, tzinfo=UTC)),
         ):
             execute(store, "UPDATE experiments SET created_at = :at", at=stored)
-            assert store.get_experiment("e").created_at == want
+            assert store.experiments.get_experiment("e").created_at == want
         # SQLAlchemy wrote a None it was given for a JSON column as JSON null
         store.hosts.add(HostSpec(name="h", ssh="root@h"), None, ACTOR)
         assert execute(store, "UPDATE hosts SET facts = 'null'") == 1
         assert execute(store, "UPDATE attempts SET handle = 'null'") == 1
         assert store.hosts.get("h").facts is None
-        assert store.get_attempt(run.current.id).handle is None
+        assert store.runs.get_attempt(run.current.id).handle is None
     finally:
         store.close()
 
 
 def test_a_time_written_in_another_zone_reads_back_as_the_same_instant(store: Store) -> None:
-    exp = store.create_experiment("e", ACTOR)
+    exp = store.experiments.create_experiment("e", ACTOR)
     stored = "2026-11-23 10:24:27.5+02:00"
     execute(store, "UPDATE experiments SET created_at = :at WHERE id = :id", at=stored, id=exp.id)
-    got = store.get_experiment(exp.id).created_at
+    got = store.experiments.get_experiment(exp.id).created_at
     assert got == datetime(2026, 11, 23, 8, 24, 27, 500000, tzinfo=UTC)
     assert got.tzinfo is UTC
 
@@ -124,9 +126,9 @@ from orbit.model.models import ExecutionRequest, FailureReason, RunState as S, T
 from orbit.store import Store
 
 store = Store(sys.argv[1])
-exp = store.create_experiment("fast", "t")
-store.find_experiment("fast"), store.list_experiments()
-run = store.create_run(
+exp = store.experiments.create_experiment("fast", "t")
+store.experiments.find_experiment("fast"), store.experiments.list_experiments()
+run = store.runs.create_run(
     experiment_id=exp.id, task_type="command", template_id="local", bundle_digest="d" * 64,
     actor="t", submission=TaskSubmission(
         experiment_id=exp.id, task_type="command", task_request={}, template_id="local",
@@ -136,19 +138,19 @@ run = store.create_run(
     ),
 )
 aid = run.current.id
-store.move_attempt(aid, S.SUBMITTED, actor="t")
-store.record_contact(aid, reachable=False, actor="t", message="gone")
-store.record_contact(aid, reachable=True, actor="t")
-store.request_cancel(aid, "t")
-store.move_attempt(aid, S.TERMINATED, actor="t", reason=FailureReason.CANCELLED)
-store.add_attempt(run.id, target=None, backend_key="k", trigger="retry", actor="t")
-store.get_run(run.id[:9]), store.get_attempt(aid)
-store.list_runs(limit=50), store.list_runs(states={S.PREPARED}), store.count_runs()
+store.attempts.move_attempt(aid, S.SUBMITTED, actor="t")
+store.attempts.record_contact(aid, reachable=False, actor="t", message="gone")
+store.attempts.record_contact(aid, reachable=True, actor="t")
+store.attempts.request_cancel(aid, "t")
+store.attempts.move_attempt(aid, S.TERMINATED, actor="t", reason=FailureReason.CANCELLED)
+store.runs.add_attempt(run.id, target=None, backend_key="k", trigger="retry", actor="t")
+store.runs.get_run(run.id[:9]), store.runs.get_attempt(aid)
+store.runs.list_runs(limit=50), store.runs.list_runs(states={S.PREPARED}), store.runs.count_runs()
 store.hosts.add(HostSpec(name="h", ssh="root@h"), None, "t")
 store.hosts.all(), store.hosts.active_attempts("h")
 store.hosts.remove("h", "t")
-store.record_event("t", "run.note"), store.list_events(limit=3)
-assert store.verify_audit() == []
+store.audit.record_event("t", "run.note"), store.audit.list_events(limit=3)
+assert store.audit.verify_audit() == []
 store.close()
 loaded = {m.split(".")[0] for m in sys.modules}
 print(" ".join(sorted(loaded & {"sqlalchemy", "alembic", "psycopg"})))
@@ -181,7 +183,7 @@ def test_a_new_store_imports_alembic_to_migrate(tmp_path: Path) -> None:
 
 def test_threads_share_one_store(store: Store) -> None:
     """The HTTP server's workers call one Store at once: every transaction its own connection."""
-    exp = store.create_experiment("threads", ACTOR)
+    exp = store.experiments.create_experiment("threads", ACTOR)
     barrier = threading.Barrier(6)
     failures: list[BaseException] = []
 
@@ -190,10 +192,10 @@ def test_threads_share_one_store(store: Store) -> None:
             barrier.wait(timeout=10)
             for _ in range(5):
                 run = make_run(store, exp.id)
-                assert store.move_attempt(run.current.id, S.SUBMITTED, actor=ACTOR)
-                with store._read():  # a read held open while others write
-                    assert store.get_run(run.id).state is S.SUBMITTED
-                store.list_runs(limit=10)
+                assert store.attempts.move_attempt(run.current.id, S.SUBMITTED, actor=ACTOR)
+                with store.db.transaction(write=False):  # a read held open while others write
+                    assert store.runs.get_run(run.id).state is S.SUBMITTED
+                store.runs.list_runs(limit=10)
         except BaseException as exc:  # handed to the main thread
             failures.append(exc)
 
@@ -203,10 +205,10 @@ def test_threads_share_one_store(store: Store) -> None:
     for t in threads:
         t.join(timeout=120)
     assert failures == []
-    assert store.count_runs(experiment_id=exp.id) == 30
-    assert store.count_runs(states={S.SUBMITTED}) == 30
-    assert len(store.list_events()) == 1 + 30 * 3
-    assert store.verify_audit() == []
+    assert store.runs.count_runs(experiment_id=exp.id) == 30
+    assert store.runs.count_runs(states={S.SUBMITTED}) == 30
+    assert len(store.audit.list_events()) == 1 + 30 * 3
+    assert store.audit.verify_audit() == []
 
 
 # --- reads stay small -------------------------------------------------------------------------
@@ -215,7 +217,7 @@ def test_threads_share_one_store(store: Store) -> None:
 def test_a_page_of_runs_reads_the_attempts_of_that_page_only(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    exp = store.create_experiment("e", ACTOR)
+    exp = store.experiments.create_experiment("e", ACTOR)
     runs = [make_run(store, exp.id) for _ in range(6)]
     seen: list[tuple[str, dict[str, Any]]] = []
     real = Tx._run
@@ -225,17 +227,17 @@ def test_a_page_of_runs_reads_the_attempts_of_that_page_only(
         return real(self, text, params)
 
     monkeypatch.setattr(Tx, "_run", spy)
-    page = store.list_runs(limit=2)
+    page = store.runs.list_runs(limit=2)
     assert [r.id for r in page] == [runs[-1].id, runs[-2].id]
     assert len(seen) == 2
     assert seen[1][0].startswith("SELECT") and "FROM attempts WHERE run_id IN" in seen[1][0]
     assert seen[1][1] == {"run0": runs[-1].id, "run1": runs[-2].id}
 
     seen.clear()
-    assert store.get_run(runs[0].id) == runs[0]
+    assert store.runs.get_run(runs[0].id) == runs[0]
     assert len(seen) == 3  # the id, the run with its experiment's name, its attempts
     seen.clear()
-    assert len(store.list_runs(states={S.PREPARED}, limit=3)) == 3
+    assert len(store.runs.list_runs(states={S.PREPARED}, limit=3)) == 3
     assert [p.get("run0") for _, p in seen] == [None, runs[-1].id]
     assert len(seen[1][1]) == 3
 
@@ -273,7 +275,7 @@ def test_a_pooled_connection_the_server_dropped_is_replaced(
 ) -> None:
     store = Store(postgres_url)
     try:
-        exp = store.create_experiment("e", ACTOR)
+        exp = store.experiments.create_experiment("e", ACTOR)
         name = postgres_url.rsplit("/", 1)[1]
         with psycopg.connect(postgres_url, autocommit=True) as admin:
             killed = admin.execute(
@@ -283,7 +285,7 @@ def test_a_pooled_connection_the_server_dropped_is_replaced(
             ).fetchone()
         assert killed is not None and killed[0] >= 1
         monkeypatch.setattr(sql, "PING_AFTER_S", 0.0)  # as if it had been idle a while
-        assert store.get_experiment("e") == exp
+        assert store.experiments.get_experiment("e") == exp
     finally:
         store.close()
 
@@ -297,8 +299,8 @@ from orbit.store import Store
 print("ready", flush=True)
 sys.stdin.readline()  # all eight go together
 store = Store(sys.argv[1])
-store.create_experiment(f"e{sys.argv[2]}", "t")
-print(len(store.list_experiments()))
+store.experiments.create_experiment(f"e{sys.argv[2]}", "t")
+print(len(store.experiments.list_experiments()))
 store.close()
 """
 
@@ -332,11 +334,13 @@ def eight_at_once(url: str) -> None:
     assert failed == []
     store = Store(url)
     try:
-        assert sorted(e.name for e in store.list_experiments()) == [f"e{i}" for i in range(8)]
+        assert sorted(e.name for e in store.experiments.list_experiments()) == [
+            f"e{i}" for i in range(8)
+        ]
         assert query(store, "SELECT version_num FROM alembic_version") == [
             {"version_num": HEAD_REVISION}
         ]
-        assert store.verify_audit() == []
+        assert store.audit.verify_audit() == []
     finally:
         store.close()
 
@@ -352,10 +356,12 @@ def test_eight_processes_open_a_new_postgres_store_at_once(postgres_url: str) ->
 
 def test_close_ends_the_pooled_connections_and_the_store_still_answers(store: Store) -> None:
     """As SQLAlchemy's `dispose` did: closing is not the end of the Store."""
-    exp = store.create_experiment("e", ACTOR)
-    with store._read() as held:  # in use while the pool is closed: closed when returned
+    exp = store.experiments.create_experiment("e", ACTOR)
+    with store.db.transaction(
+        write=False
+    ) as held:  # in use while the pool is closed: closed when returned
         store.close()
         assert held.scalar("SELECT count(*) FROM experiments") == 1
     assert store.db._idle == []
-    assert store.get_experiment("e") == exp
+    assert store.experiments.get_experiment("e") == exp
     assert len(store.db._idle) == 1

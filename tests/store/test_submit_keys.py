@@ -19,7 +19,7 @@ from tests.store.test_repository import ACTOR
 
 
 def create(store: Store, experiment_id: str, key: SubmitKey | None) -> str:
-    return store.create_run(
+    return store.runs.create_run(
         experiment_id=experiment_id,
         task_type="command",
         template_id="local",
@@ -39,10 +39,10 @@ def counts(store: Store) -> dict[str, Any]:
 
 
 def test_a_key_made_one_run_and_a_second_run_with_it_writes_nothing(store: Store) -> None:
-    experiment = store.create_experiment("exp", ACTOR).id
+    experiment = store.experiments.create_experiment("exp", ACTOR).id
     key = SubmitKey(user="ann", value="k-1", fingerprint="f" * 64)
     run_id = create(store, experiment, key)
-    found = store.find_submit_key("ann", "k-1")
+    found = store.submit_keys.find_submit_key("ann", "k-1")
     assert found is not None and (found.run_id, found.fingerprint) == (run_id, "f" * 64)
     before = counts(store)
     with pytest.raises(KeyTaken):
@@ -50,12 +50,12 @@ def test_a_key_made_one_run_and_a_second_run_with_it_writes_nothing(store: Store
     assert counts(store) == before  # no run, no attempt, no audit event: all rolled back
     # the key is the user's own: another user's same key makes another run
     other = create(store, experiment, SubmitKey(user="bob", value="k-1", fingerprint="e" * 64))
-    assert other != run_id and store.find_submit_key("bob", "k-1") is not None
-    assert store.find_submit_key("carol", "k-1") is None
+    assert other != run_id and store.submit_keys.find_submit_key("bob", "k-1") is not None
+    assert store.submit_keys.find_submit_key("carol", "k-1") is None
 
 
 def test_writers_racing_with_one_key_make_one_run(store: Store) -> None:
-    experiment = store.create_experiment("exp", ACTOR).id
+    experiment = store.experiments.create_experiment("exp", ACTOR).id
     key = SubmitKey(user="ann", value="raced", fingerprint="f" * 64)
 
     def attempt(_: int) -> str | None:
@@ -68,19 +68,19 @@ def test_writers_racing_with_one_key_make_one_run(store: Store) -> None:
         made = [run for run in pool.map(attempt, range(16)) if run is not None]
     assert len(made) == 1
     assert counts(store)["runs"] == 1 and counts(store)["submit_keys"] == 1
-    found = store.find_submit_key("ann", "raced")
+    found = store.submit_keys.find_submit_key("ann", "raced")
     assert found is not None and found.run_id == made[0]
 
 
 def test_a_key_older_than_a_day_is_forgotten_and_cleared_by_the_next(store: Store) -> None:
-    experiment = store.create_experiment("exp", ACTOR).id
+    experiment = store.experiments.create_experiment("exp", ACTOR).id
     old = SubmitKey(user="ann", value="old", fingerprint="f" * 64)
     create(store, experiment, old)
     a_day_ago = utcnow() - KEEP - timedelta(minutes=1)
     execute(store, "UPDATE submit_keys SET created_at = :at", at=a_day_ago)
-    assert store.find_submit_key("ann", "old") is None
+    assert store.submit_keys.find_submit_key("ann", "old") is None
     # the same key again is a new submission now; writing it clears the expired one
     create(store, experiment, old)
     rows = query(store, "SELECT key, run_id FROM submit_keys")
     assert len(rows) == 1 and counts(store)["runs"] == 2
-    assert store.find_submit_key("ann", "old") is not None
+    assert store.submit_keys.find_submit_key("ann", "old") is not None

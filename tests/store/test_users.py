@@ -22,89 +22,91 @@ def now() -> datetime:
 
 
 def test_users_are_added_listed_and_removed_with_an_audit(store: Store) -> None:
-    assert store.count_users() == 0
-    root = store.create_user("root", Role.ADMIN, ACTOR)
+    assert store.users.count_users() == 0
+    root = store.users.create_user("root", Role.ADMIN, ACTOR)
     assert root.role is Role.ADMIN and root.created_by == ACTOR and root.id.startswith("user-")
-    store.create_user("bob", Role.MEMBER, "root")
-    store.create_user("alice.v_2-x", Role.VIEWER, "root")
-    assert [u.name for u in store.list_users()] == ["alice.v_2-x", "bob", "root"]
-    assert store.get_user("root") == root
-    assert store.count_users() == 3
+    store.users.create_user("bob", Role.MEMBER, "root")
+    store.users.create_user("alice.v_2-x", Role.VIEWER, "root")
+    assert [u.name for u in store.users.list_users()] == ["alice.v_2-x", "bob", "root"]
+    assert store.users.get_user("root") == root
+    assert store.users.count_users() == 3
 
     with pytest.raises(InvalidInput, match="user 'bob' already exists"):
-        store.create_user("bob", Role.ADMIN, ACTOR)
+        store.users.create_user("bob", Role.ADMIN, ACTOR)
     for bad in ["", "-bob", "bob smith", "a" * 65, "bøb", "bob/x"]:
         with pytest.raises(InvalidInput, match="user name"):
-            store.create_user(bad, Role.MEMBER, ACTOR)
-    store.create_user("b" * 64, Role.MEMBER, ACTOR)
+            store.users.create_user(bad, Role.MEMBER, ACTOR)
+    store.users.create_user("b" * 64, Role.MEMBER, ACTOR)
 
-    removed = store.remove_user("bob", "root")
+    removed = store.users.remove_user("bob", "root")
     assert removed.name == "bob" and removed.role is Role.MEMBER
     with pytest.raises(NotFound, match="no user 'bob'"):
-        store.get_user("bob")
+        store.users.get_user("bob")
     with pytest.raises(NotFound, match="no user 'bob'"):
-        store.remove_user("bob", "root")
+        store.users.remove_user("bob", "root")
 
-    events = [(e.actor, e.action, e.data) for e in store.list_events()]
+    events = [(e.actor, e.action, e.data) for e in store.audit.list_events()]
     assert events[:3] == [
         (ACTOR, "user.add", {"user": "root", "role": "admin"}),
         ("root", "user.add", {"user": "bob", "role": "member"}),
         ("root", "user.add", {"user": "alice.v_2-x", "role": "viewer"}),
     ]
     assert events[-1] == ("root", "user.remove", {"user": "bob", "role": "member", "tokens": 0})
-    assert store.verify_audit() == []
+    assert store.audit.verify_audit() == []
 
 
 def test_the_last_admin_is_not_removed(store: Store) -> None:
-    store.create_user("root", Role.ADMIN, ACTOR)
-    store.create_user("viewer", Role.VIEWER, ACTOR)
+    store.users.create_user("root", Role.ADMIN, ACTOR)
+    store.users.create_user("viewer", Role.VIEWER, ACTOR)
     with pytest.raises(Refused, match="user 'root' is the last admin; add another admin first"):
-        store.remove_user("root", ACTOR)
-    store.create_user("second", Role.ADMIN, ACTOR)
-    store.remove_user("root", ACTOR)
+        store.users.remove_user("root", ACTOR)
+    store.users.create_user("second", Role.ADMIN, ACTOR)
+    store.users.remove_user("root", ACTOR)
     with pytest.raises(Refused, match="'second' is the last admin"):
-        store.remove_user("second", ACTOR)
-    store.remove_user("viewer", ACTOR)  # no admin left is not a reason to keep others
-    assert [u.name for u in store.list_users()] == ["second"]
+        store.users.remove_user("second", ACTOR)
+    store.users.remove_user("viewer", ACTOR)  # no admin left is not a reason to keep others
+    assert [u.name for u in store.users.list_users()] == ["second"]
 
 
 def test_tokens_are_created_listed_and_revoked(store: Store) -> None:
-    store.create_user("alice", Role.MEMBER, ACTOR)
-    store.create_user("bob", Role.VIEWER, ACTOR)
+    store.users.create_user("alice", Role.MEMBER, ACTOR)
+    store.users.create_user("bob", Role.VIEWER, ACTOR)
     expires = now() + timedelta(days=30)
-    first = store.create_token(
+    first = store.users.create_token(
         "alice", token_hash=token_hash(new_token()), name="laptop", expires_at=expires, actor=ACTOR
     )
     assert first.user == "alice" and first.name == "laptop" and first.id.startswith("tok-")
     assert first.expires_at == expires and first.revoked_at is None and first.last_used_at is None
-    second = store.create_token(
+    second = store.users.create_token(
         "alice", token_hash=token_hash(new_token()), name=None, expires_at=None, actor="alice"
     )
-    bobs = store.create_token(
+    bobs = store.users.create_token(
         "bob", token_hash=token_hash(new_token()), name="ci", expires_at=None, actor=ACTOR
     )
-    assert store.get_token(first.id) == first
-    assert [t.id for t in store.list_tokens("alice")] == [second.id, first.id]
-    assert [t.id for t in store.list_tokens()] == [bobs.id, second.id, first.id]
+    assert store.users.get_token(first.id) == first
+    assert [t.id for t in store.users.list_tokens("alice")] == [second.id, first.id]
+    assert [t.id for t in store.users.list_tokens()] == [bobs.id, second.id, first.id]
     with pytest.raises(NotFound, match="no user 'carol'"):
-        store.list_tokens("carol")
+        store.users.list_tokens("carol")
     with pytest.raises(NotFound, match="no user 'carol'"):
-        store.create_token(
+        store.users.create_token(
             "carol", token_hash=token_hash(new_token()), name=None, expires_at=None, actor=ACTOR
         )
     with pytest.raises(NotFound, match="no token 'tok-nope'"):
-        store.get_token("tok-nope")
+        store.users.get_token("tok-nope")
     with pytest.raises(ValueError, match="sha256"):  # the plain token is never kept
-        store.create_token("alice", token_hash=new_token(), name=None, expires_at=None, actor=ACTOR)
+        store.users.create_token(
+            "alice", token_hash=new_token(), name=None, expires_at=None, actor=ACTOR
+        )
 
-    revoked = store.revoke_token(first.id, "alice")
+    revoked = store.users.revoke_token(first.id, "alice")
     assert revoked.revoked_at is not None and revoked.id == first.id
-    assert store.revoke_token(first.id, ACTOR) == revoked  # again: as it was, no second event
-    assert [t.revoked_at is not None for t in store.list_tokens("alice")] == [False, True]
+    assert store.users.revoke_token(first.id, ACTOR) == revoked  # again: as it was, no second event
+    assert [t.revoked_at is not None for t in store.users.list_tokens("alice")] == [False, True]
     with pytest.raises(NotFound):
-        store.revoke_token("tok-nope", ACTOR)
+        store.users.revoke_token("tok-nope", ACTOR)
 
-    events = [(e.actor, e.action, e.data) for e in store.list_events()][2:]
+    events = [(e.actor, e.action, e.data) for e in store.audit.list_events()][2:]
     assert events == [
         (
             ACTOR,
@@ -130,50 +132,54 @@ def test_tokens_are_created_listed_and_revoked(store: Store) -> None:
     ]
 
     # removing a user deletes its tokens with it
-    assert store.remove_user("alice", ACTOR).name == "alice"
-    assert [t.id for t in store.list_tokens()] == [bobs.id]
-    assert store.list_events()[-1].data == {"user": "alice", "role": "member", "tokens": 2}
-    assert store.verify_audit() == []
+    assert store.users.remove_user("alice", ACTOR).name == "alice"
+    assert [t.id for t in store.users.list_tokens()] == [bobs.id]
+    assert store.audit.list_events()[-1].data == {"user": "alice", "role": "member", "tokens": 2}
+    assert store.audit.verify_audit() == []
 
 
 def test_authenticate_accepts_only_a_live_token_of_an_existing_user(store: Store) -> None:
-    store.create_user("root", Role.ADMIN, ACTOR)
-    store.create_user("alice", Role.MEMBER, ACTOR)
+    store.users.create_user("root", Role.ADMIN, ACTOR)
+    store.users.create_user("alice", Role.MEMBER, ACTOR)
     at = now()
     tokens = {name: new_token() for name in ("good", "revoked", "expired", "later", "removed")}
 
     def make(user: str, name: str, expires_at: datetime | None = None) -> str:
-        return store.create_token(
+        return store.users.create_token(
             user, token_hash=token_hash(tokens[name]), name=name, expires_at=expires_at, actor=ACTOR
         ).id
 
     good = make("alice", "good")
-    store.revoke_token(make("alice", "revoked"), ACTOR)
+    store.users.revoke_token(make("alice", "revoked"), ACTOR)
     make("alice", "expired", at)  # expires_at <= at: expired
     later = make("alice", "later", at + timedelta(seconds=1))
-    store.create_user("gone", Role.MEMBER, ACTOR)
+    store.users.create_user("gone", Role.MEMBER, ACTOR)
     make("gone", "removed")
-    store.remove_user("gone", ACTOR)
+    store.users.remove_user("gone", ACTOR)
 
-    found = store.authenticate(token_hash(tokens["good"]), at)
+    found = store.users.authenticate(token_hash(tokens["good"]), at)
     assert found is not None
     user, token = found
     assert (user.name, user.role, token.id, token.name) == ("alice", Role.MEMBER, good, "good")
-    assert store.authenticate(token_hash(tokens["later"]), at) is not None
-    assert store.authenticate(token_hash(tokens["later"]), at + timedelta(seconds=1)) is None
+    assert store.users.authenticate(token_hash(tokens["later"]), at) is not None
+    assert store.users.authenticate(token_hash(tokens["later"]), at + timedelta(seconds=1)) is None
     for name in ("revoked", "expired", "removed"):
-        assert store.authenticate(token_hash(tokens[name]), at) is None, name
-    assert store.authenticate(token_hash(new_token()), at) is None
-    assert store.authenticate(tokens["good"], at) is None  # the plain token is not its hash
+        assert store.users.authenticate(token_hash(tokens[name]), at) is None, name
+    assert store.users.authenticate(token_hash(new_token()), at) is None
+    assert store.users.authenticate(tokens["good"], at) is None  # the plain token is not its hash
 
     # its use is recorded, at most once a minute
-    used = store.get_token(good).last_used_at
+    used = store.users.get_token(good).last_used_at
     assert used == at
-    assert store.authenticate(token_hash(tokens["good"]), at + timedelta(seconds=30)) is not None
-    assert store.get_token(good).last_used_at == at
-    assert store.authenticate(token_hash(tokens["good"]), at + timedelta(seconds=61)) is not None
-    assert store.get_token(good).last_used_at == at + timedelta(seconds=61)
-    assert store.get_token(later).last_used_at == at
+    assert (
+        store.users.authenticate(token_hash(tokens["good"]), at + timedelta(seconds=30)) is not None
+    )
+    assert store.users.get_token(good).last_used_at == at
+    assert (
+        store.users.authenticate(token_hash(tokens["good"]), at + timedelta(seconds=61)) is not None
+    )
+    assert store.users.get_token(good).last_used_at == at + timedelta(seconds=61)
+    assert store.users.get_token(later).last_used_at == at
 
 
 def test_authenticate_does_not_fail_when_recording_the_use_fails(
@@ -181,27 +187,27 @@ def test_authenticate_does_not_fail_when_recording_the_use_fails(
 ) -> None:
     from orbit.store import StoreError
 
-    store.create_user("root", Role.ADMIN, ACTOR)
+    store.users.create_user("root", Role.ADMIN, ACTOR)
     token = new_token()
-    store.create_token(
+    store.users.create_token(
         "root", token_hash=token_hash(token), name=None, expires_at=None, actor=ACTOR
     )
 
-    def broken(self: Store) -> None:
+    def broken() -> None:
         raise StoreError("the store is read-only")
 
-    monkeypatch.setattr(Store, "_write", broken)
-    assert store.authenticate(token_hash(token), now()) is not None
+    monkeypatch.setattr(store.users, "_write", broken)
+    assert store.users.authenticate(token_hash(token), now()) is not None
 
 
 def test_neither_token_nor_hash_reaches_the_audit_trail(store: Store) -> None:
     tokens = [new_token() for _ in range(2)]
-    store.bootstrap_admin(name="root", token_hash=token_hash(tokens[0]), actor="server")
-    made = store.create_token(
+    store.users.bootstrap_admin(name="root", token_hash=token_hash(tokens[0]), actor="server")
+    made = store.users.create_token(
         "root", token_hash=token_hash(tokens[1]), name="x", expires_at=None, actor=ACTOR
     )
-    store.revoke_token(made.id, ACTOR)
-    trail = json.dumps([e.model_dump(mode="json") for e in store.list_events()])
+    store.users.revoke_token(made.id, ACTOR)
+    trail = json.dumps([e.model_dump(mode="json") for e in store.audit.list_events()])
     assert "token.create" in trail and "token.revoke" in trail
     for token in tokens:
         assert token not in trail and token_hash(token) not in trail
@@ -210,25 +216,28 @@ def test_neither_token_nor_hash_reaches_the_audit_trail(store: Store) -> None:
 
 def test_bootstrap_admin_creates_the_first_admin_once(store: Store) -> None:
     token = new_token()
-    user = store.bootstrap_admin(name="root", token_hash=token_hash(token), actor="server")
+    user = store.users.bootstrap_admin(name="root", token_hash=token_hash(token), actor="server")
     assert user is not None and user.name == "root" and user.role is Role.ADMIN
-    assert [(t.user, t.name, t.expires_at) for t in store.list_tokens()] == [
+    assert [(t.user, t.name, t.expires_at) for t in store.users.list_tokens()] == [
         ("root", "bootstrap", None)
     ]
-    found = store.authenticate(token_hash(token), now())
+    found = store.users.authenticate(token_hash(token), now())
     assert found is not None and found[0] == user
-    again = store.bootstrap_admin(name="other", token_hash=token_hash(new_token()), actor="x")
+    again = store.users.bootstrap_admin(name="other", token_hash=token_hash(new_token()), actor="x")
     assert again is None
-    assert [u.name for u in store.list_users()] == ["root"]
-    assert [e.action for e in store.list_events()] == ["user.add", "token.create"]
+    assert [u.name for u in store.users.list_users()] == ["root"]
+    assert [e.action for e in store.audit.list_events()] == ["user.add", "token.create"]
     with pytest.raises(InvalidInput, match="user name"):
-        store.bootstrap_admin(name="no spaces", token_hash=token_hash(token), actor="x")
+        store.users.bootstrap_admin(name="no spaces", token_hash=token_hash(token), actor="x")
 
 
 def test_bootstrap_admin_waits_for_any_user(store: Store) -> None:
-    store.create_user("viewer", Role.VIEWER, ACTOR)
-    assert store.bootstrap_admin(name="root", token_hash=token_hash(new_token()), actor="x") is None
-    assert store.count_users() == 1
+    store.users.create_user("viewer", Role.VIEWER, ACTOR)
+    assert (
+        store.users.bootstrap_admin(name="root", token_hash=token_hash(new_token()), actor="x")
+        is None
+    )
+    assert store.users.count_users() == 1
 
 
 def test_replicas_racing_to_bootstrap_create_one_admin(store_url: str) -> None:
@@ -237,17 +246,17 @@ def test_replicas_racing_to_bootstrap_create_one_admin(store_url: str) -> None:
         for round_ in range(3):
             created = race(
                 racers,
-                lambda s, i: s.bootstrap_admin(
+                lambda s, i: s.users.bootstrap_admin(
                     name=f"root{i}", token_hash=token_hash(new_token()), actor=f"server-{i}"
                 ),
             )
             assert not [c for c in created if isinstance(c, Exception)], created
             made = [c for c in created if c is not None]
             assert len(made) == 1, (round_, created)
-            users = racers[0].list_users()
+            users = racers[0].users.list_users()
             assert [u.name for u in users] == [made[0].name]
-            assert len(racers[0].list_tokens()) == 1
-            assert racers[0].verify_audit() == []
+            assert len(racers[0].users.list_tokens()) == 1
+            assert racers[0].audit.verify_audit() == []
             execute(racers[0], "DELETE FROM tokens")
             execute(racers[0], "DELETE FROM users")
     finally:
@@ -258,11 +267,11 @@ def test_replicas_racing_to_bootstrap_create_one_admin(store_url: str) -> None:
 def test_racing_removals_keep_one_admin(store_url: str) -> None:
     racers = [Store(store_url) for _ in range(2)]
     try:
-        racers[0].create_user("a0", Role.ADMIN, ACTOR)
-        racers[0].create_user("a1", Role.ADMIN, ACTOR)
-        outcomes = race(racers, lambda s, i: s.remove_user(f"a{i}", ACTOR))
+        racers[0].users.create_user("a0", Role.ADMIN, ACTOR)
+        racers[0].users.create_user("a1", Role.ADMIN, ACTOR)
+        outcomes = race(racers, lambda s, i: s.users.remove_user(f"a{i}", ACTOR))
         assert sorted(type(o).__name__ for o in outcomes) == ["Refused", "UserRecord"], outcomes
-        assert len(racers[0].list_users()) == 1
+        assert len(racers[0].users.list_users()) == 1
     finally:
         for s in racers:
             s.close()
@@ -272,7 +281,7 @@ def test_racing_removals_keep_one_admin(store_url: str) -> None:
 
 
 def attempts(store: Store, n: int) -> list[tuple[str, str]]:
-    experiment = store.create_experiment("exp", ACTOR)
+    experiment = store.experiments.create_experiment("exp", ACTOR)
     runs = [make_run(store, experiment.id) for _ in range(n)]
     return [(r.id, r.current.id) for r in runs]
 
@@ -280,62 +289,66 @@ def attempts(store: Store, n: int) -> list[tuple[str, str]]:
 def test_claims_lease_attempts_until_due_and_skip_the_ended(store: Store) -> None:
     made = attempts(store, 4)
     ended = made[3][1]
-    store.move_attempt(ended, S.FAILED, actor=ACTOR, reason=FailureReason.LAUNCH_FAILED)
-    store.move_attempt(made[1][1], S.SUBMITTED, actor=ACTOR)
-    store.move_attempt(made[1][1], S.RUNNING, actor=ACTOR)
+    store.attempts.move_attempt(ended, S.FAILED, actor=ACTOR, reason=FailureReason.LAUNCH_FAILED)
+    store.attempts.move_attempt(made[1][1], S.SUBMITTED, actor=ACTOR)
+    store.attempts.move_attempt(made[1][1], S.RUNNING, actor=ACTOR)
     at = now()
     lease = at + timedelta(seconds=30)
 
-    first = store.claim_reconcile("a", at=at, lease_until=lease, limit=2)
-    second = store.claim_reconcile("b", at=at, lease_until=lease, limit=10)
+    first = store.leases.claim_reconcile("a", at=at, lease_until=lease, limit=2)
+    second = store.leases.claim_reconcile("b", at=at, lease_until=lease, limit=10)
     assert len(first) == 2 and len(second) == 1
     assert sorted(first + second) == sorted(made[:3])  # the failed one never
-    assert store.claim_reconcile("c", at=at, lease_until=lease, limit=10) == []
+    assert store.leases.claim_reconcile("c", at=at, lease_until=lease, limit=10) == []
     assert (
-        store.claim_reconcile("c", at=lease - timedelta(seconds=1), lease_until=lease, limit=10)
+        store.leases.claim_reconcile(
+            "c", at=lease - timedelta(seconds=1), lease_until=lease, limit=10
+        )
         == []
     )
-    assert store.claim_reconcile("a", at=at, lease_until=lease, limit=0) == []
+    assert store.leases.claim_reconcile("a", at=at, lease_until=lease, limit=0) == []
 
     # a's look is done: due again in 45 s; b's lease runs out and c takes it over until 60 s
     done = first[0][1]
-    store.reconcile_done(done, "a", at + timedelta(seconds=45))
-    taken = store.claim_reconcile(
+    store.leases.reconcile_done(done, "a", at + timedelta(seconds=45))
+    taken = store.leases.claim_reconcile(
         "c", at=lease, lease_until=lease + timedelta(seconds=30), limit=10
     )
     assert sorted(taken) == sorted([first[1], *second])
-    store.reconcile_done(second[0][1], "b", at)  # b is stale: c's lease stands
+    store.leases.reconcile_done(second[0][1], "b", at)  # b is stale: c's lease stands
     rows = query(store, "SELECT reconcile_owner FROM attempts WHERE id = :id", id=second[0][1])
     assert rows == [{"reconcile_owner": "c"}]
-    assert store.claim_reconcile("d", at=lease, lease_until=lease, limit=10) == []
-    assert store.claim_reconcile(
+    assert store.leases.claim_reconcile("d", at=lease, lease_until=lease, limit=10) == []
+    assert store.leases.claim_reconcile(
         "d", at=at + timedelta(seconds=45), lease_until=lease, limit=10
     ) == [first[0]]
 
     # the reads of attempts are as they were, and the bookkeeping is not audited
-    states = {r.current.id: r.state for r in store.list_runs()}
+    states = {r.current.id: r.state for r in store.runs.list_runs()}
     assert states == {
         made[0][1]: S.PREPARED,
         made[1][1]: S.RUNNING,
         made[2][1]: S.PREPARED,
         made[3][1]: S.FAILED,
     }
-    assert not [e for e in store.list_events() if "reconcile" in e.action]
+    assert not [e for e in store.audit.list_events() if "reconcile" in e.action]
 
 
 def test_the_leases_of_a_gone_owner_are_released_at_once(store: Store) -> None:
     made = attempts(store, 4)
     at = now()
     lease = at + timedelta(seconds=60)
-    held = store.claim_reconcile("dead", at=at, lease_until=lease, limit=3)
-    assert len(store.claim_reconcile("alive", at=at, lease_until=lease, limit=10)) == 1
-    store.move_attempt(held[0][1], S.FAILED, actor=ACTOR, reason=FailureReason.LAUNCH_FAILED)
-    assert store.reconcile_holders(at) == ["alive", "dead"]
-    assert store.reconcile_holders(lease) == []  # all due by then
-    assert store.release_reconcile("dead", at) == 2  # the ended attempt is left as it is
-    assert store.reconcile_holders(at) == ["alive"]
+    held = store.leases.claim_reconcile("dead", at=at, lease_until=lease, limit=3)
+    assert len(store.leases.claim_reconcile("alive", at=at, lease_until=lease, limit=10)) == 1
+    store.attempts.move_attempt(
+        held[0][1], S.FAILED, actor=ACTOR, reason=FailureReason.LAUNCH_FAILED
+    )
+    assert store.leases.reconcile_holders(at) == ["alive", "dead"]
+    assert store.leases.reconcile_holders(lease) == []  # all due by then
+    assert store.leases.release_reconcile("dead", at) == 2  # the ended attempt is left as it is
+    assert store.leases.reconcile_holders(at) == ["alive"]
     # what the gone owner held is due now, and the next claim takes it; the rest wait
-    taken = store.claim_reconcile("next", at=at, lease_until=lease, limit=10)
+    taken = store.leases.claim_reconcile("next", at=at, lease_until=lease, limit=10)
     assert sorted(taken) == sorted(held[1:]) and len(made) == 4
 
 
@@ -343,16 +356,16 @@ def test_news_from_a_node_makes_an_attempt_due_unless_a_look_is_under_way(store:
     made = attempts(store, 3)
     at = now()
     lease = at + timedelta(seconds=60)
-    looked, looking = store.claim_reconcile("a", at=at, lease_until=lease, limit=2)
-    store.reconcile_done(looked[1], "a", at + timedelta(seconds=1))  # due again in 1 s
+    looked, looking = store.leases.claim_reconcile("a", at=at, lease_until=lease, limit=2)
+    store.leases.reconcile_done(looked[1], "a", at + timedelta(seconds=1))  # due again in 1 s
     soon = at + timedelta(seconds=30)
     # an agent reports all three ended: the one between looks and the never-looked-at one are
     # due now; the one under a look (leased for 60 s) is left to that look
-    assert store.make_due([a for _, a in made], at, soon) == 2
+    assert store.leases.make_due([a for _, a in made], at, soon) == 2
     fresh = next(m for m in made if m not in (looked, looking))
-    taken = store.claim_reconcile("b", at=at, lease_until=lease, limit=10)
+    taken = store.leases.claim_reconcile("b", at=at, lease_until=lease, limit=10)
     assert sorted(taken) == sorted([looked, fresh])
-    assert store.make_due([], at, soon) == 0
+    assert store.leases.make_due([], at, soon) == 0
 
 
 def test_the_longest_due_are_claimed_first(store: Store) -> None:
@@ -365,7 +378,7 @@ def test_the_longest_due_are_claimed_first(store: Store) -> None:
             store, "UPDATE attempts SET reconcile_due_at = :due WHERE id = :id", due=due, id=attempt
         )
     order = [
-        store.claim_reconcile("a", at=at, lease_until=at + timedelta(hours=1), limit=1)[0]
+        store.leases.claim_reconcile("a", at=at, lease_until=at + timedelta(hours=1), limit=1)[0]
         for _ in range(3)
     ]
     assert order == [made[2], made[1], made[0]]  # never looked at, then the longest due
@@ -384,7 +397,7 @@ def test_concurrent_claims_never_share_an_attempt(store_url: str) -> None:
                 [
                     pair
                     for _ in range(6)
-                    for pair in s.claim_reconcile(
+                    for pair in s.leases.claim_reconcile(
                         f"replica-{i}", at=at, lease_until=at + timedelta(minutes=5), limit=3
                     )
                 ],

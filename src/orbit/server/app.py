@@ -61,7 +61,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service.store.server_back()
+        service.store.heartbeats.server_back()
         mailbox.start()
         beats.start()
         if reconciler is not None:

@@ -95,11 +95,11 @@ def authenticate(service: CoreControlService, request: Request) -> tuple[UserRec
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthFailed("the Authorization header must be `Bearer <token>`", MALFORMED)
     hashed, now = token_hash(token.strip()), datetime.now(UTC)
-    found = service.store.authenticate(hashed, now)
+    found = service.store.users.authenticate(hashed, now)
     if found is None:
         raise AuthFailed(
             "the token was not accepted (unknown, revoked or expired)",
-            service.store.token_refusal(hashed, now),
+            service.store.users.token_refusal(hashed, now),
         )
     return found
 

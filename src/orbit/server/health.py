@@ -42,7 +42,7 @@ class Health:
 
     def _look(self) -> str | None:
         try:
-            self.service.store.count_runs(states=set())
+            self.service.store.runs.count_runs(states=set())
         except StoreError as exc:
             return f"store unhealthy: {exc.first_line}"
         for name, folder in self.disks:

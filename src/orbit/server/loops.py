@@ -83,9 +83,9 @@ class Reconciler:
         owners released."""
         at = datetime.now(UTC)
         released = []
-        for owner in self.service.store.reconcile_holders(at):
+        for owner in self.service.store.leases.reconcile_holders(at):
             if owner.startswith(OWNER_PREFIX) and process_gone(owner[len(OWNER_PREFIX) :]):
-                count = self.service.store.release_reconcile(owner, at)
+                count = self.service.store.leases.release_reconcile(owner, at)
                 log.info("released %d reconcile leases of %s, which is gone", count, owner)
                 released.append(owner)
         return released
@@ -104,7 +104,7 @@ class Reconciler:
             if free <= 0:
                 return handed
             at = datetime.now(UTC)
-            claimed = self.service.store.claim_reconcile(
+            claimed = self.service.store.leases.claim_reconcile(
                 self.owner,
                 at=at,
                 lease_until=at + timedelta(seconds=LOOK_LEASE_S),
@@ -141,7 +141,7 @@ class Reconciler:
             # stretch the period by the look's own time)
             next_due = max(at + timedelta(seconds=self.every_s), datetime.now(UTC))
             try:
-                self.service.store.reconcile_done(attempt_id, self.owner, next_due)
+                self.service.store.leases.reconcile_done(attempt_id, self.owner, next_due)
             except Exception:
                 log.exception("attempt %s: could not record the look", attempt_id)
         if ended:  # it ended (or was retried): what waited for its slot is due now, and this

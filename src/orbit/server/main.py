@@ -50,7 +50,7 @@ def bootstrap_admin(service: CoreControlService, token_file: Path) -> Path | Non
     the same moment leaves a token that does not work. Returns the file when it wrote one."""
     from orbit.model.auth import new_token, token_hash
 
-    if service.store.count_users() > 0:
+    if service.store.users.count_users() > 0:
         return None
     token = new_token()
     token_file.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +59,7 @@ def bootstrap_admin(service: CoreControlService, token_file: Path) -> Path | Non
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(token + "\n")
     try:
-        created = service.store.bootstrap_admin(
+        created = service.store.users.bootstrap_admin(
             name="admin", token_hash=token_hash(token), actor="orbit-server"
         )
     except BaseException:

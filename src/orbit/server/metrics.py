@@ -30,7 +30,7 @@ class RunsByState(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily("orbit_runs", "Runs in the store, by state.", labels=["state"])
         for state in RunState:
-            family.add_metric([state.value], self.store.count_runs(states={state}))
+            family.add_metric([state.value], self.store.runs.count_runs(states={state}))
         yield family
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from orbit.model.models import RunState
-from orbit.store.base import StoreBase
+from orbit.store.base import Part
 from orbit.store.sql import Tx, expand
 
 # who claims an attempt for launching, and until when the claim holds without a renewal
@@ -48,7 +48,7 @@ def set_launch_claim(
     )
 
 
-class AttemptLeasesMixin(StoreBase):
+class AttemptLeases(Part):
     def claim_launch(
         self, attempt_id: str, owner: str, until: datetime, *, expect: str | None
     ) -> bool:

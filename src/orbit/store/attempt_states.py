@@ -14,7 +14,7 @@ from orbit.model.models import FailureReason, RunHandle, RunState
 from orbit.model.states import check_move
 from orbit.store.attempt_leases import Lease, set_launch_claim, wake_waiting_for_nodes
 from orbit.store.audit import append_event
-from orbit.store.base import StoreBase, utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.dependencies import wake_dependents
 from orbit.store.run_queries import stored_request
 from orbit.store.runs import insert_attempt
@@ -36,7 +36,7 @@ class AutoRetry:
     actor: str = "orbit"
 
 
-class AttemptStatesMixin(StoreBase):
+class AttemptStates(Part):
     def move_attempt(
         self,
         attempt_id: str,

@@ -21,7 +21,7 @@ from orbit.model.audit_chain import (
 from orbit.model.errors import InvalidInput
 from orbit.model.records import AuditEvent
 from orbit.store.audit_seal import read_seal, write_seal
-from orbit.store.base import StoreBase, utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.sql import Row, Tx, read_json, read_time_required
 
 # pg_advisory_xact_lock key ("ORBITAUD") serialising appends to the audit chain on PostgreSQL
@@ -137,7 +137,7 @@ def event_record(row: Row) -> AuditEvent:
     )
 
 
-class AuditMixin(StoreBase):
+class AuditTrail(Part):
     def record_event(
         self,
         actor: str,

@@ -20,28 +20,33 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-class StoreBase:
-    def __init__(self, url: str, audit_key: bytes | None = None) -> None:
-        """`audit_key`: key the audit chain with it (orbit.model.audit_chain); a store whose
-        chain is keyed under another key is refused here, before anything is written."""
-        self.url = url
-        self.db = Database(url)
-        self.db.audit_key = audit_key
-        try:
-            migrate(self.db)
-            if audit_key is not None:
-                check_audit_key(self.db, audit_key)
-        except BaseException:
-            self.db.close()
-            raise
+def open_database(url: str, audit_key: bytes | None = None) -> Database:
+    """The database at `url`, migrated to the newest schema. `audit_key`: key the audit chain
+    with it (orbit.model.audit_chain); a store whose chain is keyed under another key is
+    refused here, before anything is written."""
+    db = Database(url)
+    db.audit_key = audit_key
+    try:
+        migrate(db)
+        if audit_key is not None:
+            check_audit_key(db, audit_key)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+class Part:
+    """One part of the Store (orbit.store.repository): the rows of one concern, read and
+    written in transactions of the database it is given."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @property
     def dialect(self) -> str:
         """`sqlite` or `postgresql`."""
         return self.db.dialect
-
-    def close(self) -> None:
-        self.db.close()
 
     @contextmanager
     def _read(self) -> Iterator[Tx]:

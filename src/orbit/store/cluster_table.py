@@ -5,19 +5,14 @@ audited."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from orbit.model.clusters import ClusterFacts, ClusterRecord, ClusterSpec
 from orbit.model.errors import InvalidInput, NotFound
 from orbit.model.models import RunState
 from orbit.store.audit import append_event
-from orbit.store.base import utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.drivers import Conflict
 from orbit.store.host_table import HOST_COLUMNS, is_cluster
 from orbit.store.sql import Row, expand, read_json, read_time_required
-
-if TYPE_CHECKING:
-    from orbit.store.base import StoreBase
 
 
 def already_exists(name: str) -> InvalidInput:
@@ -40,13 +35,10 @@ def cluster_record(row: Row) -> ClusterRecord:
     )
 
 
-class ClusterTable:
-    def __init__(self, store: StoreBase) -> None:
-        self._store = store
-
+class ClusterTable(Part):
     def add(self, spec: ClusterSpec, facts: ClusterFacts | None, actor: str) -> ClusterRecord:
         try:
-            with self._store._write() as tx:
+            with self._write() as tx:
                 tx.execute(
                     f"INSERT INTO hosts ({HOST_COLUMNS}) "
                     "VALUES (:name, :spec, :facts, :created_at, :created_by)",
@@ -65,12 +57,12 @@ class ClusterTable:
         return self.get(spec.name)
 
     def find(self, name: str) -> ClusterRecord | None:
-        with self._store._read() as tx:
+        with self._read() as tx:
             row = tx.one(f"SELECT {HOST_COLUMNS} FROM hosts WHERE name = :name", {"name": name})
         return cluster_record(row) if row is not None and is_cluster(row) else None
 
     def taken(self, name: str) -> bool:
-        with self._store._read() as tx:
+        with self._read() as tx:
             return tx.one("SELECT name FROM hosts WHERE name = :name", {"name": name}) is not None
 
     def get(self, name: str) -> ClusterRecord:
@@ -80,13 +72,13 @@ class ClusterTable:
         return found
 
     def all(self) -> list[ClusterRecord]:
-        with self._store._read() as tx:
+        with self._read() as tx:
             rows = tx.all(f"SELECT {HOST_COLUMNS} FROM hosts ORDER BY name")
         return [cluster_record(r) for r in rows if is_cluster(r)]
 
     def set_facts(self, name: str, facts: ClusterFacts, actor: str) -> ClusterRecord:
         self.get(name)
-        with self._store._write() as tx:
+        with self._write() as tx:
             tx.execute(
                 "UPDATE hosts SET facts = :facts WHERE name = :name",
                 {"facts": facts.model_dump(mode="json"), "name": name},
@@ -106,7 +98,7 @@ class ClusterTable:
         """The attempts that have not ended (on cluster `name`, or anywhere)."""
         placeholders, params = expand("state", [s.value for s in RunState if not s.terminal])
         on = " AND target = :name" if name is not None else ""
-        with self._store._read() as tx:
+        with self._read() as tx:
             rows = tx.all(
                 f"SELECT id FROM attempts WHERE state IN ({placeholders}){on}",
                 {**params, "name": name},
@@ -115,6 +107,6 @@ class ClusterTable:
 
     def remove(self, name: str, actor: str) -> None:
         self.get(name)
-        with self._store._write() as tx:
+        with self._write() as tx:
             tx.execute("DELETE FROM hosts WHERE name = :name", {"name": name})
             append_event(tx, actor, "cluster.removed", cluster=name)

@@ -12,7 +12,7 @@ from enum import Enum
 
 from orbit.model.dependencies import HELD, After, Needed
 from orbit.model.models import FailureReason, RunState
-from orbit.store.base import StoreBase
+from orbit.store.base import Part
 from orbit.store.run_queries import with_request
 from orbit.store.sql import Row, Tx, expand
 
@@ -65,8 +65,8 @@ def _needed(rows: list[Row]) -> list[Needed]:
     ]
 
 
-class DependenciesMixin(StoreBase):
-    def dependencies(self, run_id: str) -> list[Needed]:
+class Dependencies(Part):
+    def of_run(self, run_id: str) -> list[Needed]:
         """The runs `run_id` waits for, as each stands now, in the order written."""
         with self._read() as tx:
             return _needed(
@@ -132,7 +132,7 @@ class DependenciesMixin(StoreBase):
                 )
             )
 
-    def dependencies_of_runs(self, run_ids: list[str]) -> dict[str, list[Needed]]:
+    def of_runs(self, run_ids: list[str]) -> dict[str, list[Needed]]:
         """dependencies() of several runs in one read."""
         out: dict[str, list[Needed]] = {r: [] for r in run_ids}
         if not run_ids:

@@ -8,7 +8,7 @@ from orbit.model.errors import InvalidInput, NotFound
 from orbit.model.models import NAME_PATTERN
 from orbit.model.records import ExperimentRecord
 from orbit.store.audit import append_event
-from orbit.store.base import StoreBase, new_id, utcnow
+from orbit.store.base import Part, new_id, utcnow
 from orbit.store.drivers import Conflict
 from orbit.store.sql import read_time_required
 
@@ -21,7 +21,7 @@ def check_experiment_name(name: str) -> None:
         )
 
 
-class ExperimentsMixin(StoreBase):
+class Experiments(Part):
     def create_experiment(self, name: str, actor: str) -> ExperimentRecord:
         check_experiment_name(name)
         record = ExperimentRecord(id=new_id("exp"), name=name, created_at=utcnow())

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from orbit.model.errors import InvalidInput, NotFound
 from orbit.model.hosts import HostFacts, HostRecord, HostSpec
 from orbit.model.models import RunState
 from orbit.store.audit import append_event
-from orbit.store.base import utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.drivers import Conflict
 from orbit.store.sql import Row, expand, read_json, read_time_required
-
-if TYPE_CHECKING:
-    from orbit.store.base import StoreBase
 
 HOST_COLUMNS = "name, spec, facts, created_at, created_by"
 
@@ -42,13 +37,10 @@ def host_record(row: Row) -> HostRecord:
     )
 
 
-class HostTable:
-    def __init__(self, store: StoreBase) -> None:
-        self._store = store
-
+class HostTable(Part):
     def add(self, spec: HostSpec, facts: HostFacts | None, actor: str) -> HostRecord:
         try:
-            with self._store._write() as tx:
+            with self._write() as tx:
                 tx.execute(
                     f"INSERT INTO hosts ({HOST_COLUMNS}) "
                     "VALUES (:name, :spec, :facts, :created_at, :created_by)",
@@ -66,7 +58,7 @@ class HostTable:
         return self.get(spec.name)
 
     def find(self, name: str) -> HostRecord | None:
-        with self._store._read() as tx:
+        with self._read() as tx:
             row = tx.one(f"SELECT {HOST_COLUMNS} FROM hosts WHERE name = :name", {"name": name})
         return None if row is None or is_cluster(row) else host_record(row)
 
@@ -77,12 +69,12 @@ class HostTable:
         return found
 
     def all(self) -> list[HostRecord]:
-        with self._store._read() as tx:
+        with self._read() as tx:
             rows = tx.all(f"SELECT {HOST_COLUMNS} FROM hosts ORDER BY name")
         return [host_record(r) for r in rows if not is_cluster(r)]
 
     def set_facts(self, name: str, facts: HostFacts, actor: str) -> HostRecord:
-        with self._store._write() as tx:
+        with self._write() as tx:
             changed = tx.execute(
                 "UPDATE hosts SET facts = :facts WHERE name = :name",
                 {"facts": facts.model_dump(mode="json"), "name": name},
@@ -106,7 +98,7 @@ class HostTable:
         it runs: a host registered twice, or re-added under another name, is still one box."""
         placeholders, params = expand("state", [s.value for s in RunState if not s.terminal])
         on_host = " AND target = :name" if name is not None else ""
-        with self._store._read() as tx:
+        with self._read() as tx:
             rows = tx.all(
                 f"SELECT id FROM attempts WHERE state IN ({placeholders}){on_host}",
                 {**params, "name": name},
@@ -115,7 +107,7 @@ class HostTable:
 
     def remove(self, name: str, actor: str) -> None:
         self.get(name)  # never a cluster of the same table
-        with self._store._write() as tx:
+        with self._write() as tx:
             if tx.execute("DELETE FROM hosts WHERE name = :name", {"name": name}) != 1:
                 raise unknown(name)
             append_event(tx, actor, "host.removed", host=name)

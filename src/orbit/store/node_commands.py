@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from orbit.model.errors import NotFound
-from orbit.store.base import StoreBase, utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.sql import Row, Tx, read_json
 
 
@@ -37,7 +37,7 @@ def enqueue(
     return command_id
 
 
-class NodeCommandsMixin(StoreBase):
+class NodeCommands(Part):
     def enqueue_command(
         self,
         node_id: str,

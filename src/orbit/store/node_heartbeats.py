@@ -7,10 +7,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orbit.store.base import StoreBase, utcnow
+from orbit.store.base import Part, utcnow
 
 
-class NodeHeartbeatsMixin(StoreBase):
+class NodeHeartbeats(Part):
     def node_seen(self, node_id: str, at: datetime, info: dict[str, Any] | None = None) -> None:
         with self._write() as tx:
             tx.execute(

@@ -18,7 +18,7 @@ from orbit.model.nodes import JoinTokenRecord, NodeRecord, NodeState
 from orbit.store.attempt_leases import wake_waiting_for_nodes
 from orbit.store.attempt_states import ACTIVE_IN
 from orbit.store.audit import append_event
-from orbit.store.base import StoreBase, new_id, utcnow
+from orbit.store.base import Part, new_id, utcnow
 from orbit.store.drivers import Conflict
 from orbit.store.sql import Row, Tx, read_json, read_time, read_time_required
 
@@ -45,7 +45,50 @@ def no_node(ref: str) -> NotFound:
     return NotFound(f"no node '{ref}' (see `orbit nodes list`)")
 
 
-class NodesMixin(StoreBase):
+def node_records(tx: Tx, rows: list[Row]) -> list[NodeRecord]:
+    """The nodes of `rows`, each with the attempts it runs and the GPU memory they hold."""
+    running: dict[str, list[str]] = defaultdict(list)
+    gpus: dict[str, dict[int, float]] = defaultdict(dict)
+    if rows:
+        # one node (each agent request's lookup): its own attempts only, by the node_id
+        # index, not every active attempt of every node
+        one = " AND node_id = :n" if len(rows) == 1 else ""
+        for a in tx.all(
+            "SELECT id, node_id, node_gpus FROM attempts "
+            f"WHERE node_id IS NOT NULL AND state IN {ACTIVE_IN}{one} ORDER BY created_at",
+            {"n": rows[0]["id"]} if one else {},
+        ):
+            running[a["node_id"]].append(a["id"])
+            placed = read_json(a["node_gpus"]) or {}
+            per_gpu = float(placed.get("memory_gb", 0.0))
+            for index in placed.get("indices", ()):
+                have = gpus[a["node_id"]].get(int(index))
+                gpus[a["node_id"]][int(index)] = (
+                    0.0 if per_gpu == 0 or have == 0.0 else (have or 0.0) + per_gpu
+                )
+    return [
+        NodeRecord(
+            id=r["id"],
+            name=r["name"],
+            labels=read_json(r["labels"]) or {},
+            info=read_json(r["info"]) or {},
+            state=NodeState(r["state"]),
+            max_tasks=int(r["max_tasks"]),
+            created_at=read_time_required(r["created_at"]),
+            created_by=r["created_by"],
+            last_seen_at=read_time(r["last_seen_at"]),
+            running=tuple(running.get(r["id"], ())),
+            gpus_in_use=gpus.get(r["id"], {}),
+            preempted_at=read_time(r["preempted_at"]),
+            reason=r["reason"],
+            reason_by=r["reason_by"],
+            reason_at=read_time(r["reason_at"]),
+        )
+        for r in rows
+    ]
+
+
+class Nodes(Part):
     # --- join tokens -------------------------------------------------------------------------
 
     def create_join_token(
@@ -179,52 +222,10 @@ class NodesMixin(StoreBase):
     def list_nodes(self) -> list[NodeRecord]:
         with self._read() as tx:
             rows = tx.all(f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY name")
-            return self._nodes(tx, rows)
+            return node_records(tx, rows)
 
     def _node(self, tx: Tx, row: Row) -> NodeRecord:
-        return self._nodes(tx, [row])[0]
-
-    @staticmethod
-    def _nodes(tx: Tx, rows: list[Row]) -> list[NodeRecord]:
-        running: dict[str, list[str]] = defaultdict(list)
-        gpus: dict[str, dict[int, float]] = defaultdict(dict)
-        if rows:
-            # one node (each agent request's lookup): its own attempts only, by the node_id
-            # index, not every active attempt of every node
-            one = " AND node_id = :n" if len(rows) == 1 else ""
-            for a in tx.all(
-                "SELECT id, node_id, node_gpus FROM attempts "
-                f"WHERE node_id IS NOT NULL AND state IN {ACTIVE_IN}{one} ORDER BY created_at",
-                {"n": rows[0]["id"]} if one else {},
-            ):
-                running[a["node_id"]].append(a["id"])
-                placed = read_json(a["node_gpus"]) or {}
-                per_gpu = float(placed.get("memory_gb", 0.0))
-                for index in placed.get("indices", ()):
-                    have = gpus[a["node_id"]].get(int(index))
-                    gpus[a["node_id"]][int(index)] = (
-                        0.0 if per_gpu == 0 or have == 0.0 else (have or 0.0) + per_gpu
-                    )
-        return [
-            NodeRecord(
-                id=r["id"],
-                name=r["name"],
-                labels=read_json(r["labels"]) or {},
-                info=read_json(r["info"]) or {},
-                state=NodeState(r["state"]),
-                max_tasks=int(r["max_tasks"]),
-                created_at=read_time_required(r["created_at"]),
-                created_by=r["created_by"],
-                last_seen_at=read_time(r["last_seen_at"]),
-                running=tuple(running.get(r["id"], ())),
-                gpus_in_use=gpus.get(r["id"], {}),
-                preempted_at=read_time(r["preempted_at"]),
-                reason=r["reason"],
-                reason_by=r["reason_by"],
-                reason_at=read_time(r["reason_at"]),
-            )
-            for r in rows
-        ]
+        return node_records(tx, [row])[0]
 
     def update_node(
         self,

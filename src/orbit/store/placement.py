@@ -11,14 +11,14 @@ from orbit.model.errors import NotFound, Refused
 from orbit.model.models import RunState
 from orbit.store.attempt_states import ACTIVE_IN
 from orbit.store.audit import append_event
-from orbit.store.base import StoreBase, utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.node_commands import enqueue
 from orbit.store.sql import Row, Tx, read_json
 
 ACTIVE_STATES = tuple(s.value for s in RunState if not s.terminal)
 
 
-class PlacementMixin(StoreBase):
+class Placements(Part):
     def assign_attempt(
         self,
         attempt_id: str,

@@ -1,53 +1,64 @@
-"""The Store: every read and write of ORBIT's durable state, and the one place a state changes.
+"""The Store: every read and write of ORBIT's durable state, one part per concern.
 
-One class composed of a part per concern (experiments, runs and attempts, users and their
-tokens, nodes and their queues, the scheduler's records, the audit trail, submit keys) over a
-base that opens the database and holds the transactions; the hosts registry and storage (a
-run's marks, removals, measured sizes: orbit.store.storage) hang off it."""
+Each part is a class of its own module, built here over the one database and reachable by
+name (`store.runs.get_run(...)`, `store.nodes.list_nodes()`), so a reader finds a method in the
+module its part names. How a run's state changes is one part: `store.attempts`
+(orbit.store.attempt_states)."""
 
 from __future__ import annotations
 
-from orbit.store.attempt_leases import AttemptLeasesMixin
-from orbit.store.attempt_states import AttemptStatesMixin
-from orbit.store.audit import AuditMixin
-from orbit.store.dependencies import DependenciesMixin
-from orbit.store.experiments import ExperimentsMixin
+from orbit.store.attempt_leases import AttemptLeases
+from orbit.store.attempt_states import AttemptStates
+from orbit.store.audit import AuditTrail
+from orbit.store.base import open_database
+from orbit.store.dependencies import Dependencies
+from orbit.store.experiments import Experiments
 from orbit.store.host_table import HostTable
-from orbit.store.node_commands import NodeCommandsMixin
-from orbit.store.node_heartbeats import NodeHeartbeatsMixin
-from orbit.store.placement import PlacementMixin
-from orbit.store.run_selection import RunSelectionMixin
-from orbit.store.runs import RunsMixin
+from orbit.store.node_commands import NodeCommands
+from orbit.store.node_heartbeats import NodeHeartbeats
+from orbit.store.nodes import Nodes
+from orbit.store.placement import Placements
+from orbit.store.runs import Runs
 from orbit.store.sched_config_table import SchedConfigTable
-from orbit.store.scheduling import SchedulingMixin
+from orbit.store.scheduling import SchedulerRows
 from orbit.store.storage import StorageTable
-from orbit.store.submit_keys import SubmitKeysMixin
-from orbit.store.users import UsersMixin
+from orbit.store.submit_keys import SubmitKeys
+from orbit.store.users import Users
 from orbit.store.wait_reads import WaitReads
 
 
-class Store(
-    ExperimentsMixin,
-    RunsMixin,
-    AttemptStatesMixin,
-    AttemptLeasesMixin,
-    UsersMixin,
-    SchedulingMixin,
-    AuditMixin,
-    SubmitKeysMixin,
-    DependenciesMixin,
-    RunSelectionMixin,
-    NodeHeartbeatsMixin,
-    NodeCommandsMixin,
-    PlacementMixin,
-):
+class Store:
     """The store at `url`: `sqlite:///path` (the default, in $ORBIT_HOME) or
     `postgresql://...`, migrated to the newest schema when opened. Safe to share between
     threads: each transaction takes a connection of its own."""
 
     def __init__(self, url: str, audit_key: bytes | None = None) -> None:
-        super().__init__(url, audit_key)
-        self.hosts = HostTable(self)
-        self.sched_config = SchedConfigTable(self)
-        self.waits = WaitReads(self)
-        self.storage = StorageTable(self)
+        """`audit_key`: key the audit chain with it (orbit.model.audit_chain); a store whose
+        chain is keyed under another key is refused here, before anything is written."""
+        self.url = url
+        self.db = db = open_database(url, audit_key)
+        self.experiments = Experiments(db)
+        self.runs = Runs(db)  # runs and their attempts, written and read
+        self.attempts = AttemptStates(db)  # an attempt's state moves: the one place
+        self.leases = AttemptLeases(db)  # who launches or reconciles an attempt
+        self.dependencies = Dependencies(db)  # `after:` and the launches it holds back
+        self.submit_keys = SubmitKeys(db)
+        self.users = Users(db)  # users and their tokens
+        self.audit = AuditTrail(db)
+        self.nodes = Nodes(db)  # join tokens and agent nodes
+        self.heartbeats = NodeHeartbeats(db)
+        self.commands = NodeCommands(db)  # each node's queue of commands
+        self.placement = Placements(db)  # attempts placed on nodes' GPUs
+        self.scheduling = SchedulerRows(db)  # a pass's reads and records, quotas
+        self.sched_config = SchedConfigTable(db)
+        self.waits = WaitReads(db)
+        self.hosts = HostTable(db)
+        self.storage = StorageTable(db)
+
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return self.db.dialect
+
+    def close(self) -> None:
+        self.db.close()

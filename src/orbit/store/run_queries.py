@@ -1,4 +1,5 @@
-"""Reading runs and attempts: a run by id or prefix, the newest runs, how many there are.
+"""How runs and attempts are read (orbit.store.runs asks): the columns, the filters of `runs
+list`, a run by id or prefix, and rows made records.
 
 Each read is a few indexed queries in one read transaction: a page of runs reads the attempts
 of that page only."""
@@ -17,7 +18,6 @@ from orbit.model.models import (
     TaskSubmission,
 )
 from orbit.model.records import AttemptRecord, RunRecord
-from orbit.store.base import StoreBase
 from orbit.store.sql import Row, Tx, expand, like_prefix, read_json, read_time, read_time_required
 
 ATTEMPT_COLUMNS = (
@@ -158,119 +158,63 @@ def runs_filter(
     return joins + where, params
 
 
-class RunQueriesMixin(StoreBase):
-    def resolve_run_id(self, ref: str) -> str:
-        """A full run id, or a unique prefix of one (at least 4 characters after `run-`)."""
-        with self._read() as tx:
-            return self._resolve(tx, ref)
+def resolve(tx: Tx, ref: str) -> str:
+    """The run id `ref` names in full or by a unique prefix."""
+    if tx.scalar("SELECT id FROM runs WHERE id = :id", {"id": ref}) is not None:
+        return ref
+    candidates = [ref, f"run-{ref}"] if not ref.startswith("run-") else [ref]
+    for prefix in candidates:
+        if len(prefix) < len("run-") + 4:
+            continue
+        rows = tx.all(
+            "SELECT id FROM runs WHERE id LIKE :pattern ESCAPE '\\' ORDER BY id",
+            {"pattern": like_prefix(prefix)},
+        )
+        # LIKE ignores case on SQLite: the prefix must match exactly
+        ids = [r["id"] for r in rows if r["id"].startswith(prefix)]
+        if len(ids) == 1:
+            return str(ids[0])
+        if len(ids) > 1:
+            raise ambiguous(ref, ids)
+    raise NotFound(f"unknown run '{ref}' (see 'orbit runs list')")
 
-    @staticmethod
-    def _resolve(tx: Tx, ref: str) -> str:
-        if tx.scalar("SELECT id FROM runs WHERE id = :id", {"id": ref}) is not None:
-            return ref
-        candidates = [ref, f"run-{ref}"] if not ref.startswith("run-") else [ref]
-        for prefix in candidates:
-            if len(prefix) < len("run-") + 4:
-                continue
-            rows = tx.all(
-                "SELECT id FROM runs WHERE id LIKE :pattern ESCAPE '\\' ORDER BY id",
-                {"pattern": like_prefix(prefix)},
-            )
-            # LIKE ignores case on SQLite: the prefix must match exactly
-            ids = [r["id"] for r in rows if r["id"].startswith(prefix)]
-            if len(ids) == 1:
-                return str(ids[0])
-            if len(ids) > 1:
-                raise ambiguous(ref, ids)
-        raise NotFound(f"unknown run '{ref}' (see 'orbit runs list')")
 
-    def get_attempt(self, attempt_id: str) -> AttemptRecord:
-        with self._read() as tx:
-            row = tx.one(
-                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = :id", {"id": attempt_id}
-            )
-        if row is None:
-            raise NotFound(f"unknown attempt '{attempt_id}'")
-        return attempt_record(row)
-
-    @staticmethod
-    def _run_records(tx: Tx, rows: list[Row]) -> list[RunRecord]:
-        if not rows:
-            return []
-        placeholders, params = expand("run", [r["id"] for r in rows])
-        attempts: dict[str, list[AttemptRecord]] = {r["id"]: [] for r in rows}
-        ranks: dict[str, list[str]] = {}  # a gang's leader -> its other nodes, by rank
-        leaders: list[Row] = []
-        for a in tx.all(  # leaders and gang members in one read: rank 0 comes first
-            f"SELECT {ATTEMPT_COLUMNS}, gang_of FROM attempts WHERE run_id IN ({placeholders}) "
-            "ORDER BY run_id, number, rank",
-            params,
-        ):
-            if a["gang_of"] is None:
-                leaders.append(a)
-            elif a["node_name"] is not None:
-                ranks.setdefault(a["gang_of"], []).append(a["node_name"])
-        for a in leaders:
-            record = attempt_record(a)
-            if a["id"] in ranks and record.node is not None:
-                record = record.model_copy(update={"gang_nodes": (record.node, *ranks[a["id"]])})
-            attempts[a["run_id"]].append(record)
-        return [
-            RunRecord.model_construct(
-                id=r["id"],
-                experiment_id=r["experiment_id"],
-                experiment_name=r["experiment_name"],
-                task_type=r["task_type"],
-                template_id=r["template_id"],
-                bundle_digest=r["bundle_digest"],
-                submission=stored_submission(r["submission"]),
-                request=stored_request(r["request"]),
-                created_at=read_time_required(r["created_at"]),
-                created_by=r["created_by"],
-                replay_of=r["replay_of"],
-                attempts=tuple(attempts[r["id"]]),
-            )
-            for r in rows
-        ]
-
-    def get_run(self, ref: str) -> RunRecord:
-        """A run by id or unique prefix, with all its attempts."""
-        with self._read() as tx:
-            run_id = self._resolve(tx, ref)
-            row = tx.one(f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM} WHERE r.id = :id", {"id": run_id})
-            assert row is not None
-            return self._run_records(tx, [row])[0]
-
-    def list_runs(
-        self,
-        *,
-        experiment_id: str | None = None,
-        states: set[RunState] | None = None,
-        limit: int | None = None,
-        user: str | None = None,
-        node: str | None = None,
-    ) -> list[RunRecord]:
-        """Newest first. `states` and `node` filter on each run's current attempt, `user` on
-        who submitted it."""
-        condition, params = runs_filter(experiment_id, states, user, node)
-        page = " LIMIT :limit" if limit is not None else ""
-        with self._read() as tx:
-            rows = tx.all(
-                f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM}{condition} "
-                f"ORDER BY r.created_at DESC, r.id{page}",
-                {**params, "limit": limit},
-            )
-            return self._run_records(tx, rows)
-
-    def count_runs(
-        self,
-        experiment_id: str | None = None,
-        states: set[RunState] | None = None,
-        user: str | None = None,
-        node: str | None = None,
-    ) -> int:
-        """How many runs `list_runs` would list with the same filters and no limit."""
-        condition, params = runs_filter(experiment_id, states, user, node)
-        with self._read() as tx:
-            count = tx.scalar(f"SELECT count(*) FROM runs r{condition}", params)
-        return int(count or 0)
+def run_records(tx: Tx, rows: list[Row]) -> list[RunRecord]:
+    """The runs of `rows`, each with its attempts (a gang's leader with its other nodes)."""
+    if not rows:
+        return []
+    placeholders, params = expand("run", [r["id"] for r in rows])
+    attempts: dict[str, list[AttemptRecord]] = {r["id"]: [] for r in rows}
+    ranks: dict[str, list[str]] = {}  # a gang's leader -> its other nodes, by rank
+    leaders: list[Row] = []
+    for a in tx.all(  # leaders and gang members in one read: rank 0 comes first
+        f"SELECT {ATTEMPT_COLUMNS}, gang_of FROM attempts WHERE run_id IN ({placeholders}) "
+        "ORDER BY run_id, number, rank",
+        params,
+    ):
+        if a["gang_of"] is None:
+            leaders.append(a)
+        elif a["node_name"] is not None:
+            ranks.setdefault(a["gang_of"], []).append(a["node_name"])
+    for a in leaders:
+        record = attempt_record(a)
+        if a["id"] in ranks and record.node is not None:
+            record = record.model_copy(update={"gang_nodes": (record.node, *ranks[a["id"]])})
+        attempts[a["run_id"]].append(record)
+    return [
+        RunRecord.model_construct(
+            id=r["id"],
+            experiment_id=r["experiment_id"],
+            experiment_name=r["experiment_name"],
+            task_type=r["task_type"],
+            template_id=r["template_id"],
+            bundle_digest=r["bundle_digest"],
+            submission=stored_submission(r["submission"]),
+            request=stored_request(r["request"]),
+            created_at=read_time_required(r["created_at"]),
+            created_by=r["created_by"],
+            replay_of=r["replay_of"],
+            attempts=tuple(attempts[r["id"]]),
+        )
+        for r in rows
+    ]

@@ -1,6 +1,7 @@
-"""Runs and their attempts written in the store: a new run with its first attempt, a new
-attempt of a run whose last has ended, each claimed for launching in the transaction that
-makes it when asked. How an attempt's state changes: orbit.store.attempt_states."""
+"""Runs and their attempts in the store: a new run with its first attempt, a new attempt of a
+run whose last has ended (each claimed for launching in the transaction that makes it when
+asked), and runs read by id, prefix or filter. How an attempt's state changes:
+orbit.store.attempt_states."""
 
 from __future__ import annotations
 
@@ -12,10 +13,18 @@ from orbit.model.records import AttemptRecord, RunRecord
 from orbit.store import base
 from orbit.store.attempt_leases import Lease, set_launch_claim
 from orbit.store.audit import append_event
-from orbit.store.base import utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.dependencies import write_dependencies
 from orbit.store.drivers import Conflict
-from orbit.store.run_queries import RunQueriesMixin
+from orbit.store.run_queries import (
+    ATTEMPT_COLUMNS,
+    RUN_COLUMNS,
+    RUNS_FROM,
+    attempt_record,
+    resolve,
+    run_records,
+    runs_filter,
+)
 from orbit.store.sql import Tx
 from orbit.store.submit_keys import SubmitKey, remember
 
@@ -61,7 +70,87 @@ def insert_attempt(
     return attempt_id
 
 
-class RunsMixin(RunQueriesMixin):
+class Runs(Part):
+    """Runs and their attempts: written when submitted and retried, read by id, prefix or
+    filter (orbit.store.run_queries holds the queries' SQL and the rows' records)."""
+
+    def resolve_run_id(self, ref: str) -> str:
+        """A full run id, or a unique prefix of one (at least 4 characters after `run-`)."""
+        with self._read() as tx:
+            return resolve(tx, ref)
+
+    def get_attempt(self, attempt_id: str) -> AttemptRecord:
+        with self._read() as tx:
+            row = tx.one(
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = :id", {"id": attempt_id}
+            )
+        if row is None:
+            raise NotFound(f"unknown attempt '{attempt_id}'")
+        return attempt_record(row)
+
+    def get_run(self, ref: str) -> RunRecord:
+        """A run by id or unique prefix, with all its attempts."""
+        with self._read() as tx:
+            run_id = resolve(tx, ref)
+            row = tx.one(f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM} WHERE r.id = :id", {"id": run_id})
+            assert row is not None
+            return run_records(tx, [row])[0]
+
+    def list_runs(
+        self,
+        *,
+        experiment_id: str | None = None,
+        states: set[RunState] | None = None,
+        limit: int | None = None,
+        user: str | None = None,
+        node: str | None = None,
+    ) -> list[RunRecord]:
+        """Newest first. `states` and `node` filter on each run's current attempt, `user` on
+        who submitted it."""
+        condition, params = runs_filter(experiment_id, states, user, node)
+        page = " LIMIT :limit" if limit is not None else ""
+        with self._read() as tx:
+            rows = tx.all(
+                f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM}{condition} "
+                f"ORDER BY r.created_at DESC, r.id{page}",
+                {**params, "limit": limit},
+            )
+            return run_records(tx, rows)
+
+    def count_runs(
+        self,
+        experiment_id: str | None = None,
+        states: set[RunState] | None = None,
+        user: str | None = None,
+        node: str | None = None,
+    ) -> int:
+        """How many runs `list_runs` would list with the same filters and no limit."""
+        condition, params = runs_filter(experiment_id, states, user, node)
+        with self._read() as tx:
+            count = tx.scalar(f"SELECT count(*) FROM runs r{condition}", params)
+        return int(count or 0)
+
+    def select_runs(
+        self,
+        *,
+        experiment_id: str | None,
+        states: set[RunState] | None,
+        user: str | None,
+        limit: int,
+    ) -> list[RunRecord]:
+        """Newest first, at most `limit`."""
+        condition, params = runs_filter(experiment_id, states)
+        if user is not None:
+            joiner = " AND " if " WHERE " in condition else " WHERE "
+            condition += f"{joiner}r.created_by = :user"
+        with self._read() as tx:
+            rows = tx.all(
+                f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM}{condition} "
+                "ORDER BY r.created_at DESC, r.id LIMIT :limit",
+                {**params, "user": user, "limit": limit},
+            )
+            return run_records(tx, rows)
+
     def create_run(
         self,
         *,

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from orbit.store.audit import append_event
-from orbit.store.base import utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.sql import read_time_required
-
-if TYPE_CHECKING:
-    from orbit.store.base import StoreBase
 
 ROW = 1
 
@@ -27,12 +23,9 @@ class StoredConfig:
     set_by: str
 
 
-class SchedConfigTable:
-    def __init__(self, store: StoreBase) -> None:
-        self._store = store
-
+class SchedConfigTable(Part):
     def get(self) -> StoredConfig | None:
-        with self._store._read() as tx:
+        with self._read() as tx:
             row = tx.one(
                 "SELECT text, digest, source, set_at, set_by FROM sched_config WHERE id = :id",
                 {"id": ROW},
@@ -64,7 +57,7 @@ class SchedConfigTable:
         nothing is written then."""
         at = utcnow()
         values = {"id": ROW, "text": text, "d": digest, "s": source, "at": at, "by": actor}
-        with self._store._write() as tx:
+        with self._write() as tx:
             if was is None:
                 if not tx.execute(
                     "INSERT INTO sched_config (id, text, digest, source, set_at, set_by) "

@@ -15,8 +15,8 @@ from orbit.model.models import RunState
 from orbit.model.nodes import NodeRecord
 from orbit.store.attempt_states import ACTIVE_IN
 from orbit.store.audit import append_event
-from orbit.store.base import StoreBase, utcnow
-from orbit.store.nodes import NODE_COLUMNS, NodesMixin
+from orbit.store.base import Part, utcnow
+from orbit.store.nodes import NODE_COLUMNS, node_records
 from orbit.store.run_queries import with_request
 from orbit.store.sql import Row
 
@@ -54,11 +54,11 @@ _RUN_FIELDS = (
 )
 
 
-class SchedulingMixin(NodesMixin, StoreBase):
+class SchedulerRows(Part):
     def scheduler_rows(self, at: datetime) -> SchedRows:
         """One consistent read of everything a pass needs."""
         with self._read() as tx:
-            nodes = self._nodes(tx, tx.all(f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY name"))
+            nodes = node_records(tx, tx.all(f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY name"))
             placed = tx.all(
                 "SELECT a.id, a.run_id, a.node_id, a.node_gpus, a.started_at, a.created_at, "
                 f"a.preempted_by, {_RUN_FIELDS} FROM attempts a JOIN runs r ON r.id = a.run_id "

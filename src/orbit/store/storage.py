@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orbit.model.storage import Removal, RunStorage
 from orbit.store.attempt_states import ACTIVE_IN
 from orbit.store.audit import append_event
-from orbit.store.base import utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.node_commands import enqueue
 from orbit.store.sql import Row, Tx, expand, read_time
-
-if TYPE_CHECKING:
-    from orbit.store.base import StoreBase
 
 MARK_COLUMNS = "pinned, pinned_by, pinned_at, deleted_at, deleted_by, expired_at"
 NOT_GONE = "rs.deleted_at IS NULL AND rs.expired_at IS NULL"
@@ -38,14 +35,11 @@ def run_storage(row: Row | None) -> RunStorage:
     )
 
 
-class StorageTable:
-    def __init__(self, store: StoreBase) -> None:
-        self._store = store
-
+class StorageTable(Part):
     # --- marks -----------------------------------------------------------------------------
 
     def marks(self, run_id: str) -> RunStorage:
-        with self._store._read() as tx:
+        with self._read() as tx:
             return self._marks(tx, run_id)
 
     @staticmethod
@@ -55,7 +49,7 @@ class StorageTable:
 
     def pin(self, run_id: str, pinned: bool, actor: str) -> RunStorage:
         """Pin or unpin (audited when it changes anything); the marks after."""
-        with self._store._write() as tx:
+        with self._write() as tx:
             if self._marks(tx, run_id).pinned == pinned:
                 return self._marks(tx, run_id)
             self._upsert(
@@ -87,7 +81,7 @@ class StorageTable:
         transaction: written before the files go, so that a removal cut short is finished
         by the next gc pass."""
         at = utcnow()
-        with self._store._write() as tx:
+        with self._write() as tx:
             if why == "deleted":
                 self._upsert(tx, run_id, deleted_at=at, deleted_by=actor)
             else:
@@ -105,7 +99,7 @@ class StorageTable:
         for removal in removals:
             by_run.setdefault(removal.run_id, []).append(removal)
         at = utcnow()
-        with self._store._write() as tx:
+        with self._write() as tx:
             self._record(tx, removals, at)
             for run_id, some in by_run.items():
                 append_event(
@@ -148,7 +142,7 @@ class StorageTable:
 
     def removed_paths(self, attempt_id: str) -> list[tuple[str, str, datetime]]:
         """(path under artifacts/, '' for all of them; why; when) of what was removed."""
-        with self._store._read() as tx:
+        with self._read() as tx:
             rows = tx.all(
                 "SELECT path, why, at FROM artifact_removals WHERE attempt_id = :a ORDER BY id",
                 {"a": attempt_id},
@@ -158,14 +152,14 @@ class StorageTable:
     # --- measured sizes --------------------------------------------------------------------
 
     def sizes(self) -> dict[str, tuple[int, int]]:
-        with self._store._read() as tx:
+        with self._read() as tx:
             rows = tx.all("SELECT key, bytes, files FROM storage_sizes")
         return {r["key"]: (int(r["bytes"]), int(r["files"])) for r in rows}
 
     def save_sizes(self, sizes: dict[str, tuple[int, int]]) -> None:
         if not sizes:
             return
-        with self._store._write() as tx:
+        with self._write() as tx:
             for key, (size, files) in sizes.items():
                 tx.execute(
                     "INSERT INTO storage_sizes (key, bytes, files, measured_at) "
@@ -179,7 +173,7 @@ class StorageTable:
         if not keys:
             return
         placeholders, params = expand("k", list(keys))
-        with self._store._write() as tx:
+        with self._write() as tx:
             tx.execute(f"DELETE FROM storage_sizes WHERE key IN ({placeholders})", params)
 
     # --- the gc loop's turn ----------------------------------------------------------------
@@ -187,7 +181,7 @@ class StorageTable:
     def claim_gc(self, holder: str, at: datetime, next_due: datetime) -> bool:
         """Whether this replica runs the pass due now (one compare-and-set: replicas never
         run one pass twice); the next is then due at `next_due`."""
-        with self._store._write() as tx:
+        with self._write() as tx:
             tx.execute(
                 "INSERT INTO storage_gc (id, due_at) VALUES (1, :at) ON CONFLICT (id) DO NOTHING",
                 {"at": at},
@@ -200,14 +194,14 @@ class StorageTable:
         return changed == 1
 
     def last_gc(self) -> datetime | None:
-        with self._store._read() as tx:
+        with self._read() as tx:
             return read_time(tx.scalar("SELECT ran_at FROM storage_gc WHERE id = 1"))
 
     # --- what gc and usage read ------------------------------------------------------------
 
     def attempts_for_usage(self) -> Iterator[Row]:
         """Every attempt with its run's user and experiment, and whether the run is gone."""
-        with self._store._read() as tx:
+        with self._read() as tx:
             yield from tx.stream(
                 "SELECT a.id, a.run_id, a.backend_key, a.state, r.created_by AS user_name, "
                 "e.name AS experiment, rs.deleted_at, rs.expired_at "
@@ -220,7 +214,7 @@ class StorageTable:
         """digest -> (user, experiment) of the oldest run not deleted that uses it: what a
         bundle counts towards. A digest missing here is referenced by no live run."""
         owners: dict[str, tuple[str, str]] = {}
-        with self._store._read() as tx:
+        with self._read() as tx:
             for row in tx.stream(
                 "SELECT r.bundle_digest, r.created_by, e.name FROM runs r "
                 "JOIN experiments e ON e.id = r.experiment_id "
@@ -232,7 +226,7 @@ class StorageTable:
 
     def bundle_users(self, digest: str) -> list[Row]:
         """Runs not deleted that use the bundle, with the state of their current attempt."""
-        with self._store._read() as tx:
+        with self._read() as tx:
             return tx.all(
                 "SELECT r.id, (SELECT count(*) FROM attempts a WHERE a.run_id = r.id "
                 f"AND a.state IN {ACTIVE_IN}) AS active FROM runs r "
@@ -244,7 +238,7 @@ class StorageTable:
     def ended_runs(self, before: datetime) -> list[Row]:
         """Runs neither pinned nor gone whose attempts all ended before `before`: id,
         experiment and when the last one ended."""
-        with self._store._read() as tx:
+        with self._read() as tx:
             return tx.all(
                 "SELECT r.id, e.name AS experiment, "
                 "max(coalesce(a.finished_at, a.updated_at)) AS ended_at "
@@ -262,7 +256,7 @@ class StorageTable:
         """Runs neither pinned nor gone (with `since`: only those active, or whose attempts
         changed since then): id, experiment, whether one of their attempts is active."""
         recent = "" if since is None else f" AND (a.updated_at >= :since OR a.state IN {ACTIVE_IN})"
-        with self._store._read() as tx:
+        with self._read() as tx:
             return tx.all(
                 "SELECT r.id, e.name AS experiment, "
                 f"max(CASE WHEN a.state IN {ACTIVE_IN} THEN 1 ELSE 0 END) AS active "
@@ -279,7 +273,7 @@ class StorageTable:
         if not run_ids:
             return []
         placeholders, params = expand("r", list(run_ids))
-        with self._store._read() as tx:
+        with self._read() as tx:
             return tx.all(
                 f"SELECT {ATTEMPT_COLUMNS} FROM {ATTEMPTS_FROM} WHERE a.run_id IN ({placeholders}) "
                 "ORDER BY a.number, a.rank",
@@ -288,7 +282,7 @@ class StorageTable:
 
     def gone_attempts(self) -> list[Row]:
         """The attempts of runs deleted or expired (whose files should be gone)."""
-        with self._store._read() as tx:
+        with self._read() as tx:
             return tx.all(
                 f"SELECT {ATTEMPT_COLUMNS}, rs.deleted_at FROM {ATTEMPTS_FROM} "
                 "JOIN run_storage rs ON rs.run_id = a.run_id "
@@ -299,7 +293,7 @@ class StorageTable:
         found: set[str] = set()
         for start in range(0, len(ids), 500):
             placeholders, params = expand("a", list(ids[start : start + 500]))
-            with self._store._read() as tx:
+            with self._read() as tx:
                 rows = tx.all(f"SELECT id FROM attempts WHERE id IN ({placeholders})", params)
             found.update(r["id"] for r in rows)
         return found

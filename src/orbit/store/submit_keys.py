@@ -2,7 +2,7 @@
 to a submit (its connection broke, the server crashed) sends it again with the same key and is
 answered with that run instead of getting a second one.
 
-A key is written in the transaction that creates its run (RunsMixin.create_run), so the two
+A key is written in the transaction that creates its run (Runs.create_run), so the two
 exist together or not at all: after a crash a retry finds both or neither. Keys are kept for
 KEEP (a day); each new one clears those older than that, so the table holds about a day of
 submits. A retry later than that makes a new run."""
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from orbit.store.base import StoreBase, utcnow
+from orbit.store.base import Part, utcnow
 from orbit.store.sql import Tx
 
 KEEP = timedelta(hours=24)
@@ -62,7 +62,7 @@ def remember(tx: Tx, key: SubmitKey, run_id: str) -> None:
         raise KeyTaken(key.value)
 
 
-class SubmitKeysMixin(StoreBase):
+class SubmitKeys(Part):
     def find_submit_key(self, user: str, value: str, at: datetime | None = None) -> KeyedRun | None:
         """The run `user`'s key `value` made within KEEP of `at` (now), if any."""
         cutoff = (at or utcnow()) - KEEP

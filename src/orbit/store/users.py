@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from orbit.model.auth import Role, TokenRecord, UserRecord
 from orbit.model.errors import InvalidInput, NotFound, Refused
 from orbit.store.audit import append_event
-from orbit.store.base import StoreBase, new_id, utcnow
+from orbit.store.base import Part, new_id, utcnow
 from orbit.store.drivers import Conflict
 from orbit.store.sql import Row, StoreError, Tx, read_time, read_time_required
 
@@ -79,7 +79,7 @@ def lock_users(tx: Tx) -> None:
         tx.execute("LOCK TABLE users IN EXCLUSIVE MODE")
 
 
-class UsersMixin(StoreBase):
+class Users(Part):
     def create_user(self, name: str, role: Role, actor: str) -> UserRecord:
         check_user_name(name)
         try:

@@ -5,27 +5,20 @@ waiting)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from orbit.model.models import RunState
 from orbit.model.records import AttemptRecord
+from orbit.store.base import Part
 from orbit.store.run_queries import ATTEMPT_COLUMNS, attempt_record, stored_request
 from orbit.store.sql import Row, expand
-
-if TYPE_CHECKING:
-    from orbit.store.base import StoreBase
 
 CHUNK = 500  # run ids per IN (...)
 
 
-class WaitReads:
-    def __init__(self, store: StoreBase) -> None:
-        self._store = store
-
+class WaitReads(Part):
     def decisions_of(self, run_ids: list[str]) -> dict[str, Row]:
         """The latest scheduler decision of each run that has one (run id -> its row)."""
         found: dict[str, Row] = {}
-        with self._store._read() as tx:
+        with self._read() as tx:
             for start in range(0, len(run_ids), CHUNK):
                 marks, params = expand("r", run_ids[start : start + CHUNK])
                 for row in tx.all(
@@ -39,7 +32,7 @@ class WaitReads:
     def pool_not_launched(self) -> list[tuple[AttemptRecord, str]]:
         """Every agent-pool attempt (a gang's leader) not launched yet, oldest first, with
         its run's tier (the request's priority)."""
-        with self._store._read() as tx:
+        with self._read() as tx:
             rows = tx.all(
                 f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE state = :prepared "
                 "AND handle IS NULL AND gang_of IS NULL AND backend_key LIKE 'agent_pool%' "

@@ -157,7 +157,7 @@ def test_a_shaping_the_task_request_does_not_give_is_refused_naming_the_field(
     assert "\n" not in message
     # nothing was written: no run, no event, no bundle
     assert not service.run_page(limit=10).runs
-    assert service.store.list_events() == []
+    assert service.store.audit.list_events() == []
     assert not service.bundles_dir.exists() or not any(service.bundles_dir.iterdir())
     # the same submission, as the client shaped it, goes through
     assert sent(service, request, base, submit=True).task_type == "command"

@@ -294,7 +294,7 @@ def test_a_submit_killed_after_the_start_is_reconciled_to_its_true_state(
     assert killed.returncode == -signal.SIGKILL
     store = Store(store_url)
     try:
-        (left,) = store.list_runs()
+        (left,) = store.runs.list_runs()
     finally:
         store.close()
     assert left.current.state is RunState.PREPARED and left.current.handle is None
@@ -347,7 +347,7 @@ def test_a_cancel_while_the_attempt_is_being_launched_stops_it_once_started(
     )
     store = Store(store_url)
     try:
-        run = eventually(lambda: (runs := store.list_runs()) and runs[0])
+        run = eventually(lambda: (runs := store.runs.list_runs()) and runs[0])
     finally:
         store.close()
     cancelled = orbit(env, "cancel", run.id, "--json", check=False)

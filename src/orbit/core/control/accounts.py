@@ -17,14 +17,14 @@ class Accounts(ServiceBase):
         return None
 
     def list_users(self) -> list[UserRecord]:
-        return self.store.list_users()
+        return self.store.users.list_users()
 
     def add_user(self, name: str, role: Role) -> UserRecord:
-        return self.store.create_user(name, role, self.actor)
+        return self.store.users.create_user(name, role, self.actor)
 
     def remove_user(self, name: str) -> UserRecord:
         """Remove a user; their tokens stop working at once."""
-        return self.store.remove_user(name, self.actor)
+        return self.store.users.remove_user(name, self.actor)
 
     def create_token(
         self,
@@ -44,16 +44,16 @@ class Accounts(ServiceBase):
         if clamped:
             expires_at = not_after
         token = new_token()
-        record = self.store.create_token(
+        record = self.store.users.create_token(
             user, token_hash=hash_of(token), name=name, expires_at=expires_at, actor=self.actor
         )
         return NewToken(token=token, record=record, clamped=clamped)
 
     def list_tokens(self, user: str | None = None) -> list[TokenRecord]:
-        return self.store.list_tokens(user)
+        return self.store.users.list_tokens(user)
 
     def revoke_token(self, token_id: str) -> TokenRecord:
-        return self.store.revoke_token(token_id, self.actor)
+        return self.store.users.revoke_token(token_id, self.actor)
 
     def _signed_in(self) -> str:
         found = self.whoami()

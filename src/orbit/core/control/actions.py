@@ -41,12 +41,12 @@ class RunActions(Submitting):
             with contextlib.suppress(Unreachable):
                 self.stop_leftovers(run.id)
             return run, None
-        self.store.request_cancel(attempt.id, self.actor)
+        self.store.attempts.request_cancel(attempt.id, self.actor)
         if attempt.handle is None:
             if not lease_lapsed(attempt, now()):
                 # another process is launching it right now: it stops it once recorded
-                return self.store.get_run(run.id), None
-            if not self.store.move_attempt(
+                return self.store.runs.get_run(run.id), None
+            if not self.store.attempts.move_attempt(
                 attempt.id,
                 RunState.TERMINATED,
                 actor=self.actor,
@@ -54,7 +54,7 @@ class RunActions(Submitting):
                 expect=attempt.state,
             ):  # it moved meanwhile (launched, or ended): cancel it where it is now
                 return self.ask_to_cancel(ref, wait_s)
-            return self.store.get_run(run.id), None
+            return self.store.runs.get_run(run.id), None
         try:
             self.execution.backend(attempt.backend_key).cancel(
                 attempt.handle, FailureReason.CANCELLED
@@ -62,23 +62,23 @@ class RunActions(Submitting):
         except Unreachable as exc:
             # kept as asked: delivered at the next contact, or the attempt ends when the host's
             # unreachable timeout does (and, cancelled, is not retried)
-            self.store.record_contact(
+            self.store.attempts.record_contact(
                 attempt.id,
                 reachable=False,
                 actor="orbit",
                 message=f"cancel requested; it reaches the host when the host answers: {exc}",
             )
-            return self.store.get_run(run.id), None
+            return self.store.runs.get_run(run.id), None
         grace = run.request.stop_grace_s
         return run, grace + 5 if wait_s is None else wait_s
 
     def stop_leftovers(self, ref: str) -> int:
         """Stop the processes still running of a run's ended attempts (on a host that was given
         up on and came back, say); how many were stopped."""
-        run = self.store.get_run(ref)
+        run = self.store.runs.get_run(ref)
         stopped = stop_leftovers(self.execution, run.attempts)
         for attempt_id, count in stopped.items():
-            self.store.record_event(
+            self.store.audit.record_event(
                 self.actor,
                 "run.leftovers_stopped",
                 run_id=run.id,
@@ -125,7 +125,7 @@ class RunActions(Submitting):
             run, overrides or ExecutionOverrides(), "a retry"
         )
         fenced = self._fenced_until(run)  # a lost attempt's node stops it first
-        attempt = self.store.add_attempt(
+        attempt = self.store.runs.add_attempt(
             run.id,
             target=request.target,
             backend_key=request.backend_key,
@@ -134,12 +134,12 @@ class RunActions(Submitting):
             launcher=None if fenced else self._claim(),
             not_before=fenced,
         )
-        self.store.record_event(
+        self.store.audit.record_event(
             self.actor, "run.retry", run_id=run.id, attempt_id=attempt.id, overrides=changed
         )
         if fenced is None:
-            self._launch(self.store.get_run(run.id), attempt, request, actor=self.actor)
-        return self.store.get_run(run.id)
+            self._launch(self.store.runs.get_run(run.id), attempt, request, actor=self.actor)
+        return self.store.runs.get_run(run.id)
 
     def _fenced_until(self, run: RunRecord) -> datetime | None:
         """Until when a retry of a run whose attempt was lost waits: its node, cut off, stops
@@ -164,12 +164,12 @@ class RunActions(Submitting):
         earlier = made_by(self.store, key)
         if earlier is not None:
             return earlier
-        original = self.store.get_run(ref)
+        original = self.store.runs.get_run(ref)
         request, changed = self._same_bundle_request(
             original, overrides or ExecutionOverrides(), "a replay"
         )
         try:
-            run = self.store.create_run(
+            run = self.store.runs.create_run(
                 experiment_id=original.experiment_id,
                 task_type=original.task_type,
                 template_id=original.template_id,
@@ -184,8 +184,8 @@ class RunActions(Submitting):
         except KeyTaken:  # the same request, sent again while this one was at work
             assert key is not None
             return made_meanwhile(self.store, key)
-        self.store.record_event(
+        self.store.audit.record_event(
             self.actor, "run.replayed", run_id=run.id, replay_of=original.id, overrides=changed
         )
         self._launch(run, run.current, request, actor=self.actor)
-        return self.store.get_run(run.id)
+        return self.store.runs.get_run(run.id)

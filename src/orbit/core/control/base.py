@@ -128,13 +128,13 @@ class ServiceBase:
 
     def _experiment(self, name_or_id: str) -> ExperimentRecord:
         """Find or create; two submits racing to create the same one both get it."""
-        found = self.store.find_experiment(name_or_id)
+        found = self.store.experiments.find_experiment(name_or_id)
         if found is not None:
             return found
         try:
-            return self.store.create_experiment(name_or_id, self.actor)
+            return self.store.experiments.create_experiment(name_or_id, self.actor)
         except InvalidInput:
-            found = self.store.find_experiment(name_or_id)
+            found = self.store.experiments.find_experiment(name_or_id)
             if found is None:
                 raise
             return found

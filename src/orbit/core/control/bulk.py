@@ -41,15 +41,17 @@ class BulkActions(RunActions):
         if problem is not None:
             raise InvalidInput(problem)
         if selection.ids:
-            ids = dict.fromkeys(self.store.resolve_run_id(ref) for ref in selection.ids)
-            look = self.refresh_run_status if self.config.looks_on_read else self.store.get_run
+            ids = dict.fromkeys(self.store.runs.resolve_run_id(ref) for ref in selection.ids)
+            look = self.refresh_run_status if self.config.looks_on_read else self.store.runs.get_run
             runs = [look(run_id) for run_id in ids]  # embedded: as they stand where they run
         else:
             experiment = selection.experiment
-            experiment_id = self.store.get_experiment(experiment).id if experiment else None
+            experiment_id = (
+                self.store.experiments.get_experiment(experiment).id if experiment else None
+            )
 
             def matching(states: set[RunState] | None) -> list[RunRecord]:
-                return self.store.select_runs(
+                return self.store.runs.select_runs(
                     experiment_id=experiment_id,
                     states=states,
                     user=selection.user,
@@ -94,7 +96,7 @@ class BulkActions(RunActions):
         try:
             after = self.retry_run(run.id)
         except OrbitError as exc:
-            if not self.store.get_run(run.id).state.terminal:
+            if not self.store.runs.get_run(run.id).state.terminal:
                 return _item(run, BulkOutcome.NOT_ENDED, "cancel it first")
             return _item(run, BulkOutcome.FAILED, str(exc))
         return _item(after, BulkOutcome.RETRIED)
@@ -104,7 +106,7 @@ class BulkActions(RunActions):
     ) -> BulkResult:
         result = BulkResult(action=action, dry_run=dry_run, selection=selection, items=items)
         if items and not dry_run:  # each run's own events say what was done to it
-            self.store.record_event(
+            self.store.audit.record_event(
                 self.actor,
                 f"runs.{action}",
                 selection=selection.model_dump(mode="json", exclude_defaults=True),

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 class Clusters(ServiceBase):
     @property
     def clusters(self) -> ClusterTable:
-        return ClusterTable(self.store)
+        return ClusterTable(self.store.db)
 
     def probe_cluster(self, spec: ClusterSpec) -> ClusterFacts:
         from orbit.core.execution.backends.slurm_host_process import local_work_dir
@@ -62,7 +62,7 @@ class Clusters(ServiceBase):
                 cluster=cluster, orphans=tuple(orphans), swept=True, sweep_error=str(exc)
             )
         if doomed:
-            self.store.record_event(
+            self.store.audit.record_event(
                 self.actor,
                 "cluster.swept",
                 cluster=name,
@@ -91,7 +91,7 @@ class Clusters(ServiceBase):
                 continue
             else:
                 try:
-                    self.store.get_attempt(job.attempt_id)
+                    self.store.runs.get_attempt(job.attempt_id)
                     why = "ended"
                 except NotFound:
                     why = "unknown"
@@ -111,7 +111,7 @@ class Clusters(ServiceBase):
         """Forget a cluster; returns the runs still active there (their handles keep how to
         reach it, so they can still be followed, cancelled and collected)."""
         self.clusters.get(name)
-        active = self.store.list_runs(states={s for s in RunState if not s.terminal})
+        active = self.store.runs.list_runs(states={s for s in RunState if not s.terminal})
         runs = [r.id for r in active if r.current.target == name]
         self.clusters.remove(name, self.actor)
         return runs

@@ -44,7 +44,7 @@ class DependencyGate(ServiceBase):
         seen: dict[str, str] = {}
         for kind, index, ref in after.named():
             try:
-                run_id = self.store.resolve_run_id(ref)
+                run_id = self.store.runs.resolve_run_id(ref)
             except (NotFound, InvalidInput) as exc:
                 raise InvalidInput(f"{source}: after.{kind}.{index}: {exc}") from None
             if run_id in seen:
@@ -71,21 +71,23 @@ class DependencyGate(ServiceBase):
         for _ in range(3):  # a dependency ending while it is held: judged again
             found = self._judge(run)
             if found.met:
-                self.store.release_hold(attempt.id)
+                self.store.dependencies.release_hold(attempt.id)
                 return False
             if found.failed is not None:
                 self._fail(run, attempt, found)
                 return True
             until = now() + timedelta(seconds=HELD_RECHECK_S)
             message = waiting_message(found.waiting)
-            hold = self.store.hold_attempt(attempt.id, run.id, launcher_id(), message, until)
+            hold = self.store.dependencies.hold_attempt(
+                attempt.id, run.id, launcher_id(), message, until
+            )
             if hold is not Hold.ENDED:
                 return True
         return True  # a busy pipeline: the next look judges it again
 
     def _judge(self, run: RunRecord) -> Judgement:
         """The run's dependencies as they stand; embedded, looked at where they run first."""
-        needed = self.store.dependencies(run.id)
+        needed = self.store.dependencies.of_run(run.id)
         if not self.config.looks_on_read or _looking.get() or all(d.ended for d in needed):
             return judge(needed)
         token = _looking.set(True)
@@ -95,7 +97,7 @@ class DependencyGate(ServiceBase):
                     self.refresh_run_status(upstream.id)
         finally:
             _looking.reset(token)
-        return judge(self.store.dependencies(run.id))
+        return judge(self.store.dependencies.of_run(run.id))
 
     def _upstream(self, run_id: str) -> list[RunRecord]:
         """The runs not yet ended that `run_id` waits for, directly or through others, oldest
@@ -103,9 +105,9 @@ class DependencyGate(ServiceBase):
         found: dict[str, RunRecord] = {}
         frontier = [run_id]
         while frontier and len(found) < LOOK_UPSTREAM:
-            for dep in self.store.dependencies(frontier.pop()):
+            for dep in self.store.dependencies.of_run(frontier.pop()):
                 if not dep.ended and dep.run_id not in found:
-                    found[dep.run_id] = self.store.get_run(dep.run_id)
+                    found[dep.run_id] = self.store.runs.get_run(dep.run_id)
                     frontier.append(dep.run_id)
         return sorted(found.values(), key=lambda r: (r.created_at, r.id))
 
@@ -116,13 +118,13 @@ class DependencyGate(ServiceBase):
             reason=FailureReason.DEPENDENCY_FAILED,
             message=failed_message(found.failed),
         )
-        self._end(run.id, self.store.get_attempt(attempt.id), status, actor="orbit")
+        self._end(run.id, self.store.runs.get_attempt(attempt.id), status, actor="orbit")
 
     def held_in_queue(self) -> list[QueueEntry]:
         """The runs held on their dependencies, for `orbit queue`: which runs each waits for,
         as those stand now."""
-        rows = self.store.held_attempts()
-        needed = self.store.dependencies_of_runs([r["run_id"] for r in rows])
+        rows = self.store.dependencies.held_attempts()
+        needed = self.store.dependencies.of_runs([r["run_id"] for r in rows])
         at = now()
         out = []
         for row in rows:

@@ -82,7 +82,7 @@ class HostRegistry:
         if facts.docker and facts.docker != "client only" and self.sweep is not None:
             swept = self.sweep(host, live)
             if swept.removed:
-                self.store.record_event(
+                self.store.audit.record_event(
                     self.actor,
                     "host.swept",
                     host=name,
@@ -93,7 +93,7 @@ class HostRegistry:
 
     def record_stopped(self, name: str, stopped: ProcessSweep, actor: str | None = None) -> None:
         if stopped.count:
-            self.store.record_event(
+            self.store.audit.record_event(
                 actor or self.actor,
                 "host.processes_stopped",
                 host=name,
@@ -109,7 +109,7 @@ class HostRegistry:
 
     def active_runs(self, name: str) -> list[str]:
         """Runs whose current attempt is on this host and has not ended."""
-        active = self.store.list_runs(states={s for s in RunState if not s.terminal})
+        active = self.store.runs.list_runs(states={s for s in RunState if not s.terminal})
         return [r.id for r in active if r.current.target == name]
 
     def remove(self, name: str) -> None:

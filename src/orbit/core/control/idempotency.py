@@ -83,7 +83,7 @@ def made_by(store: Store, key: SubmitKey | None) -> RunRecord | None:
     made by a different request."""
     if key is None:
         return None
-    found = store.find_submit_key(key.user, key.value)
+    found = store.submit_keys.find_submit_key(key.user, key.value)
     if found is None:
         return None
     if found.fingerprint != key.fingerprint:
@@ -91,7 +91,7 @@ def made_by(store: Store, key: SubmitKey | None) -> RunRecord | None:
             f"{HEADER} {key.value}: already used for a different request (it made run "
             f"{found.run_id}); send a new key with a new submission"
         )
-    return store.get_run(found.run_id)
+    return store.runs.get_run(found.run_id)
 
 
 def made_meanwhile(store: Store, key: SubmitKey) -> RunRecord:

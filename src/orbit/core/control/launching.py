@@ -47,7 +47,9 @@ class Launching(DependencyGate):
         def renew() -> None:
             while not stop.wait(RENEW_S):
                 with contextlib.suppress(Exception):  # the next renewal, or the lapse, tells
-                    self.store.renew_launch(attempt_id, owner, now() + timedelta(seconds=LEASE_S))
+                    self.store.leases.renew_launch(
+                        attempt_id, owner, now() + timedelta(seconds=LEASE_S)
+                    )
 
         thread = threading.Thread(target=renew, name=f"lease-{attempt_id}", daemon=True)
         thread.start()
@@ -78,11 +80,11 @@ class Launching(DependencyGate):
         if placement is None and request.backend_key.startswith("agent_pool"):
             # the scheduler places it, with the rest of the queue (core/control/scheduling.py)
             if attempt.lease_owner == launcher_id():  # claimed at its making: handed over
-                self.store.defer_launch(attempt.id, attempt.lease_owner, now())
+                self.store.leases.defer_launch(attempt.id, attempt.lease_owner, now())
             self.request_schedule()
             return
         owner = launcher_id()
-        if not self.store.claim_launch(
+        if not self.store.leases.claim_launch(
             attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner
         ):
             return  # another process claimed it first
@@ -103,12 +105,12 @@ class Launching(DependencyGate):
                     raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
                 failpoints.hit("after-launch")
         except NoNodeFree as exc:  # the plan was stale: the next pass places it
-            self.store.defer_launch(attempt.id, owner, now(), message=str(exc))
+            self.store.leases.defer_launch(attempt.id, owner, now(), message=str(exc))
             self.request_schedule()
             return
         except LaunchError as exc:
             if exc.reason is FailureReason.HOST_UNREACHABLE:
-                self._wait_for_host(run, self.store.get_attempt(attempt.id), str(exc), owner)
+                self._wait_for_host(run, self.store.runs.get_attempt(attempt.id), str(exc), owner)
                 return
             ended = RunStatus(state=RunState.FAILED, reason=exc.reason, message=str(exc))
             self._end(run.id, attempt, ended, actor=actor)
@@ -116,12 +118,12 @@ class Launching(DependencyGate):
         extra: dict[str, Any] = {
             k: handle.data[k] for k in ("staged_bytes", "bundle_cached") if k in handle.data
         }
-        recorded = self.store.record_launch(attempt.id, handle, actor=actor, **extra)
+        recorded = self.store.attempts.record_launch(attempt.id, handle, actor=actor, **extra)
         stopped = handle.data.get("processes_stopped")
         if stopped:  # the launch swept its host first: what that stopped is audited too
             swept = ProcessSweep({str(a): tuple(p) for a, p in stopped.items()})
             self.hosts.record_stopped(handle.target, swept, actor="orbit")
-        now_known = self.store.get_attempt(attempt.id)
+        now_known = self.store.runs.get_attempt(attempt.id)
         if not recorded and (
             now_known.handle is None or now_known.handle.location != handle.location
         ):
@@ -129,7 +131,7 @@ class Launching(DependencyGate):
             # lapsed): what this launch started is nobody's, so it is stopped
             with contextlib.suppress(OrbitError):
                 backend.cancel(handle, FailureReason.CANCELLED)
-            self.store.record_event(
+            self.store.audit.record_event(
                 "orbit", "attempt.launch_discarded", run_id=run.id, attempt_id=attempt.id
             )
         elif now_known.cancel_requested and not now_known.state.terminal:
@@ -150,8 +152,10 @@ class Launching(DependencyGate):
         (host_unreachable), the same end as a running attempt's for the same cause. `owner`
         gives up its claim (a launch to try again later); without one (an adoption) the claim
         stays, so the next look tries to adopt it again."""
-        self.store.record_contact(attempt.id, reachable=False, actor="orbit", message=message)
-        attempt = self.store.get_attempt(attempt.id)
+        self.store.attempts.record_contact(
+            attempt.id, reachable=False, actor="orbit", message=message
+        )
+        attempt = self.store.runs.get_attempt(attempt.id)
         timeout = self._unreachable_timeout(attempt)
         since = attempt.unreachable_since or now()
         if (now() - since).total_seconds() >= timeout:
@@ -164,7 +168,7 @@ class Launching(DependencyGate):
             return
         if owner is not None:
             wait = min(HOST_WAIT_S, timeout / 4)  # ask a few times before the timeout ends it
-            self.store.defer_launch(attempt.id, owner, now() + timedelta(seconds=wait))
+            self.store.leases.defer_launch(attempt.id, owner, now() + timedelta(seconds=wait))
 
     def _unreachable_timeout(self, attempt: AttemptRecord) -> float:
         if attempt.handle is not None:
@@ -193,7 +197,7 @@ class Launching(DependencyGate):
         other: an agent pins its own, a run sent to a host directly takes what it finds)."""
         if not attempt.backend_key.startswith("ssh_"):
             return None
-        row = self.store.attempt_placement(attempt.id)
+        row = self.store.placement.attempt_placement(attempt.id)
         given = read_json(row["node_gpus"]) if row is not None else None
         return tuple(int(i) for i in given["indices"]) if given else None
 
@@ -215,7 +219,7 @@ class Launching(DependencyGate):
         again), or, never placed where placing is one fenced transaction (an agent pool), it
         is launched now. Either way it never starts twice."""
         owner = launcher_id()
-        if not self.store.claim_launch(
+        if not self.store.leases.claim_launch(
             attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner
         ):
             return
@@ -233,7 +237,7 @@ class Launching(DependencyGate):
         else:
             why = "its folder was never made where it was to run"
         if handle is None and isinstance(backend, KnowsUnplaced) and backend.never_placed(context):
-            self._launch(run, self.store.get_attempt(attempt.id), request)  # nothing to adopt
+            self._launch(run, self.store.runs.get_attempt(attempt.id), request)  # nothing to adopt
             return
         if handle is None:
             ended = RunStatus(
@@ -243,4 +247,4 @@ class Launching(DependencyGate):
             )
             self._end(run.id, attempt, ended, actor="orbit")
             return
-        self.store.record_launch(attempt.id, handle, actor="orbit", adopted_from=launcher)
+        self.store.attempts.record_launch(attempt.id, handle, actor="orbit", adopted_from=launcher)

@@ -35,9 +35,11 @@ class Lifecycle(Launching, WaitsForRuns):
         never seen ended while a retry is to come, and a crash cannot lose the retry. Only
         the process whose move won retries; it launches a retry without backoff at once."""
         retry = (
-            self._retry_for(self.store.get_run(run_id), status) if status.state.terminal else None
+            self._retry_for(self.store.runs.get_run(run_id), status)
+            if status.state.terminal
+            else None
         )
-        moved = self.store.move_attempt(
+        moved = self.store.attempts.move_attempt(
             attempt.id,
             status.state,
             actor=actor,
@@ -51,7 +53,7 @@ class Lifecycle(Launching, WaitsForRuns):
         )
         if not moved or retry is None or retry.launcher is None:
             return
-        run = self.store.get_run(run_id)
+        run = self.store.runs.get_run(run_id)
         new = run.current
         if new.number == attempt.number + 1 and new.lease_owner == retry.launcher[0]:
             self._launch(run, new, self._request_for(run, new))
@@ -59,14 +61,14 @@ class Lifecycle(Launching, WaitsForRuns):
     def refresh_run_status(self, ref: str) -> RunRecord:
         """Ask the execution plane where the current attempt stands, move its state, and apply
         the retry policy if it ended. A prepared attempt is launched once due."""
-        run = self.store.get_run(ref)
+        run = self.store.runs.get_run(ref)
         attempt = run.current
         if attempt.state.terminal:
             return run
         if attempt.handle is None:
             if attempt.state is RunState.PREPARED:
                 self._advance_prepared(run, attempt)
-                run = self.store.get_run(run.id)
+                run = self.store.runs.get_run(run.id)
             if run.current.handle is None or run.current.state.terminal:
                 return run
             attempt = run.current
@@ -76,9 +78,9 @@ class Lifecycle(Launching, WaitsForRuns):
             status = backend.status(attempt.handle)
         except Unreachable as exc:
             self._unreachable(run, attempt, exc)
-            return self.store.get_run(run.id)
+            return self.store.runs.get_run(run.id)
         if attempt.unreachable_since is not None or _contact_is_old(attempt):
-            self.store.record_contact(attempt.id, reachable=True, actor="orbit")
+            self.store.attempts.record_contact(attempt.id, reachable=True, actor="orbit")
         if attempt.unreachable_since is not None:  # back: stop what was given up on meanwhile
             live = self.store.hosts.active_attempts()
             swept = sweep_after_contact(self.execution, attempt, live)
@@ -95,10 +97,10 @@ class Lifecycle(Launching, WaitsForRuns):
             # still waiting where it runs (Slurm's pending reason, its estimated start): the
             # newest word, not the one of the move to provisioning
             if status.message != attempt.message or attempt.unreachable_since is not None:
-                self.store.note_attempt(attempt.id, status.state, status.message)
+                self.store.attempts.note_attempt(attempt.id, status.state, status.message)
         elif not status.state.terminal:
             self._enforce_max_runtime(run, attempt, status)
-        return self.store.get_run(run.id)
+        return self.store.runs.get_run(run.id)
 
     def _enforce_max_runtime(
         self, run: RunRecord, attempt: AttemptRecord, status: RunStatus
@@ -111,8 +113,8 @@ class Lifecycle(Launching, WaitsForRuns):
             return
         if (now() - started).total_seconds() < limit:
             return
-        self.store.request_cancel(attempt.id, "orbit")
-        self.store.record_event(
+        self.store.attempts.request_cancel(attempt.id, "orbit")
+        self.store.audit.record_event(
             "orbit", "attempt.max_runtime", run_id=run.id, attempt_id=attempt.id, limit_s=limit
         )
         with contextlib.suppress(OrbitError):
@@ -126,7 +128,9 @@ class Lifecycle(Launching, WaitsForRuns):
         failed (counted from the first failed look, so that a laptop that slept through the
         night does not end a run on its first look back), it ends as terminated
         (host_unreachable), and the retry policy applies."""
-        self.store.record_contact(attempt.id, reachable=False, actor="orbit", message=str(exc))
+        self.store.attempts.record_contact(
+            attempt.id, reachable=False, actor="orbit", message=str(exc)
+        )
         timeout = self._unreachable_timeout(attempt)
         since = attempt.unreachable_since
         if since is None:

@@ -43,24 +43,24 @@ class Nodes(ServiceBase):
             raise InvalidInput(f"--labels: {problem}")
         expires_at = datetime.now(UTC) + parse_duration(expires, "--expires") if expires else None
         token = new_token(JOIN_PREFIX)
-        record = self.store.create_join_token(hash_of(token), labels, expires_at, self.actor)
+        record = self.store.nodes.create_join_token(hash_of(token), labels, expires_at, self.actor)
         return NewJoinToken(record=record, token=token)
 
     def list_join_tokens(self) -> list[JoinTokenRecord]:
-        return self.store.list_join_tokens()
+        return self.store.nodes.list_join_tokens()
 
     def revoke_join_token(self, token_id: str) -> None:
-        self.store.revoke_join_token(token_id, self.actor)
+        self.store.nodes.revoke_join_token(token_id, self.actor)
 
     def _judged(self, node: NodeRecord) -> NodeRecord:
         """The record with this control plane's offline timeout, which its readers judge by."""
         return node.model_copy(update={"offline_after_s": self.config.node_offline_s})
 
     def list_nodes(self) -> list[NodeRecord]:
-        return [self._judged(n) for n in self.store.list_nodes()]
+        return [self._judged(n) for n in self.store.nodes.list_nodes()]
 
     def get_node(self, ref: str) -> NodeRecord:
-        return self._judged(self.store.get_node(ref))
+        return self._judged(self.store.nodes.get_node(ref))
 
     def set_node(
         self,
@@ -76,7 +76,7 @@ class Nodes(ServiceBase):
         if max_tasks is not None and not 0 <= max_tasks <= 1024:
             raise InvalidInput(f"--max-tasks: expected 0 to 1024, got {max_tasks}")
         state = None if cordon is None else NodeState.CORDONED if cordon else NodeState.ACTIVE
-        node = self.store.get_node(ref)
+        node = self.store.nodes.get_node(ref)
         takes_work = (state or node.state) is NodeState.ACTIVE and (
             node.max_tasks if max_tasks is None else max_tasks
         ) > 0
@@ -88,7 +88,7 @@ class Nodes(ServiceBase):
                     "service (drain or cordon it)"
                 )
         return self._judged(
-            self.store.update_node(
+            self.store.nodes.update_node(
                 node.id,
                 self.actor,
                 state=state,
@@ -101,17 +101,17 @@ class Nodes(ServiceBase):
     def revoke_node(self, ref: str) -> NodeRecord:
         """Lock a node out at once: its credential is refused from the next request on, and
         its attempts are lost (and retried elsewhere, per their retry policy)."""
-        return self._judged(self.store.update_node(ref, self.actor, state=NodeState.REVOKED))
+        return self._judged(self.store.nodes.update_node(ref, self.actor, state=NodeState.REVOKED))
 
     def remove_node(self, ref: str, force: bool = False) -> NodeRecord:
         """Forget a node. Refused while it runs attempts, unless `force` (they are lost)."""
-        return self._judged(self.store.remove_node(ref, self.actor, force))
+        return self._judged(self.store.nodes.remove_node(ref, self.actor, force))
 
     # --- files to and from a node's work dir ---------------------------------------------
 
     def push_file(self, ref: str, data: bytes, dest: str) -> dict[str, object]:
         """Write `data` to `dest` (relative to the node's work dir) on the node."""
-        node = self.store.get_node(ref)
+        node = self.store.nodes.get_node(ref)
         if len(data) > MAX_TRANSFER_BYTES:
             raise InvalidInput(f"push: at most {MAX_TRANSFER_BYTES:,} bytes per file")
         transfer_id = f"cmd-{uuid.uuid4().hex}"
@@ -129,12 +129,14 @@ class Nodes(ServiceBase):
             result = self._run_transfer(node, transfer_id, body, f"push to {dest}")
         finally:
             (folder / transfer_id).unlink(missing_ok=True)
-        self.store.record_event(self.actor, "node.push", node=node.name, dest=dest, size=len(data))
+        self.store.audit.record_event(
+            self.actor, "node.push", node=node.name, dest=dest, size=len(data)
+        )
         return result
 
     def pull_file(self, ref: str, path: str) -> bytes:
         """A file under the node's work dir."""
-        node = self.store.get_node(ref)
+        node = self.store.nodes.get_node(ref)
         transfer_id = f"cmd-{uuid.uuid4().hex}"
         body: dict[str, object] = {"kind": "get_file", "transfer_id": transfer_id, "path": path}
         self._run_transfer(node, transfer_id, body, f"pull of {path}")
@@ -143,7 +145,9 @@ class Nodes(ServiceBase):
             data = pulled.read_bytes()
         finally:
             pulled.unlink(missing_ok=True)
-        self.store.record_event(self.actor, "node.pull", node=node.name, path=path, size=len(data))
+        self.store.audit.record_event(
+            self.actor, "node.pull", node=node.name, path=path, size=len(data)
+        )
         return data
 
     def _transfers(self, node_id: str) -> Path:
@@ -157,11 +161,11 @@ class Nodes(ServiceBase):
             raise InvalidInput(f"node '{node.name}' is revoked")
         if not node.online(datetime.now(UTC)):
             raise Unreachable(f"node '{node.name}' is offline")
-        self.store.enqueue_command(node.id, body, command_id=transfer_id)
+        self.store.commands.enqueue_command(node.id, body, command_id=transfer_id)
         self.wakes(node.id)
         deadline = time.monotonic() + TRANSFER_WAIT_S
         while time.monotonic() < deadline:
-            result = self.store.command_result(transfer_id)
+            result = self.store.commands.command_result(transfer_id)
             if result is not None:
                 if result.get("error"):
                     raise Refused(f"node '{node.name}': {what}: {result['error']}")

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 class Reading(RunActions):
     def get_run(self, ref: str) -> RunRecord:
-        return self.store.get_run(ref)
+        return self.store.runs.get_run(ref)
 
     def list_runs(
         self,
@@ -35,18 +35,18 @@ class Reading(RunActions):
         refresh: bool = True,
     ) -> list[RunRecord]:
         """Newest first; active runs are refreshed from where they run first."""
-        experiment_id = self.store.get_experiment(experiment).id if experiment else None
+        experiment_id = self.store.experiments.get_experiment(experiment).id if experiment else None
         return self._list_runs(RunFilter(experiment_id, states), limit, refresh)
 
     def _list_runs(
         self, found: RunFilter, limit: int | None, refresh: bool = True
     ) -> list[RunRecord]:
         if refresh and self.config.looks_on_read:
-            active = self.store.list_runs(
+            active = self.store.runs.list_runs(
                 **found.but(states={s for s in RunState if not s.terminal}).query()
             )
             self.refresh_active(active)
-        return self.store.list_runs(**found.query(), limit=limit)
+        return self.store.runs.list_runs(**found.query(), limit=limit)
 
     def run_page(
         self,
@@ -63,10 +63,10 @@ class Reading(RunActions):
         node, host or cluster."""
         if mine and user is not None:
             raise InvalidInput("--mine and --user: give one of them")
-        experiment_id = self.store.get_experiment(experiment).id if experiment else None
+        experiment_id = self.store.experiments.get_experiment(experiment).id if experiment else None
         found = RunFilter(experiment_id, states, self.actor if mine else user, node)
         runs = self._list_runs(found, limit)
-        total = self.store.count_runs(**found.query())
+        total = self.store.runs.count_runs(**found.query())
         waits = self.waits_of(runs)
         views = tuple(self._view(r, wait=waits.get(r.current.id)) for r in runs)
         return RunPage.model_construct(runs=views, total=total)
@@ -76,9 +76,13 @@ class Reading(RunActions):
         each attempt ran). Without `refresh`, only what the store and the bundle cache know:
         nothing reaches the execution plane (right after a launch, say)."""
         if not refresh:
-            run = self.store.get_run(ref)
+            run = self.store.runs.get_run(ref)
             return self._view(run, wait=self.waits_of([run]).get(run.current.id))
-        run = self.refresh_run_status(ref) if self.config.looks_on_read else self.store.get_run(ref)
+        run = (
+            self.refresh_run_status(ref)
+            if self.config.looks_on_read
+            else self.store.runs.get_run(ref)
+        )
         images_of = self._attempt_images(run) if images else {}
         wait = self.waits_of([run]).get(run.current.id)
         view = self._view(run, self.progress(run), images_of, wait)
@@ -177,7 +181,7 @@ class Reading(RunActions):
     ) -> LogChunk:
         """Bytes of a log from `offset`; `ended` says whether the attempt had ended before
         they were read (so, once a read returns nothing, nothing more will come)."""
-        found = self._attempt(self.store.get_run(ref), attempt)
+        found = self._attempt(self.store.runs.get_run(ref), attempt)
         ended = found.state.terminal
         data, new_offset = b"", offset
         if found.handle is not None:
@@ -204,7 +208,7 @@ class Reading(RunActions):
         found (a retry began: the caller starts its log from 0). `follow` allows waiting for
         more while the attempt runs (over HTTP, the server holds the stream); here the call
         returns at the current end either way, and the caller asks again."""
-        found = self._attempt(self.store.get_run(ref), attempt)
+        found = self._attempt(self.store.runs.get_run(ref), attempt)
         ended = found.state.terminal
         new_offset = offset
         if found.handle is not None and only_attempt in (None, found.id):
@@ -226,7 +230,7 @@ class Reading(RunActions):
             raise InvalidInput(f"run {run.id} attempt {found.number} never started: no artifacts")
         result = self.execution.backend(found.backend_key).collect(found.handle, dest)
         result = note_removed(self.store, found, result)
-        self.store.record_event(
+        self.store.audit.record_event(
             self.actor,
             "run.collected",
             run_id=run.id,

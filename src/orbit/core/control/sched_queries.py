@@ -36,8 +36,8 @@ class SchedulerQueries(ServiceBase):
     def explain(self, ref: str, replay: bool = False) -> Explanation:
         """The run's latest decision as stored; with `replay`, also made again from the
         stored snapshot and config, and whether it came out byte for byte the same."""
-        run = self.store.get_run(ref)
-        row = self.store.get_decision(run.id)
+        run = self.store.runs.get_run(ref)
+        row = self.store.scheduling.get_decision(run.id)
         if row is None and run.current.held:
             raise NotFound(
                 f"run {run.id} has no scheduler decision yet: it is queued once its "
@@ -50,7 +50,7 @@ class SchedulerQueries(ServiceBase):
         decision = json.loads(row["body"])
         if not replay:
             return Explanation(decision=decision, pass_id=row["pass_id"])
-        config_raw, inputs = self.store.get_pass(row["pass_id"])
+        config_raw, inputs = self.store.scheduling.get_pass(row["pass_id"])
         snapshot, queue = pass_in(json.loads(inputs))
         config = config_from_dict(config_raw)
         again = schedule(snapshot, queue, config, *site_checks(config)).decisions.get(run.id)
@@ -81,18 +81,18 @@ class SchedulerQueries(ServiceBase):
                 weight=float(r["weight"]),
                 updated_by=r["updated_by"],
             )
-            for r in self.store.list_quotas()
+            for r in self.store.scheduling.list_quotas()
         ]
 
     def set_quota(self, scope: str, name: str, gpus: int, weight: float = 1.0) -> QuotaView:
         if gpus < 0 or not weight > 0:
             raise InvalidInput("quota: gpus is 0 or more and weight above 0")
-        self.store.set_quota(scope, name, gpus, weight, actor=self.actor)
+        self.store.scheduling.set_quota(scope, name, gpus, weight, actor=self.actor)
         self.request_schedule()  # a larger quota may let a run in now
         return next(q for q in self.list_quotas() if (q.scope, q.name) == (scope, name))
 
     def remove_quota(self, scope: str, name: str) -> None:
-        self.store.remove_quota(scope, name, actor=self.actor)
+        self.store.scheduling.remove_quota(scope, name, actor=self.actor)
         self.request_schedule()
 
     # --- trying a config on recorded history ----------------------------------------------------
@@ -104,7 +104,7 @@ class SchedulerQueries(ServiceBase):
         new = config_from_dict(config, "config", self.quotas())
         moved, placed, waited, preempted = set(), set(), set(), set()
         passes = decisions = same = 0
-        for row in self.store.passes_since(now() - timedelta(seconds=since_s)):
+        for row in self.store.scheduling.passes_since(now() - timedelta(seconds=since_s)):
             snapshot, queue = pass_in(json.loads(unpack(row["inputs"])))
             was = config_from_dict(read_json(row["config"]))
             old = schedule(snapshot, queue, was, *site_checks(was))

@@ -83,7 +83,7 @@ class Scheduling(Lifecycle):
     def quotas(self) -> tuple[Quota, ...]:
         return tuple(
             Quota(scope=r["scope"], name=r["name"], gpus=int(r["gpus"]), weight=float(r["weight"]))
-            for r in self.store.list_quotas()
+            for r in self.store.scheduling.list_quotas()
         )
 
     @property
@@ -120,7 +120,7 @@ class Scheduling(Lifecycle):
             return
         from orbit.scheduler.submit_check import never_fits
 
-        nodes = self.store.list_nodes()
+        nodes = self.store.nodes.list_nodes()
         if nodes:
             why = never_fits(request, nodes, now(), config, service_field)
             if why is not None:
@@ -155,7 +155,7 @@ class Scheduling(Lifecycle):
     def _one_pass(self) -> Plan:
         at = now()
         config = self.scheduler_config()
-        rows = self.store.scheduler_rows(at)
+        rows = self.store.scheduling.scheduler_rows(at)
         if not rows.pending:
             return Plan()
         etas = self._etas(rows.placed, at)
@@ -203,7 +203,9 @@ class Scheduling(Lifecycle):
         if not waiting:
             return
         hosts = {h.name: h for h in self.hosts.all()}
-        snapshot = hosts_snapshot(list(hosts.values()), self.store.on_hosts(), at, config, pool)
+        snapshot = hosts_snapshot(
+            list(hosts.values()), self.store.scheduling.on_hosts(), at, config, pool
+        )
         if not snapshot.nodes:
             return
         # nobody's work is pushed off a rented host to make room: it is not ours to churn
@@ -253,11 +255,11 @@ class Scheduling(Lifecycle):
         attempt = run.current
         _, host, gpus = placement.nodes[0]
         claim = (launcher_id(), now() + timedelta(seconds=LEASE_S))
-        if not self.store.overflow_attempt(
+        if not self.store.scheduling.overflow_attempt(
             attempt.id, request.backend_key, host, list(gpus), claim
         ):
             return  # placed, launched or claimed meanwhile
-        claimed = self.store.get_attempt(attempt.id)
+        claimed = self.store.runs.get_attempt(attempt.id)
         if not self.pass_wanted.heard:  # embedded: no loop to keep free
             self._launch(run, claimed, request)
             return
@@ -289,7 +291,7 @@ class Scheduling(Lifecycle):
     def _eta_of(self, attempt_id: str, at: datetime) -> tuple[bool, float | None]:
         """Whether the attempt has started, and when its progress says it will end."""
         try:
-            attempt = self.store.get_attempt(attempt_id)
+            attempt = self.store.runs.get_attempt(attempt_id)
             if attempt.handle is None or attempt.started_at is None:
                 return False, None
             backend = self.execution.backend(attempt.handle.backend_key)
@@ -308,7 +310,7 @@ class Scheduling(Lifecycle):
             if record["outcome"] != "placed":
                 waits[record["attempt"]] = (one_line(record), due)
         counts = (len(plan.placements), len(waits), len(plan.preemptions))
-        self.store.save_pass(
+        self.store.scheduling.save_pass(
             new_id("pass"), at, config_to_dict(config), inputs, decisions, counts, waits
         )
 
@@ -317,11 +319,11 @@ class Scheduling(Lifecycle):
         is made for: each ends terminated (preempted) and its run gets a new attempt that
         resumes from its checkpoint (Lifecycle._retry_for)."""
         victims = [v.attempt_id for v in preemption.victims]
-        marked = self.store.mark_preempted(
+        marked = self.store.scheduling.mark_preempted(
             preemption.node_id, victims, preemption.run_id, at, actor="orbit"
         )
         for attempt_id in marked:
-            attempt = self.store.get_attempt(attempt_id)
+            attempt = self.store.runs.get_attempt(attempt_id)
             if attempt.handle is None:
                 continue
             with contextlib.suppress(OrbitError):
@@ -332,7 +334,7 @@ class Scheduling(Lifecycle):
         """The placed run, if its current attempt is still the one placed and not launched
         (it may have moved on meanwhile: cancelled, say)."""
         try:
-            run = self.store.get_run(placement.run_id)
+            run = self.store.runs.get_run(placement.run_id)
         except NotFound:
             return None
         attempt = run.current
@@ -353,7 +355,7 @@ class Scheduling(Lifecycle):
         if resume_from and not getattr(backend, "earlier_files_in", lambda _: True)(resume_from):
             # its checkpoint is still on its way: the report that it is in asks again (and a
             # node that stops sending is waited for a minute at most: earlier_files_in)
-            self.store.note_attempt(
+            self.store.attempts.note_attempt(
                 attempt.id,
                 RunState.PREPARED,
                 f"placed on {name}: waiting for attempt {earlier[-1].number}'s files (its "

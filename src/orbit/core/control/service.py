@@ -175,19 +175,19 @@ class CoreControlService(
     # --- experiments and audit ------------------------------------------------------------
 
     def create_experiment(self, name: str) -> ExperimentRecord:
-        return self.store.create_experiment(name, self.actor)
+        return self.store.experiments.create_experiment(name, self.actor)
 
     def list_experiments(self) -> list[ExperimentRecord]:
-        return self.store.list_experiments()
+        return self.store.experiments.list_experiments()
 
     def audit(self, run: str | None = None, limit: int | None = None) -> list[AuditEvent]:
-        run_id = self.store.resolve_run_id(run) if run else None
-        return self.store.list_events(run_id=run_id, limit=limit)
+        run_id = self.store.runs.resolve_run_id(run) if run else None
+        return self.store.audit.list_events(run_id=run_id, limit=limit)
 
     def verify_audit(self, anchors: Sequence[Anchor] = ()) -> ChainCheck:
         """Walk the audit trail's hash chain: how many events, the head digest, every problem
         (MACs and seal under the audit key; each anchor still in the chain with its hash)."""
-        return self.store.check_audit(anchors)
+        return self.store.audit.check_audit(anchors)
 
     # --- the scheduler config -------------------------------------------------------------
 

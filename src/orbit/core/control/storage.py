@@ -58,11 +58,11 @@ class Storage(ServiceBase):
     # --- marks ---------------------------------------------------------------------------
 
     def run_storage(self, ref: str) -> RunStorage:
-        return self.store.storage.marks(self.store.resolve_run_id(ref))
+        return self.store.storage.marks(self.store.runs.resolve_run_id(ref))
 
     def pin_run(self, ref: str, pinned: bool = True) -> RunStorage:
         """Pinned, a run is never touched by retention or gc, nor deleted until unpinned."""
-        run_id = self.store.resolve_run_id(ref)
+        run_id = self.store.runs.resolve_run_id(ref)
         marks = self.store.storage.marks(run_id)
         if marks.deleted_at is not None:
             raise Refused(f"run {run_id} was deleted {_when(marks.deleted_at)}: nothing to pin")
@@ -195,7 +195,7 @@ class Storage(ServiceBase):
         files = wire.listing(held)
         items = wire.to_send(files, have, partial)
         moved = sum(i.size - i.offset for i in items)
-        self.store.record_event(
+        self.store.audit.record_event(
             self.actor,
             "run.collected",
             run_id=run.id,

@@ -167,7 +167,7 @@ class Submitting(Scheduling):
             update={"experiment_id": experiment.id, "after": prepared.after}
         )
         try:
-            run = self.store.create_run(
+            run = self.store.runs.create_run(
                 experiment_id=experiment.id,
                 task_type=submission.task_type,
                 template_id=prepared.template.id,
@@ -183,7 +183,7 @@ class Submitting(Scheduling):
             return made_meanwhile(self.store, key)
         self._launch(run, run.current, prepared.request, actor=self.actor)
         failpoints.hit("after-submit")
-        return self.store.get_run(run.id)
+        return self.store.runs.get_run(run.id)
 
     def plan_submission(
         self, submission: TaskSubmission, *, base_dir: Path, source: str = "submission"
@@ -236,7 +236,7 @@ class Submitting(Scheduling):
         from orbit.model.overrides import resolve
         from orbit.store.experiments import check_experiment_name
 
-        if self.store.find_experiment(submission.experiment_id) is None:
+        if self.store.experiments.find_experiment(submission.experiment_id) is None:
             check_experiment_name(submission.experiment_id)  # before a bundle is frozen for it
         if shaped is None:  # else shaped here over what a client sent (see _shape_sent)
             shaped = self.tasks.shape(

@@ -102,11 +102,11 @@ class ExecutionService:
             from orbit.core.execution.ssh.transport import options_for
             from orbit.store.cluster_table import ClusterTable
 
-            store = getattr(hosts, "_store", None)  # the clusters share the hosts' table
-            if store is None:
+            db = getattr(hosts, "db", None)  # the clusters share the hosts' table
+            if db is None:
                 raise NoBackend("Slurm clusters need the control plane's store")
             return SlurmHostProcessBackend(
-                ClusterTable(store), options_for(settings), plane=plane_id(settings.work_dir)
+                ClusterTable(db), options_for(settings), plane=plane_id(settings.work_dir)
             )
 
         def slurm_docker() -> ExecutionBackend:  # the same placement, the task in a container
@@ -115,11 +115,11 @@ class ExecutionService:
             from orbit.core.execution.ssh.transport import options_for
             from orbit.store.cluster_table import ClusterTable
 
-            store = getattr(hosts, "_store", None)
-            if store is None:
+            db = getattr(hosts, "db", None)
+            if db is None:
                 raise NoBackend("Slurm clusters need the control plane's store")
             return SlurmDockerBackend(
-                ClusterTable(store), options_for(settings), plane=plane_id(settings.work_dir)
+                ClusterTable(db), options_for(settings), plane=plane_id(settings.work_dir)
             )
 
         def agent_pool(launch_mode: str) -> Callable[[], ExecutionBackend]:

@@ -38,7 +38,7 @@ def authenticate_node(service: CoreControlService, header: str) -> NodeRecord:
             "an agent request needs `Authorization: Bearer <node credential>`",
             MALFORMED if header else MISSING,
         )
-    node = service.store.node_by_credential(token_hash(credential.strip()))
+    node = service.store.nodes.node_by_credential(token_hash(credential.strip()))
     if node is None:
         raise AuthFailed(
             "the node credential was not accepted (unknown, or its node removed)", UNKNOWN
@@ -62,7 +62,7 @@ def register_node(store: Store, settings: Settings, body: p.RegisterRequest) -> 
     from orbit.model.auth import new_token
 
     credential = new_token(CREDENTIAL_PREFIX)
-    node = store.register_node(
+    node = store.nodes.register_node(
         token_hash(body.join_token),
         body.name,
         body.labels,

@@ -32,7 +32,7 @@ class Mailbox:
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
-            self.seen_seq = self.service.store.pending_nodes(0)[1]
+            self.seen_seq = self.service.store.commands.pending_nodes(0)[1]
         self.service.wakes.listen(self.wake)
         self._thread.start()
 
@@ -52,7 +52,7 @@ class Mailbox:
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_EVERY_S):
             try:
-                nodes, self.seen_seq = self.service.store.pending_nodes(self.seen_seq)
+                nodes, self.seen_seq = self.service.store.commands.pending_nodes(self.seen_seq)
             except Exception:  # the store is away: look again next time
                 continue
             for node_id in nodes:
@@ -87,7 +87,7 @@ class Heartbeats:
             batch, self.pending = self.pending, {}
         if batch:
             try:
-                self.service.store.nodes_seen(batch)
+                self.service.store.heartbeats.nodes_seen(batch)
             except Exception:
                 log.warning("heartbeats not written (the store?): kept for the next flush")
                 with self.lock:

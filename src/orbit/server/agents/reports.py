@@ -61,8 +61,10 @@ class Reports:
     def _report(
         self, node: NodeRecord, body: p.Report, data: list[list[bytes]]
     ) -> p.ReportResponse:
-        if not self.store.report_is_new(node.id, body.session, body.seq) and not (
-            self.store.node_session(node.id, body.session)  # a new session: numbers restart
+        if not self.store.heartbeats.report_is_new(node.id, body.session, body.seq) and not (
+            self.store.heartbeats.node_session(
+                node.id, body.session
+            )  # a new session: numbers restart
         ):
             return p.ReportResponse(seq=body.seq)  # applied before: a resend changes nothing
         wants: list[p.Want] = []
@@ -70,7 +72,7 @@ class Reports:
         stop: list[str] = []
         ended: list[str] = []
         for attempt, contents in zip(body.attempts, data, strict=True):
-            placed = self.store.attempt_placement(attempt.attempt_id)
+            placed = self.store.placement.attempt_placement(attempt.attempt_id)
             if placed is None or placed["node_id"] != node.id or placed["fence"] != attempt.fence:
                 forget.append(attempt.attempt_id)
                 if attempt.alive:
@@ -112,7 +114,7 @@ class Reports:
                 if changes.get("ended") or changes.get("complete"):
                     ended.append(attempt.attempt_id)
         for attempt_id in body.missing:  # asked for, but the node has no folder of it
-            placed = self.store.attempt_placement(attempt_id)
+            placed = self.store.placement.attempt_placement(attempt_id)
             if placed is not None and placed["node_id"] == node.id:
                 write_agent_state(
                     self.artifacts / attempt_id,
@@ -121,10 +123,10 @@ class Reports:
         # its number is taken once all of it is applied: a report that failed half way (a
         # disk full) is applied again when it is sent again (chunks go by offset, so twice
         # is once), never taken for one applied
-        self.store.advance_report_seq(node.id, body.session, body.seq)
+        self.store.heartbeats.advance_report_seq(node.id, body.session, body.seq)
         if ended:  # its run moves now, not at its next periodic look
             at = datetime.now(UTC)
-            self.store.make_due(ended, at, at + timedelta(seconds=self.between_looks_s))
+            self.store.leases.make_due(ended, at, at + timedelta(seconds=self.between_looks_s))
             if self.on_ended is not None:
                 self.on_ended()
         return p.ReportResponse(

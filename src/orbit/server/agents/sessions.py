@@ -39,8 +39,8 @@ class Sessions:
 
     def sync(self, node: NodeRecord, body: p.SyncRequest) -> p.SyncResponse:
         own(node, body.node_id)
-        self.store.node_session(node.id, body.session)
-        self.store.node_seen(
+        self.store.heartbeats.node_session(node.id, body.session)
+        self.store.heartbeats.node_seen(
             node.id,
             datetime.now(UTC),
             body.info.model_dump(mode="json") if body.info is not None else None,
@@ -50,7 +50,7 @@ class Sessions:
         stop: list[str] = []
         halt: list[str] = []
         for attempt_id, have in reported.items():
-            placed = self.store.attempt_placement(attempt_id)
+            placed = self.store.placement.attempt_placement(attempt_id)
             mine = placed is not None and placed["node_id"] == node.id
             if not mine or placed is None or placed["fence"] != have.fence:
                 stop.append(attempt_id)  # not ours to run: stopped and cleaned up
@@ -65,8 +65,10 @@ class Sessions:
             write_agent_state(self.artifacts / attempt_id, synced_at=time.time())
         lost: list[str] = []
         # rebuild the queue from the store: starts not yet granted, cancels asked for
-        self.store.drop_commands(node.id, keep_kinds=("put_file", "get_file", "upload", "remove"))
-        for row in self.store.node_attempts(node.id):
+        self.store.commands.drop_commands(
+            node.id, keep_kinds=("put_file", "get_file", "upload", "remove")
+        )
+        for row in self.store.placement.node_attempts(node.id):
             attempt_id = row["id"]
             if attempt_id in reported:
                 if self._cancel_asked(attempt_id):
@@ -82,8 +84,8 @@ class Sessions:
             else:
                 self._requeue_start(node, attempt_id)
         self.wakes(node.id)
-        fresh = self.store.get_node(node.id)
-        self.store.wake_waiting(fresh.max_tasks - len(fresh.running))
+        fresh = self.store.nodes.get_node(node.id)
+        self.store.nodes.wake_waiting(fresh.max_tasks - len(fresh.running))
         return p.SyncResponse(
             keep=tuple(keep),
             stop=tuple(stop),
@@ -95,19 +97,19 @@ class Sessions:
         )
 
     def _cancel_asked(self, attempt_id: str) -> bool:
-        return self.store.get_attempt(attempt_id).cancel_requested
+        return self.store.runs.get_attempt(attempt_id).cancel_requested
 
     def _queue_cancel(self, node_id: str, attempt_id: str) -> None:
-        placed = self.store.attempt_placement(attempt_id)
+        placed = self.store.placement.attempt_placement(attempt_id)
         fence = int(placed["fence"] or 0) if placed is not None else 0
         body = {"kind": "cancel", "attempt_id": attempt_id, "fence": fence, "reason": "cancelled"}
-        self.store.enqueue_command(node_id, body, attempt_id)
+        self.store.commands.enqueue_command(node_id, body, attempt_id)
 
     def _requeue_start(self, node: NodeRecord, attempt_id: str) -> None:
         """A start the node never claimed, queued again as the launch made it."""
-        attempt = self.store.get_attempt(attempt_id)
-        run = self.store.get_run(attempt.run_id)
-        placed = self.store.attempt_placement(attempt_id)
+        attempt = self.store.runs.get_attempt(attempt_id)
+        run = self.store.runs.get_run(attempt.run_id)
+        placed = self.store.placement.attempt_placement(attempt_id)
         if placed is None:
             return
         from orbit.core.execution.backends.base import AttemptContext
@@ -121,7 +123,7 @@ class Sessions:
         body["fence"] = int(placed["fence"])
         if gpus.get("gang"):  # one node of a gang: its rank and where the gang meets
             body["gang"] = gpus["gang"]
-        self.store.enqueue_command(node.id, body, attempt_id)
+        self.store.commands.enqueue_command(node.id, body, attempt_id)
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -129,10 +131,10 @@ class Sessions:
         """Acknowledge; True when an ack named a command this node was never sent (both sides
         then drop their queues and resync)."""
         own(node, body.node_id)
-        unknown = self.store.ack_commands(node.id, list(body.acks))
+        unknown = self.store.commands.ack_commands(node.id, list(body.acks))
         if unknown:
             log.warning("node %s acked unknown commands %s: resync", node.name, unknown[:3])
-            self.store.drop_commands(
+            self.store.commands.drop_commands(
                 node.id, keep_kinds=("put_file", "get_file", "upload", "remove")
             )
             return True
@@ -141,21 +143,21 @@ class Sessions:
     def pending(self, node: NodeRecord) -> tuple[p.Command, ...]:
         return tuple(
             p.Command.model_validate({"id": r["id"], "seq": r["seq"], "body": read_json(r["body"])})
-            for r in self.store.pending_commands(node.id)
+            for r in self.store.commands.pending_commands(node.id)
         )
 
     # --- the fencing check -------------------------------------------------------------------
 
     def claim(self, node: NodeRecord, body: p.ClaimRequest) -> p.ClaimResponse:
         own(node, body.node_id)
-        placed = self.store.attempt_placement(body.attempt_id)
+        placed = self.store.placement.attempt_placement(body.attempt_id)
         if placed is None or placed["node_id"] != node.id or placed["fence"] != body.fence:
             return p.ClaimResponse(granted=False, why="not placed on this node under that fence")
         folder = self.artifacts / body.attempt_id
         if body.refuse:
             write_agent_state(folder, refused=body.refuse)
             return p.ClaimResponse(granted=False, why="refused")
-        granted, why = self.store.claim_start(node.id, body.attempt_id, body.fence)
+        granted, why = self.store.placement.claim_start(node.id, body.attempt_id, body.fence)
         if granted:
             write_agent_state(folder, started=True, alive=True, node=node.name, fence=body.fence)
         return p.ClaimResponse(granted=granted, why=why)
@@ -164,4 +166,6 @@ class Sessions:
 
     def heartbeat_info(self, node: NodeRecord, body: p.HeartbeatRequest) -> None:
         if body.info is not None:
-            self.store.node_seen(node.id, datetime.now(UTC), body.info.model_dump(mode="json"))
+            self.store.heartbeats.node_seen(
+                node.id, datetime.now(UTC), body.info.model_dump(mode="json")
+            )

@@ -33,8 +33,8 @@ class Transfers:
         path is a file under that attempt's artifacts."""
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", attempt_id):
             raise InvalidInput("attempt_id: expected an attempt id")
-        earlier = self.store.get_attempt(attempt_id)
-        mine = {self.store.get_attempt(a).run_id for a in node.running}
+        earlier = self.store.runs.get_attempt(attempt_id)
+        mine = {self.store.runs.get_attempt(a).run_id for a in node.running}
         if earlier.run_id not in mine:
             raise Forbidden(f"node '{node.name}' runs no attempt of run {earlier.run_id}")
         parts = path.split("/")
@@ -47,7 +47,7 @@ class Transfers:
 
     def node_bundle(self, node: NodeRecord, digest: str, rebuild: bool = False) -> Path:
         """The bundle's archive, for a node that runs an attempt of it (403 for any other)."""
-        if not self.store.node_runs_bundle(node.id, digest):
+        if not self.store.placement.node_runs_bundle(node.id, digest):
             raise Forbidden(f"node '{node.name}' runs no attempt of bundle {digest[:12]}")
         return self.bundle_archive(digest, rebuild)
 
@@ -70,7 +70,7 @@ class Transfers:
         server queued for this node (of one of `kinds`) and that is still open. The id
         becomes a file name under transfers/NODE/: only ids the server made may."""
         if not re.fullmatch(p.TRANSFER_ID, transfer_id) or not any(
-            self.store.transfer_open(node.id, transfer_id, kind) for kind in kinds
+            self.store.commands.transfer_open(node.id, transfer_id, kind) for kind in kinds
         ):
             raise NotFound(f"no pending transfer '{transfer_id[:64]}' for node '{node.name}'")
 
@@ -96,5 +96,5 @@ class Transfers:
             (folder / f"{body.transfer_id}.pulled").write_bytes(data)
             result["sha256"] = body.sha256
             result["size"] = len(data)
-        if not self.store.finish_command(body.transfer_id, node.id, result):
+        if not self.store.commands.finish_command(body.transfer_id, node.id, result):
             raise NotFound(f"no pending transfer '{body.transfer_id}' for node '{node.name}'")

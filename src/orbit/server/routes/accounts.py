@@ -75,7 +75,7 @@ def make_accounts_router(service: CoreControlService) -> APIRouter:
 
     @router.delete("/tokens/{token_id}", response_model=TokenRecord, tags=["users"])
     def revoke_token(who: me, token_id: str) -> TokenRecord:
-        found = service.store.get_token(token_id)
+        found = service.store.users.get_token(token_id)
         if found.user != who.user.name:
             who.require("admin")
         with who.acting() as svc:

@@ -536,7 +536,7 @@ def test_hosts_check_and_the_next_launch_stop_ended_attempts_and_nothing_else(
         """As the service does when the host has not answered for its timeout."""
         store = Store(env["ORBIT_DATABASE_URL"])
         try:
-            store.move_attempt(
+            store.attempts.move_attempt(
                 run["attempts"][0]["id"],
                 RunState.TERMINATED,
                 actor="tester",

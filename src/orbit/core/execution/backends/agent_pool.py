@@ -66,20 +66,20 @@ class AgentPoolBackend:
     def __init__(
         self,
         launch_mode: str,
-        nodes: NodeDirectory,
+        directory: NodeDirectory,
         artifacts_dir: Path,
         offline_after_s: float = OFFLINE_AFTER_S,
         lost_grace_s: float = LOST_GRACE_S,
         wakes: NodeWakes | None = None,
     ) -> None:
         self.key = f"agent_pool_{launch_mode}"
-        self.nodes = nodes
+        self.directory = directory
         self.wakes = wakes if wakes is not None else NodeWakes()
         self.artifacts_dir = artifacts_dir
         self.offline_after_s = offline_after_s
         self.lost_grace_s = lost_grace_s
-        self.files = PoolFiles(nodes, artifacts_dir, offline_after_s, self.wakes)
-        self.looks = PoolStatus(nodes, artifacts_dir, offline_after_s, lost_grace_s)
+        self.files = PoolFiles(directory, artifacts_dir, offline_after_s, self.wakes)
+        self.looks = PoolStatus(directory, artifacts_dir, offline_after_s, lost_grace_s)
 
     # --- launching -------------------------------------------------------------------------
 
@@ -108,7 +108,7 @@ class AgentPoolBackend:
             return self._launch_gang(bundle, request, attempt, where)
         node_id = str(where["node_id"])
         try:
-            node = self.nodes.get_node(node_id)
+            node = self.directory.nodes.get_node(node_id)
         except OrbitError:
             raise NoNodeFree(
                 f"node '{where.get('node')}' was removed before the placement"
@@ -119,7 +119,7 @@ class AgentPoolBackend:
         if where.get("resume_from"):
             start["resume"] = self.resume_from(str(where["resume_from"]))
         try:
-            placed = self.nodes.assign_attempt(
+            placed = self.directory.placement.assign_attempt(
                 attempt.attempt_id,
                 node.id,
                 gpus,
@@ -152,14 +152,15 @@ class AgentPoolBackend:
         attempt: AttemptContext,
         where: dict[str, Any],
     ) -> RunHandle:
-        """A run across several nodes: every rank placed at once or none (store.assign_gang),
-        rank 0 on the attempt itself and each other on a member attempt. They meet at rank
-        0's node (its --address, else its hostname) on a port made from the attempt's id."""
+        """A run across several nodes: every rank placed at once or none
+        (store.placement.assign_gang), rank 0 on the attempt itself and each other on a member
+        attempt. They meet at rank 0's node (its --address, else its hostname) on a port made
+        from the attempt's id."""
         ranks = list(where["gang"])
         nodes = []
         for rank in ranks:
             try:
-                nodes.append(self.nodes.get_node(str(rank["node_id"])))
+                nodes.append(self.directory.nodes.get_node(str(rank["node_id"])))
             except OrbitError:
                 raise NoNodeFree(
                     f"node '{rank.get('node')}' was removed before the placement"
@@ -180,7 +181,7 @@ class AgentPoolBackend:
                 start["resume"] = self.resume_from(str(where["resume_from"]))
             placed.append((node.id, gpus, start))
         try:
-            ids = self.nodes.assign_gang(attempt.attempt_id, placed, actor="orbit")
+            ids = self.directory.placement.assign_gang(attempt.attempt_id, placed, actor="orbit")
         except Refused:
             existing = self.locate(request, attempt)
             if existing is None:
@@ -236,30 +237,30 @@ class AgentPoolBackend:
             return True  # all in, or it never ran: nothing more is coming
         if state.get("gone") or _quiet_for(folder) >= EARLIER_QUIET_S:
             return True  # its node has no folder of it, or has sent nothing for long
-        row = self.nodes.attempt_placement(earlier)
+        row = self.directory.placement.attempt_placement(earlier)
         if row is None or row["node_id"] is None:
             return True
         try:
-            node = self.nodes.get_node(row["node_id"])
+            node = self.directory.nodes.get_node(row["node_id"])
         except OrbitError:
             return True
         return not node.online(datetime.now(UTC), self.offline_after_s)
 
     def never_placed(self, attempt: AttemptContext) -> bool:
         """No node was given the attempt (placing it is one transaction with its start)."""
-        row = self.nodes.attempt_placement(attempt.attempt_id)
+        row = self.directory.placement.attempt_placement(attempt.attempt_id)
         return row is None or row["node_id"] is None
 
     def locate(self, request: ExecutionRequest, attempt: AttemptContext) -> RunHandle | None:
-        row = self.nodes.attempt_placement(attempt.attempt_id)
+        row = self.directory.placement.attempt_placement(attempt.attempt_id)
         if row is None or row["node_id"] is None:
             return None
         try:
-            name = self.nodes.get_node(row["node_id"]).name
+            name = self.directory.nodes.get_node(row["node_id"]).name
         except OrbitError:
             name = row["node_id"]
         data: dict[str, Any] = {"node_id": row["node_id"], "fence": row["fence"]}
-        members = self.nodes.gang_members(attempt.attempt_id)
+        members = self.directory.placement.gang_members(attempt.attempt_id)
         if members:  # a gang: its other ranks, as its launch recorded them
             data["gang"] = [
                 {"rank": 0, "attempt": attempt.attempt_id, "node_id": row["node_id"], "node": name}
@@ -314,7 +315,7 @@ class AgentPoolBackend:
             "fence": int(handle.data.get("fence") or 0),
             "reason": reason.value,
         }
-        self.nodes.enqueue_command(node_id, body, attempt_id=handle.attempt_id)
+        self.directory.commands.enqueue_command(node_id, body, attempt_id=handle.attempt_id)
         self.wakes(node_id)
 
     def stop_leftovers(self, handle: RunHandle) -> int:

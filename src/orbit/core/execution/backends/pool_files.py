@@ -35,9 +35,13 @@ class PoolFiles(LocalFiles):
     other rank's of a gang), kept current by the agents' reports."""
 
     def __init__(
-        self, nodes: NodeDirectory, artifacts_dir: Path, offline_after_s: float, wakes: NodeWakes
+        self,
+        directory: NodeDirectory,
+        artifacts_dir: Path,
+        offline_after_s: float,
+        wakes: NodeWakes,
     ) -> None:
-        self.nodes = nodes
+        self.directory = directory
         self.wakes = wakes
         self.artifacts_dir = artifacts_dir
         self.offline_after_s = offline_after_s
@@ -77,7 +81,7 @@ class PoolFiles(LocalFiles):
         if read_agent_state(Path(handle.location)).get("complete"):
             return False
         node_id = str(handle.data.get("node_id", ""))
-        self.nodes.enqueue_command(
+        self.directory.commands.enqueue_command(
             node_id, {"kind": "upload", "attempt_id": handle.attempt_id}, handle.attempt_id
         )
         self.wakes(node_id)
@@ -102,7 +106,7 @@ class PoolFiles(LocalFiles):
             if state.get("gone") or state.get("lost"):
                 return _not_all(folder, str(state.get("gone") or state.get("lost")))
             try:
-                node = self.nodes.get_node(node_id)
+                node = self.directory.nodes.get_node(node_id)
             except OrbitError:
                 return _not_all(folder, f"node '{handle.target}' was removed")
             if not node.online(datetime.now(UTC), self.offline_after_s):

@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 NodeWakes = Signal[[str]]
 
 
-class NodeDirectory(Protocol):
+class NodeReads(Protocol):
     def list_nodes(self) -> list[NodeRecord]: ...
     def get_node(self, ref: str) -> NodeRecord: ...
+
+
+class NodePlacements(Protocol):
     def assign_gang(
         self, attempt_id: str, ranks: list[tuple[str, dict[str, Any], dict[str, Any]]], actor: str
     ) -> list[str] | None: ...
@@ -35,9 +38,23 @@ class NodeDirectory(Protocol):
     ) -> tuple[int, str] | None: ...
     def attempt_placement(self, attempt_id: str) -> Row | None: ...
     def gang_members(self, attempt_id: str) -> list[Row]: ...
+
+
+class NodeQueues(Protocol):
     def enqueue_command(
         self, node_id: str, body: dict[str, Any], attempt_id: str | None = None
     ) -> str: ...
+
+
+class NodeDirectory(Protocol):
+    """What a pool backend uses of the store: its nodes, placements and command queues."""
+
+    @property
+    def nodes(self) -> NodeReads: ...
+    @property
+    def placement(self) -> NodePlacements: ...
+    @property
+    def commands(self) -> NodeQueues: ...
 
 
 def other_ranks(handle: RunHandle, artifacts_dir: Path) -> list[RunHandle]:

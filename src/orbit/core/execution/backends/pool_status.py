@@ -22,12 +22,12 @@ from orbit.wire.protocol import CANCELLED_BEFORE_START
 class PoolStatus:
     def __init__(
         self,
-        nodes: NodeDirectory,
+        directory: NodeDirectory,
         artifacts_dir: Path,
         offline_after_s: float,
         lost_grace_s: float,
     ) -> None:
-        self.nodes = nodes
+        self.directory = directory
         self.artifacts_dir = artifacts_dir
         self.offline_after_s = offline_after_s
         self.lost_grace_s = lost_grace_s
@@ -55,7 +55,7 @@ class PoolStatus:
     def _silent(self, handle: RunHandle) -> bool:
         """Whether the rank's node has stopped answering (offline, not yet given up on)."""
         try:
-            node = self.nodes.get_node(str(handle.data.get("node_id", "")))
+            node = self.directory.nodes.get_node(str(handle.data.get("node_id", "")))
         except OrbitError:
             return False
         return not node.online(datetime.now(UTC), self.offline_after_s)
@@ -86,7 +86,7 @@ class PoolStatus:
             return _lost(handle, str(agent["lost"]))
         node_id = str(handle.data.get("node_id", ""))
         try:
-            node = self.nodes.get_node(node_id)
+            node = self.directory.nodes.get_node(node_id)
         except OrbitError:
             return _lost(handle, f"node '{handle.target}' was removed")
         if node.state is NodeState.REVOKED:
