@@ -27,7 +27,7 @@ from orbit.core.control.views import (
     SubmitPlan,
     TemplateView,
 )
-from orbit.core.control.waiting import WaitsForRuns
+from orbit.core.control.waiting import wait_until_ended
 from orbit.forensics.diagnose import Inspection
 from orbit.model.audit_chain import Anchor, ChainCheck
 from orbit.model.auth import NewToken, Role, TokenRecord, UserRecord
@@ -42,7 +42,7 @@ from orbit.model.records import AuditEvent, CollectResult, ExperimentRecord, Run
 from orbit.model.storage import GcReport, RunStorage, Usage
 
 
-class RemoteControl(WaitsForRuns):
+class RemoteControl:
     """ControlAPI at `url`, shown `token`."""
 
     def __init__(
@@ -86,6 +86,10 @@ class RemoteControl(WaitsForRuns):
 
     def refresh_run_status(self, ref: str) -> RunRecord:
         return self.session.post(RunRecord, f"/runs/{part(ref)}/refresh")
+
+    def wait_for(self, ref: str, timeout_s: float | None = None, poll_s: float = 0.5) -> RunRecord:
+        """The run once it ended, or as it stands after `timeout_s` seconds."""
+        return wait_until_ended(self.refresh_run_status, ref, timeout_s, poll_s)
 
     def run_view(self, ref: str, *, refresh: bool = True, images: bool = False) -> RunView:
         return self.session.get(RunView, f"/runs/{part(ref)}/view", refresh=refresh, images=images)

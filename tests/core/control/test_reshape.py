@@ -283,7 +283,7 @@ def test_a_third_party_plugin_is_shaped_again_over_the_files_the_client_sent(
 ) -> None:
     from orbit.core.tasks.registry import _discover
 
-    service._tasks = TaskRegistry({**_discover(), "eval": EvalTask})  # type: ignore[dict-item]
+    service.shared._tasks = TaskRegistry({**_discover(), "eval": EvalTask})  # type: ignore[dict-item]
     base = tmp_path / "spec"
     write(base / "conf" / "gsm8k.json", '{"shots": 5}')
     request = submission("eval", {"benchmark": "gsm8k", "config": "conf/gsm8k.json"})

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from orbit.core.control.base import ServiceBase
+from orbit.core.control.base import ServicePart
 from orbit.model.auth import NewToken, Role, TokenRecord, UserRecord, new_token, parse_duration
 from orbit.model.auth import token_hash as hash_of
 from orbit.model.errors import InvalidInput
 
 
-class Accounts(ServiceBase):
+class Accounts(ServicePart):
     def whoami(self) -> UserRecord | None:
         """The signed-in user; None embedded, where the local user acts and needs no token."""
         return None

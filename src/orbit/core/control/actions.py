@@ -7,9 +7,9 @@ import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from orbit.core.control.base import ServicePart
 from orbit.core.control.idempotency import Idempotency, made_by, made_meanwhile
 from orbit.core.control.leases import lease_lapsed, now
-from orbit.core.control.submit import Submitting
 from orbit.core.execution.leftovers import stop_leftovers
 from orbit.model.errors import Refused, Unreachable
 from orbit.model.models import (
@@ -23,11 +23,15 @@ from orbit.model.records import RunRecord
 from orbit.store.submit_keys import KeyTaken
 
 
-class RunActions(Submitting):
+class RunActions(ServicePart):
     def cancel_run(self, ref: str, wait_s: float | None = None) -> RunRecord:
         """Ask for a graceful stop; wait up to the grace period (plus a little) for it."""
         run, wait = self.ask_to_cancel(ref, wait_s)
-        return run if wait is None else self.wait_for(run.id, timeout_s=wait, poll_s=0.2)
+        return (
+            run
+            if wait is None
+            else self.parts.lifecycle.wait_for(run.id, timeout_s=wait, poll_s=0.2)
+        )
 
     def ask_to_cancel(
         self, ref: str, wait_s: float | None = None
@@ -35,7 +39,7 @@ class RunActions(Submitting):
         """Ask for a graceful stop, and say how long cancel_run waits for the run to end:
         `wait_s`, by default the run's stop grace and 5 s; None: it does not wait (the run has
         ended, or the stop reaches it later). `orbit server` waits without a thread."""
-        run = self.refresh_run_status(ref)
+        run = self.parts.lifecycle.refresh_run_status(ref)
         attempt = run.current
         if attempt.state.terminal:
             with contextlib.suppress(Unreachable):
@@ -107,13 +111,13 @@ class RunActions(Submitting):
         request = run.request.model_copy(update=changed)
         self.execution.backend(request.backend_key).validate(request)
         if changed.get("target"):  # a pool node that does not exist is named as such
-            self.check_schedulable(request)
+            self.parts.scheduling.check_schedulable(request)
         self._bundle(run.bundle_digest)
         return request, changed
 
     def retry_run(self, ref: str, overrides: ExecutionOverrides | None = None) -> RunRecord:
         """A new attempt of the same bundle, of the same run."""
-        run = self.refresh_run_status(ref)
+        run = self.parts.lifecycle.refresh_run_status(ref)
         if not run.state.terminal:
             raise Refused(f"run {run.id} is {run.state}: cancel it before retrying")
         if self.store.storage.marks(run.id).gone is not None:  # deleted, or expired
@@ -131,14 +135,16 @@ class RunActions(Submitting):
             backend_key=request.backend_key,
             trigger="retry",
             actor=self.actor,
-            launcher=None if fenced else self._claim(),
+            launcher=None if fenced else self.parts.lifecycle.claim(),
             not_before=fenced,
         )
         self.store.audit.record_event(
             self.actor, "run.retry", run_id=run.id, attempt_id=attempt.id, overrides=changed
         )
         if fenced is None:
-            self._launch(self.store.runs.get_run(run.id), attempt, request, actor=self.actor)
+            self.parts.launching.launch(
+                self.store.runs.get_run(run.id), attempt, request, actor=self.actor
+            )
         return self.store.runs.get_run(run.id)
 
     def _fenced_until(self, run: RunRecord) -> datetime | None:
@@ -178,7 +184,7 @@ class RunActions(Submitting):
                 request=request,
                 actor=self.actor,
                 replay_of=original.id,
-                launcher=self._claim(),
+                launcher=self.parts.lifecycle.claim(),
                 key=key,
             )
         except KeyTaken:  # the same request, sent again while this one was at work
@@ -187,5 +193,5 @@ class RunActions(Submitting):
         self.store.audit.record_event(
             self.actor, "run.replayed", run_id=run.id, replay_of=original.id, overrides=changed
         )
-        self._launch(run, run.current, request, actor=self.actor)
+        self.parts.launching.launch(run, run.current, request, actor=self.actor)
         return self.store.runs.get_run(run.id)

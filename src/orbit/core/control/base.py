@@ -1,4 +1,5 @@
-"""What every part of the control service shares: its collaborators and a few lookups."""
+"""What every part of the control service shares: its collaborators (Shared), who is acting,
+and the base of a part (ServicePart): those collaborators and the other parts, by name."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from orbit.model.signals import Signal
 
 if TYPE_CHECKING:  # loaded by the commands that use them, not by every command
     from orbit.core.control.host_registry import HostRegistry
+    from orbit.core.control.parts import Parts
     from orbit.core.execution.backends.pool_nodes import NodeWakes
     from orbit.core.execution.bundle import FrozenBundle
     from orbit.core.execution.service import ExecutionService
@@ -55,44 +57,39 @@ class ServiceConfig:
     retention: Retention | None = None  # a server's rules (its config's `storage:`) instead
 
 
-class ServiceBase:
-    """The store, the execution plane, the registries, the bundle cache, who is acting, the
-    service's config and the signals between its parts and the server's loops; all given or
-    made at construction (CoreControlService.__init__)."""
+class Shared:
+    """What every part of the control service works with: the store, the execution plane, the
+    registries, the bundle cache, who is acting, the service's config and the signals between
+    its parts and the server's loops; all given at construction (CoreControlService)."""
 
-    store: Store
-    execution: ExecutionService
-    bundles_dir: Path
-    _actor: str  # who acts when no call says otherwise: the local user, embedded
-    hosts: HostRegistry
-    config: ServiceConfig
-    wakes: NodeWakes  # a command was queued for a node (the server's long-polls listen)
-    pass_wanted: Signal[[]]  # a run may be placed now (the server's scheduler loop listens)
-    # given, or made on first use (see CoreControlService.from_settings)
-    _templates: TemplateRegistry | Callable[[], TemplateRegistry]
-    _tasks: TaskRegistry | None
-
-    def fence_wait_s(self, attempt: AttemptRecord) -> float:
-        """How long a retry of `attempt`, lost with its node, waits: an agent's node, cut off,
-        stops the attempt itself (orbit.agent.fencing) within that time. A Slurm job lost with its
-        node has already ended (NODE_FAIL): no wait."""
-        return (
-            self.config.lost_retry_floor_s if attempt.backend_key.startswith("agent_pool") else 0.0
-        )
+    def __init__(
+        self,
+        store: Store,
+        execution: ExecutionService,
+        templates: TemplateRegistry | Callable[[], TemplateRegistry],
+        tasks: TaskRegistry | None,
+        bundles_dir: Path,
+        actor: str,
+        config: ServiceConfig,
+        wakes: NodeWakes,
+        hosts: HostRegistry,
+    ) -> None:
+        """`templates` may be a function and `tasks` None: each is then made the first time a
+        command needs it, not by every command."""
+        self.store = store
+        self.execution = execution
+        self._templates = templates
+        self._tasks = tasks
+        self.bundles_dir = bundles_dir
+        self._actor = actor  # who acts when no call says otherwise: the local user, embedded
+        self.config = config
+        self.wakes = wakes  # a command was queued for a node (the server's long-polls listen)
+        self.pass_wanted: Signal[[]] = Signal()  # a run may be placed now (the scheduler loop)
+        self.hosts = hosts
 
     @property
     def actor(self) -> str:
         return _acting.get() or self._actor
-
-    @staticmethod
-    @contextmanager
-    def acting_as(name: str) -> Iterator[None]:
-        """Within the block (this thread or task), the calls act for `name`."""
-        token = _acting.set(name)
-        try:
-            yield
-        finally:
-            _acting.reset(token)
 
     @property
     def templates(self) -> TemplateRegistry:
@@ -109,6 +106,76 @@ class ServiceBase:
             self._tasks = TaskRegistry()
         return self._tasks
 
+
+@contextmanager
+def acting_as(name: str) -> Iterator[None]:
+    """Within the block (this thread or task), the control service's calls act for `name`."""
+    token = _acting.set(name)
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
+def attempt_of(run: RunRecord, number: int | None) -> AttemptRecord:
+    """Attempt `number` of the run, or its current one."""
+    if number is None:
+        return run.current
+    for attempt in run.attempts:
+        if attempt.number == number:
+            return attempt
+    raise NotFound(f"run {run.id} has no attempt {number} (it has {len(run.attempts)})")
+
+
+class ServicePart:
+    """One part of the control service (core/control/service.py builds them): the shared
+    collaborators, and the other parts it calls, each by name (`self.parts.launching.launch`),
+    so a call between parts says where it goes. The parts are all made before any is called."""
+
+    def __init__(self, shared: Shared, parts: Parts) -> None:
+        self.shared = shared
+        self.parts = parts
+
+    @property
+    def store(self) -> Store:
+        return self.shared.store
+
+    @property
+    def execution(self) -> ExecutionService:
+        return self.shared.execution
+
+    @property
+    def config(self) -> ServiceConfig:
+        return self.shared.config
+
+    @property
+    def hosts(self) -> HostRegistry:
+        return self.shared.hosts
+
+    @property
+    def bundles_dir(self) -> Path:
+        return self.shared.bundles_dir
+
+    @property
+    def actor(self) -> str:
+        return self.shared.actor
+
+    @property
+    def templates(self) -> TemplateRegistry:
+        return self.shared.templates
+
+    @property
+    def tasks(self) -> TaskRegistry:
+        return self.shared.tasks
+
+    def fence_wait_s(self, attempt: AttemptRecord) -> float:
+        """How long a retry of `attempt`, lost with its node, waits: an agent's node, cut off,
+        stops the attempt itself (orbit.agent.fencing) within that time. A Slurm job lost with its
+        node has already ended (NODE_FAIL): no wait."""
+        return (
+            self.config.lost_retry_floor_s if attempt.backend_key.startswith("agent_pool") else 0.0
+        )
+
     def _bundle(self, digest: str) -> FrozenBundle:
         from orbit.core.execution.bundle import FrozenBundle
 
@@ -116,15 +183,6 @@ class ServiceBase:
         if not (path / "job.json").is_file():
             raise NotFound(f"bundle {digest[:12]} is no longer in the cache at {path}")
         return FrozenBundle(digest=digest, path=path)
-
-    @staticmethod
-    def _attempt(run: RunRecord, number: int | None) -> AttemptRecord:
-        if number is None:
-            return run.current
-        for attempt in run.attempts:
-            if attempt.number == number:
-                return attempt
-        raise NotFound(f"run {run.id} has no attempt {number} (it has {len(run.attempts)})")
 
     def _experiment(self, name_or_id: str) -> ExperimentRecord:
         """Find or create; two submits racing to create the same one both get it."""

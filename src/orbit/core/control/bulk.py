@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orbit.core.control.actions import RunActions
+from orbit.core.control.base import ServicePart
 from orbit.model.bulk import MAX_RUNS, BulkItem, BulkOutcome, BulkResult, RunSelection
 from orbit.model.errors import InvalidInput, OrbitError
 from orbit.model.records import RunRecord
@@ -18,7 +18,7 @@ from orbit.model.states import RunState
 MayControl = Callable[[RunRecord], str | None]
 
 
-class BulkActions(RunActions):
+class BulkActions(ServicePart):
     def cancel_runs(
         self, selection: RunSelection, *, dry_run: bool = False, may: MayControl | None = None
     ) -> BulkResult:
@@ -42,7 +42,11 @@ class BulkActions(RunActions):
             raise InvalidInput(problem)
         if selection.ids:
             ids = dict.fromkeys(self.store.runs.resolve_run_id(ref) for ref in selection.ids)
-            look = self.refresh_run_status if self.config.looks_on_read else self.store.runs.get_run
+            look = (
+                self.parts.lifecycle.refresh_run_status
+                if self.config.looks_on_read
+                else self.store.runs.get_run
+            )
             runs = [look(run_id) for run_id in ids]  # embedded: as they stand where they run
         else:
             experiment = selection.experiment
@@ -59,7 +63,9 @@ class BulkActions(RunActions):
                 )
 
             if self.config.looks_on_read:  # embedded: the states a filter reads are looked at first
-                self.refresh_active(matching({s for s in RunState if not s.terminal}))
+                self.parts.lifecycle.refresh_active(
+                    matching({s for s in RunState if not s.terminal})
+                )
             runs = matching(set(selection.states) or None)
             if len(runs) > MAX_RUNS:
                 raise InvalidInput(
@@ -78,7 +84,7 @@ class BulkActions(RunActions):
         if dry_run:
             return _item(run, BulkOutcome.WOULD_CANCEL)
         try:
-            after = self.cancel_run(run.id, wait_s=0)
+            after = self.parts.actions.cancel_run(run.id, wait_s=0)
         except OrbitError as exc:
             return _item(run, BulkOutcome.FAILED, str(exc))
         if not after.current.cancel_requested:  # it had ended by the time it was looked at
@@ -94,7 +100,7 @@ class BulkActions(RunActions):
         if dry_run:
             return _item(run, BulkOutcome.WOULD_RETRY)
         try:
-            after = self.retry_run(run.id)
+            after = self.parts.actions.retry_run(run.id)
         except OrbitError as exc:
             if not self.store.runs.get_run(run.id).state.terminal:
                 return _item(run, BulkOutcome.NOT_ENDED, "cancel it first")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orbit.core.control.base import ServiceBase
+from orbit.core.control.base import ServicePart
 from orbit.model.clusters import ClusterCheck, ClusterFacts, ClusterRecord, ClusterSpec, SlurmOrphan
 from orbit.model.errors import NotFound, OrbitError
 from orbit.model.models import RunState
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from orbit.core.execution.backends.slurm_host_process import SlurmHostProcessBackend
 
 
-class Clusters(ServiceBase):
+class Clusters(ServicePart):
     @property
     def clusters(self) -> ClusterTable:
         return ClusterTable(self.store.db)

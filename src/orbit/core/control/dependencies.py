@@ -1,5 +1,5 @@
 """The gate on run dependencies (`after:`), in the one launch path every placement takes
-(Launching._launch: a submit, a retry, an automatic retry once due, a scheduler's placement).
+(Launching.launch: a submit, a retry, an automatic retry once due, a scheduler's placement).
 A run whose dependencies have not all ended is held (prepared, out of the scheduler's queue, its
 message naming what it waits for) and launched once they have; under `after.ok` one that ended
 without success fails it (`dependency_failed`, never retried automatically). The end of a run
@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from orbit.core.control.base import ServiceBase
+from orbit.core.control.base import ServicePart
 from orbit.core.control.leases import launcher_id, now
 from orbit.core.control.views import QueueEntry
 from orbit.model.dependencies import After, Judgement, failed_message, judge, waiting_message
@@ -34,7 +34,7 @@ LOOK_UPSTREAM = 200  # runs not yet ended, upstream of a held run, that one look
 _looking: ContextVar[bool] = ContextVar("orbit_looking_at_dependencies", default=False)
 
 
-class DependencyGate(ServiceBase):
+class DependencyGate(ServicePart):
     def resolve_after(self, after: After | None, source: str) -> After | None:
         """The runs an `after:` names, as full ids; an unknown or ambiguous one is refused in
         one line naming the field (`spec.yaml: after.ok.0: unknown run 'run-0bad'`)."""
@@ -56,13 +56,7 @@ class DependencyGate(ServiceBase):
             found[kind].append(run_id)
         return After(ok=tuple(found["ok"]), any=tuple(found["any"]))
 
-    def _end(self, run_id: str, attempt: AttemptRecord, status: RunStatus, actor: str) -> None:
-        raise NotImplementedError  # Lifecycle's
-
-    def refresh_run_status(self, ref: str) -> RunRecord:
-        raise NotImplementedError  # Lifecycle's
-
-    def _held_back(self, run: RunRecord, attempt: AttemptRecord) -> bool:
+    def held_back(self, run: RunRecord, attempt: AttemptRecord) -> bool:
         """Whether the gate keeps the attempt from launching now: held on dependencies still
         to end, failed for one that ended without success, or moved on meanwhile. False: its
         dependencies are met (or it has none), and the launch goes on."""
@@ -94,7 +88,7 @@ class DependencyGate(ServiceBase):
         try:
             for upstream in self._upstream(run.id):
                 with contextlib.suppress(OrbitError):  # as stored, then
-                    self.refresh_run_status(upstream.id)
+                    self.parts.lifecycle.refresh_run_status(upstream.id)
         finally:
             _looking.reset(token)
         return judge(self.store.dependencies.of_run(run.id))
@@ -118,7 +112,9 @@ class DependencyGate(ServiceBase):
             reason=FailureReason.DEPENDENCY_FAILED,
             message=failed_message(found.failed),
         )
-        self._end(run.id, self.store.runs.get_attempt(attempt.id), status, actor="orbit")
+        self.parts.lifecycle.end(
+            run.id, self.store.runs.get_attempt(attempt.id), status, actor="orbit"
+        )
 
     def held_in_queue(self) -> list[QueueEntry]:
         """The runs held on their dependencies, for `orbit queue`: which runs each waits for,

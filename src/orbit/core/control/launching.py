@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from orbit.core.control.dependencies import DependencyGate
+from orbit.core.control.base import ServicePart
 from orbit.core.control.leases import LEASE_S, RENEW_S, launcher_id, lease_lapsed, now
 from orbit.core.execution.backends.base import (
     AttemptContext,
@@ -37,7 +37,7 @@ from orbit.store.sql import read_json
 HOST_WAIT_S = 15.0  # an attempt waiting for its host asks again after this long
 
 
-class Launching(DependencyGate):
+class Launching(ServicePart):
     @contextlib.contextmanager
     def _lease(self, attempt_id: str, owner: str) -> Iterator[None]:
         """Keep the launch claim fresh while staging and starting take their time (a large
@@ -59,7 +59,7 @@ class Launching(DependencyGate):
             stop.set()
             thread.join()
 
-    def _launch(
+    def launch(
         self,
         run: RunRecord,
         attempt: AttemptRecord,
@@ -75,13 +75,13 @@ class Launching(DependencyGate):
         (an automatic retry after its backoff) is ORBIT's own, whoever happened to look."""
         if failpoints.skips("launch"):
             return
-        if self._held_back(run, attempt):  # its dependencies (`after:`): every placement's gate
+        if self.parts.gate.held_back(run, attempt):  # `after:`: every placement's gate
             return
         if placement is None and request.backend_key.startswith("agent_pool"):
             # the scheduler places it, with the rest of the queue (core/control/scheduling.py)
             if attempt.lease_owner == launcher_id():  # claimed at its making: handed over
                 self.store.leases.defer_launch(attempt.id, attempt.lease_owner, now())
-            self.request_schedule()
+            self.parts.scheduling.request_schedule()
             return
         owner = launcher_id()
         if not self.store.leases.claim_launch(
@@ -106,14 +106,14 @@ class Launching(DependencyGate):
                 failpoints.hit("after-launch")
         except NoNodeFree as exc:  # the plan was stale: the next pass places it
             self.store.leases.defer_launch(attempt.id, owner, now(), message=str(exc))
-            self.request_schedule()
+            self.parts.scheduling.request_schedule()
             return
         except LaunchError as exc:
             if exc.reason is FailureReason.HOST_UNREACHABLE:
                 self._wait_for_host(run, self.store.runs.get_attempt(attempt.id), str(exc), owner)
                 return
             ended = RunStatus(state=RunState.FAILED, reason=exc.reason, message=str(exc))
-            self._end(run.id, attempt, ended, actor=actor)
+            self.parts.lifecycle.end(run.id, attempt, ended, actor=actor)
             return
         extra: dict[str, Any] = {
             k: handle.data[k] for k in ("staged_bytes", "bundle_cached") if k in handle.data
@@ -139,10 +139,6 @@ class Launching(DependencyGate):
             with contextlib.suppress(OrbitError):
                 backend.cancel(handle, FailureReason.CANCELLED)
 
-    def request_schedule(self) -> None:
-        """Have the scheduler run a pass (core/control/scheduling.py)."""
-        raise NotImplementedError
-
     def _wait_for_host(
         self, run: RunRecord, attempt: AttemptRecord, message: str, owner: str | None
     ) -> None:
@@ -156,7 +152,7 @@ class Launching(DependencyGate):
             attempt.id, reachable=False, actor="orbit", message=message
         )
         attempt = self.store.runs.get_attempt(attempt.id)
-        timeout = self._unreachable_timeout(attempt)
+        timeout = self.unreachable_timeout(attempt)
         since = attempt.unreachable_since or now()
         if (now() - since).total_seconds() >= timeout:
             ended = RunStatus(
@@ -164,20 +160,20 @@ class Launching(DependencyGate):
                 reason=FailureReason.HOST_UNREACHABLE,
                 message=f"host '{attempt.target}' unreachable for {timeout:.0f}s: {message}",
             )
-            self._end(run.id, attempt, ended, actor="orbit")
+            self.parts.lifecycle.end(run.id, attempt, ended, actor="orbit")
             return
         if owner is not None:
             wait = min(HOST_WAIT_S, timeout / 4)  # ask a few times before the timeout ends it
             self.store.leases.defer_launch(attempt.id, owner, now() + timedelta(seconds=wait))
 
-    def _unreachable_timeout(self, attempt: AttemptRecord) -> float:
+    def unreachable_timeout(self, attempt: AttemptRecord) -> float:
         if attempt.handle is not None:
             host = attempt.handle.data.get("host", {})
             return float(host.get("unreachable_timeout_s", 600.0))
         found = self.store.hosts.find(attempt.target) if attempt.target else None
         return found.spec.unreachable_timeout_s if found is not None else 600.0
 
-    def _advance_prepared(self, run: RunRecord, attempt: AttemptRecord) -> None:
+    def advance_prepared(self, run: RunRecord, attempt: AttemptRecord) -> None:
         """A prepared attempt: launch it once due (a retry after its backoff, an attempt
         waiting for its host), unless a live process is launching it. One whose launcher died
         is judged where it was to run: adopted if it started, staging_failed if not."""
@@ -190,7 +186,7 @@ class Launching(DependencyGate):
         waits = attempt.not_before is not None and attempt.not_before > at
         if waits and not (attempt.held and self.config.looks_on_read):  # embedded: a look judges it
             return  # its backoff, its wait for the host or for its dependencies is not over
-        self._launch(run, attempt, self._request_for(run, attempt))
+        self.launch(run, attempt, self.request_for(run, attempt))
 
     def _gpus_of(self, attempt: AttemptRecord) -> tuple[int, ...] | None:
         """The GPUs the scheduler gave an attempt it overflowed onto an SSH host (None for any
@@ -202,7 +198,7 @@ class Launching(DependencyGate):
         return tuple(int(i) for i in given["indices"]) if given else None
 
     @staticmethod
-    def _request_for(run: RunRecord, attempt: AttemptRecord) -> ExecutionRequest:
+    def request_for(run: RunRecord, attempt: AttemptRecord) -> ExecutionRequest:
         """The run's request, aimed at the attempt's own target."""
         request = run.request
         if attempt.target is not None:
@@ -223,7 +219,7 @@ class Launching(DependencyGate):
             attempt.id, owner, now() + timedelta(seconds=LEASE_S), expect=attempt.lease_owner
         ):
             return
-        request = self._request_for(run, attempt)
+        request = self.request_for(run, attempt)
         backend = self.execution.backend(attempt.backend_key)
         context = AttemptContext(run_id=run.id, attempt_id=attempt.id)
         launcher = attempt.lease_owner
@@ -237,7 +233,7 @@ class Launching(DependencyGate):
         else:
             why = "its folder was never made where it was to run"
         if handle is None and isinstance(backend, KnowsUnplaced) and backend.never_placed(context):
-            self._launch(run, self.store.runs.get_attempt(attempt.id), request)  # nothing to adopt
+            self.launch(run, self.store.runs.get_attempt(attempt.id), request)  # nothing to adopt
             return
         if handle is None:
             ended = RunStatus(
@@ -245,6 +241,6 @@ class Launching(DependencyGate):
                 reason=FailureReason.STAGING_FAILED,
                 message=f"the process launching it ({launcher}) stopped before it started: {why}",
             )
-            self._end(run.id, attempt, ended, actor="orbit")
+            self.parts.lifecycle.end(run.id, attempt, ended, actor="orbit")
             return
         self.store.attempts.record_launch(attempt.id, handle, actor="orbit", adopted_from=launcher)

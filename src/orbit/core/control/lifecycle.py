@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 from datetime import datetime, timedelta
 
-from orbit.core.control.launching import Launching
+from orbit.core.control.base import ServicePart
 from orbit.core.control.leases import LEASE_S, launcher_id, now
-from orbit.core.control.waiting import WaitsForRuns
+from orbit.core.control.waiting import wait_until_ended
 from orbit.core.execution.leftovers import sweep_after_contact
 from orbit.model.errors import NoBackend, OrbitError, Unreachable
 from orbit.model.models import FailureReason, RunState, RunStatus
@@ -28,8 +28,8 @@ def _contact_is_old(attempt: AttemptRecord, every_s: float = 1.0) -> bool:
     return last is None or (now() - last).total_seconds() >= every_s
 
 
-class Lifecycle(Launching, WaitsForRuns):
-    def _end(self, run_id: str, attempt: AttemptRecord, status: RunStatus, actor: str) -> None:
+class Lifecycle(ServicePart):
+    def end(self, run_id: str, attempt: AttemptRecord, status: RunStatus, actor: str) -> None:
         """Move the attempt to where its status says (compare-and-set on the state it had) and,
         when that ends it, open the retry its policy asks for in the same move: the run is
         never seen ended while a retry is to come, and a crash cannot lose the retry. Only
@@ -56,7 +56,7 @@ class Lifecycle(Launching, WaitsForRuns):
         run = self.store.runs.get_run(run_id)
         new = run.current
         if new.number == attempt.number + 1 and new.lease_owner == retry.launcher[0]:
-            self._launch(run, new, self._request_for(run, new))
+            self.parts.launching.launch(run, new, self.parts.launching.request_for(run, new))
 
     def refresh_run_status(self, ref: str) -> RunRecord:
         """Ask the execution plane where the current attempt stands, move its state, and apply
@@ -67,7 +67,7 @@ class Lifecycle(Launching, WaitsForRuns):
             return run
         if attempt.handle is None:
             if attempt.state is RunState.PREPARED:
-                self._advance_prepared(run, attempt)
+                self.parts.launching.advance_prepared(run, attempt)
                 run = self.store.runs.get_run(run.id)
             if run.current.handle is None or run.current.state.terminal:
                 return run
@@ -92,7 +92,7 @@ class Lifecycle(Launching, WaitsForRuns):
             with contextlib.suppress(Unreachable):
                 backend.cancel(attempt.handle, FailureReason.CANCELLED)
         if status.state in ALLOWED[attempt.state]:
-            self._end(run.id, attempt, status, actor="orbit")
+            self.end(run.id, attempt, status, actor="orbit")
         elif status.state is attempt.state is RunState.PROVISIONING and status.message:
             # still waiting where it runs (Slurm's pending reason, its estimated start): the
             # newest word, not the one of the move to provisioning
@@ -131,7 +131,7 @@ class Lifecycle(Launching, WaitsForRuns):
         self.store.attempts.record_contact(
             attempt.id, reachable=False, actor="orbit", message=str(exc)
         )
-        timeout = self._unreachable_timeout(attempt)
+        timeout = self.parts.launching.unreachable_timeout(attempt)
         since = attempt.unreachable_since
         if since is None:
             return  # the first failed look: only now does the clock start
@@ -146,7 +146,7 @@ class Lifecycle(Launching, WaitsForRuns):
         ended = RunStatus(
             state=RunState.TERMINATED, reason=FailureReason.HOST_UNREACHABLE, message=message
         )
-        self._end(run.id, attempt, ended, actor="orbit")
+        self.end(run.id, attempt, ended, actor="orbit")
 
     def _retry_for(self, run: RunRecord, status: RunStatus) -> AutoRetry | None:
         """The retry policy for the run's current attempt ending with `status`: the new
@@ -160,7 +160,7 @@ class Lifecycle(Launching, WaitsForRuns):
             if attempt.cancel_requested:
                 return None
             said = {"reason": status.reason.value, "preempted_for": attempt.preempted_by}
-            return AutoRetry(event=said, launcher=self._claim())
+            return AutoRetry(event=said, launcher=self.claim())
         retries = 0
         for n, earlier in enumerate(reversed(run.attempts)):
             if earlier.trigger != "auto_retry":
@@ -183,12 +183,16 @@ class Lifecycle(Launching, WaitsForRuns):
         }
         if delay > 0:
             return AutoRetry(event=event, not_before=now() + timedelta(seconds=delay))
-        return AutoRetry(event=event, launcher=self._claim())
+        return AutoRetry(event=event, launcher=self.claim())
 
     @staticmethod
-    def _claim() -> tuple[str, datetime]:
+    def claim() -> tuple[str, datetime]:
         """A launch claim for this process, for an attempt made to be launched at once."""
         return launcher_id(), now() + timedelta(seconds=LEASE_S)
+
+    def wait_for(self, ref: str, timeout_s: float | None = None, poll_s: float = 0.5) -> RunRecord:
+        """The run once it ended, or as it stands after `timeout_s` seconds."""
+        return wait_until_ended(self.refresh_run_status, ref, timeout_s, poll_s)
 
     def refresh_active(self, runs: list[RunRecord]) -> None:
         """Refresh every active run; one whose backend is not available here stays as stored."""

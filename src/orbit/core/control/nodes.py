@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orbit.core.control.base import ServiceBase
+from orbit.core.control.base import ServicePart
 from orbit.model.auth import new_token, parse_duration
 from orbit.model.auth import token_hash as hash_of
 from orbit.model.errors import InvalidInput, Refused, Unreachable
@@ -29,7 +29,7 @@ def _reason(text: str) -> str:
     return said
 
 
-class Nodes(ServiceBase):
+class Nodes(ServicePart):
     def create_join_token(
         self, labels: dict[str, str] | None = None, expires: str | None = None
     ) -> NewJoinToken:
@@ -162,7 +162,7 @@ class Nodes(ServiceBase):
         if not node.online(datetime.now(UTC)):
             raise Unreachable(f"node '{node.name}' is offline")
         self.store.commands.enqueue_command(node.id, body, command_id=transfer_id)
-        self.wakes(node.id)
+        self.shared.wakes(node.id)
         deadline = time.monotonic() + TRANSFER_WAIT_S
         while time.monotonic() < deadline:
             result = self.store.commands.command_result(transfer_id)

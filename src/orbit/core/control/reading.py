@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orbit.core.control.actions import RunActions
+from orbit.core.control.base import ServicePart, attempt_of
 from orbit.core.control.views import LogChunk, RunDiff, RunPage, RunView, WaitView
 from orbit.core.execution.backends.base import LogSink, stream_log
 from orbit.core.execution.runtime_state import parse_json
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from orbit.forensics.diagnose import Inspection
 
 
-class Reading(RunActions):
+class Reading(ServicePart):
     def get_run(self, ref: str) -> RunRecord:
         return self.store.runs.get_run(ref)
 
@@ -45,7 +45,7 @@ class Reading(RunActions):
             active = self.store.runs.list_runs(
                 **found.but(states={s for s in RunState if not s.terminal}).query()
             )
-            self.refresh_active(active)
+            self.parts.lifecycle.refresh_active(active)
         return self.store.runs.list_runs(**found.query(), limit=limit)
 
     def run_page(
@@ -79,7 +79,7 @@ class Reading(RunActions):
             run = self.store.runs.get_run(ref)
             return self._view(run, wait=self.waits_of([run]).get(run.current.id))
         run = (
-            self.refresh_run_status(ref)
+            self.parts.lifecycle.refresh_run_status(ref)
             if self.config.looks_on_read
             else self.store.runs.get_run(ref)
         )
@@ -131,7 +131,7 @@ class Reading(RunActions):
 
     def progress(self, run: RunRecord, attempt: int | None = None) -> Progress | None:
         """The newest step/loss the task logged to artifacts/**/logging.jsonl."""
-        found = self._attempt(run, attempt)
+        found = attempt_of(run, attempt)
         if found.handle is None:
             return None
         backend = self.execution.backend(found.backend_key)
@@ -143,8 +143,8 @@ class Reading(RunActions):
     def evidence(self, ref: str, attempt: int | None = None) -> Evidence:
         """The files a post-mortem reads, from wherever the attempt ran (job.json from the
         bundle cache when the attempt never started)."""
-        run = self.refresh_run_status(ref)
-        found = self._attempt(run, attempt)
+        run = self.parts.lifecycle.refresh_run_status(ref)
+        found = attempt_of(run, attempt)
         files: dict[str, bytes] = {}
         tails: dict[str, bytes] = {}
         if found.handle is not None:
@@ -181,7 +181,7 @@ class Reading(RunActions):
     ) -> LogChunk:
         """Bytes of a log from `offset`; `ended` says whether the attempt had ended before
         they were read (so, once a read returns nothing, nothing more will come)."""
-        found = self._attempt(self.store.runs.get_run(ref), attempt)
+        found = attempt_of(self.store.runs.get_run(ref), attempt)
         ended = found.state.terminal
         data, new_offset = b"", offset
         if found.handle is not None:
@@ -208,7 +208,7 @@ class Reading(RunActions):
         found (a retry began: the caller starts its log from 0). `follow` allows waiting for
         more while the attempt runs (over HTTP, the server holds the stream); here the call
         returns at the current end either way, and the caller asks again."""
-        found = self._attempt(self.store.runs.get_run(ref), attempt)
+        found = attempt_of(self.store.runs.get_run(ref), attempt)
         ended = found.state.terminal
         new_offset = offset
         if found.handle is not None and only_attempt in (None, found.id):
@@ -223,8 +223,8 @@ class Reading(RunActions):
     ) -> CollectResult:
         from orbit.core.control.storage import note_removed, refuse_gone
 
-        run = self.refresh_run_status(ref)
-        found = self._attempt(run, attempt)
+        run = self.parts.lifecycle.refresh_run_status(ref)
+        found = attempt_of(run, attempt)
         refuse_gone(self.store, run)
         if found.handle is None:
             raise InvalidInput(f"run {run.id} attempt {found.number} never started: no artifacts")

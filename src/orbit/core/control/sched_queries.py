@@ -8,29 +8,19 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from orbit.core.control.base import ServiceBase
+from orbit.core.control.base import ServicePart
 from orbit.core.control.leases import now
 from orbit.core.control.views import Explanation, QueueEntry, QuotaView, Simulation
 from orbit.model.errors import InvalidInput, NotFound
 from orbit.scheduler.codec import dumps, pass_in
 from orbit.scheduler.config import config_from_dict
-from orbit.scheduler.model import Quota
 from orbit.scheduler.ordering import schedule
 from orbit.scheduler.plugins import site_checks
 from orbit.store.scheduling import unpack
 from orbit.store.sql import read_json
 
 
-class SchedulerQueries(ServiceBase):
-    def quotas(self) -> tuple[Quota, ...]:
-        raise NotImplementedError  # Scheduling's
-
-    def request_schedule(self) -> None:
-        raise NotImplementedError  # Scheduling's
-
-    def held_in_queue(self) -> list[QueueEntry]:
-        raise NotImplementedError  # DependencyGate's
-
+class SchedulerQueries(ServicePart):
     # --- reading decisions -------------------------------------------------------------------
 
     def explain(self, ref: str, replay: bool = False) -> Explanation:
@@ -68,7 +58,7 @@ class SchedulerQueries(ServiceBase):
         dependencies (`after:`)."""
         from orbit.core.control.waits import queue_entries
 
-        return queue_entries(self.store) + self.held_in_queue()
+        return queue_entries(self.store) + self.parts.gate.held_in_queue()
 
     # --- quotas (admin settings) --------------------------------------------------------------
 
@@ -88,12 +78,12 @@ class SchedulerQueries(ServiceBase):
         if gpus < 0 or not weight > 0:
             raise InvalidInput("quota: gpus is 0 or more and weight above 0")
         self.store.scheduling.set_quota(scope, name, gpus, weight, actor=self.actor)
-        self.request_schedule()  # a larger quota may let a run in now
+        self.parts.scheduling.request_schedule()  # a larger quota may let a run in now
         return next(q for q in self.list_quotas() if (q.scope, q.name) == (scope, name))
 
     def remove_quota(self, scope: str, name: str) -> None:
         self.store.scheduling.remove_quota(scope, name, actor=self.actor)
-        self.request_schedule()
+        self.parts.scheduling.request_schedule()
 
     # --- trying a config on recorded history ----------------------------------------------------
 
@@ -101,7 +91,7 @@ class SchedulerQueries(ServiceBase):
         """Replay the passes kept over the last `since_s` seconds under `config` (a scheduler
         config mapping; without its own quotas, the store's), and say which decisions would
         have come out otherwise."""
-        new = config_from_dict(config, "config", self.quotas())
+        new = config_from_dict(config, "config", self.parts.scheduling.quotas())
         moved, placed, waited, preempted = set(), set(), set(), set()
         passes = decisions = same = 0
         for row in self.store.scheduling.passes_since(now() - timedelta(seconds=since_s)):

@@ -1,6 +1,6 @@
 """The scheduler as the control plane runs it: read a snapshot and the queue from the store,
 let the pure pass (orbit.scheduler.ordering) make a plan, keep the pass and its decisions, and
-carry the plan out through the one launch path (Launching._launch), where the store commits
+carry the plan out through the one launch path (Launching.launch), where the store commits
 each placement in a transaction that refuses a plan made on stale state. A refused placement
 waits for the next pass, which sees the state as it is.
 
@@ -17,8 +17,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from orbit.core.control.base import ServicePart, Shared
 from orbit.core.control.leases import LEASE_S, launcher_id, now
-from orbit.core.control.lifecycle import Lifecycle
+from orbit.core.control.parts import Parts
 from orbit.core.control.sched_config import LiveSchedConfig
 from orbit.core.execution.ssh.hosts import check_request as check_host
 from orbit.forensics.progress import PROGRESS_GLOB, latest_progress
@@ -74,9 +75,11 @@ def decision_row(record: dict[str, Any]) -> DecisionRow:
     )
 
 
-class Scheduling(Lifecycle):
-    _sched_lock: threading.Lock  # one pass at a time in this service (made at construction)
-    _sched_again: bool
+class Scheduling(ServicePart):
+    def __init__(self, shared: Shared, parts: Parts) -> None:
+        super().__init__(shared, parts)
+        self._sched_lock = threading.Lock()  # one pass at a time in this service
+        self._sched_again = False
 
     # --- config ----------------------------------------------------------------------------
 
@@ -129,8 +132,8 @@ class Scheduling(Lifecycle):
     # --- a pass ----------------------------------------------------------------------------
 
     def request_schedule(self) -> None:
-        if self.pass_wanted.heard:  # a server: passes run on its scheduler loop
-            self.pass_wanted()
+        if self.shared.pass_wanted.heard:  # a server: passes run on its scheduler loop
+            self.shared.pass_wanted()
         else:
             self.schedule_pass()
 
@@ -236,7 +239,7 @@ class Scheduling(Lifecycle):
         if run is None:
             return None
         _, host, _ = placement.nodes[0]
-        request = self._request_for(run, run.current).model_copy(
+        request = self.parts.launching.request_for(run, run.current).model_copy(
             update={"placement": Placement_(kind="ssh"), "target": host}
         )
         try:
@@ -260,13 +263,16 @@ class Scheduling(Lifecycle):
         ):
             return  # placed, launched or claimed meanwhile
         claimed = self.store.runs.get_attempt(attempt.id)
-        if not self.pass_wanted.heard:  # embedded: no loop to keep free
-            self._launch(run, claimed, request)
+        if not self.shared.pass_wanted.heard:  # embedded: no loop to keep free
+            self.parts.launching.launch(run, claimed, request)
             return
         # in the server, beside the loop: staging to a rented host (an rsync of the bundle)
         # must not hold up the next pass's placements in the pool
         threading.Thread(
-            target=self._launch, args=(run, claimed, request), name="overflow-launch", daemon=True
+            target=self.parts.launching.launch,
+            args=(run, claimed, request),
+            name="overflow-launch",
+            daemon=True,
         ).start()
 
     def _etas(self, placed: list[dict[str, Any]], at: datetime) -> dict[str, float]:
@@ -375,4 +381,6 @@ class Scheduling(Lifecycle):
             where["gang"] = [
                 {"node_id": n, "node": m, "gpus": list(g)} for n, m, g in placement.nodes
             ]
-        self._launch(run, attempt, self._request_for(run, attempt), placement=where)
+        self.parts.launching.launch(
+            run, attempt, self.parts.launching.request_for(run, attempt), placement=where
+        )

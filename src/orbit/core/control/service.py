@@ -9,26 +9,33 @@ whole from settings."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orbit.core.control.accounts import Accounts
-from orbit.core.control.base import ServiceConfig, current_actor
+from orbit.core.control.actions import RunActions
+from orbit.core.control.base import ServiceConfig, Shared, acting_as, current_actor
 from orbit.core.control.bulk import BulkActions
 from orbit.core.control.clusters import Clusters
+from orbit.core.control.dependencies import DependencyGate
 from orbit.core.control.host_registry import HostRegistry
+from orbit.core.control.launching import Launching
+from orbit.core.control.lifecycle import Lifecycle
 from orbit.core.control.nodes import Nodes
+from orbit.core.control.parts import Parts
 from orbit.core.control.reading import Reading
 from orbit.core.control.sched_queries import SchedulerQueries
+from orbit.core.control.scheduling import Scheduling
 from orbit.core.control.storage import Storage
+from orbit.core.control.submit import Submitting
 from orbit.core.control.views import HostCheck, SchedConfigView, TemplateView
 from orbit.model.hosts import HostRecord, HostSpec
 from orbit.model.records import AuditEvent, ExperimentRecord
 from orbit.model.signals import Signal
 
 if TYPE_CHECKING:  # what only some commands need is loaded by them
+    from orbit.core.control.sched_config import LiveSchedConfig
     from orbit.core.execution.backends.base import ProcessSweep
     from orbit.core.execution.backends.pool_nodes import NodeWakes
     from orbit.core.execution.docker.host import SweepResult
@@ -48,9 +55,13 @@ def _default_ssh_options() -> SshOptions:
     return SshOptions()
 
 
-class CoreControlService(
-    Reading, BulkActions, Accounts, Nodes, Clusters, Storage, SchedulerQueries
-):
+class CoreControlService:
+    """Built from its parts (core/control/parts.py), each made here with what every part
+    shares; each call of the API is one part's method, named below by the part it lives in.
+    This module adds the catalogue (templates, experiments, the audit trail, hosts)."""
+
+    acting_as = staticmethod(acting_as)
+
     def __init__(
         self,
         store: Store,
@@ -68,14 +79,9 @@ class CoreControlService(
         execution plane's pool backends send when they queue a node's command."""
         self.store = store
         self.execution = execution
-        self._templates = templates
-        self._tasks = tasks
         self.bundles_dir = bundles_dir
-        self._actor = actor or current_actor()
         self.config = config or ServiceConfig()
-        self.wakes = wakes if wakes is not None else Signal()
-        self.pass_wanted = Signal()
-        self._sched_lock, self._sched_again = threading.Lock(), False
+        self.wakes: NodeWakes = wakes if wakes is not None else Signal()
         self.hosts = HostRegistry(
             store,
             ssh_options if ssh_options is not None else _default_ssh_options,
@@ -83,6 +89,133 @@ class CoreControlService(
             sweep=self._sweep_host,
             sweep_processes=self._sweep_host_processes,
         )
+        self.shared = shared = Shared(
+            store,
+            execution,
+            templates,
+            tasks,
+            bundles_dir,
+            actor or current_actor(),
+            self.config,
+            self.wakes,
+            self.hosts,
+        )
+        self.pass_wanted = shared.pass_wanted
+        self.parts = parts = Parts()
+        parts.gate = DependencyGate(shared, parts)
+        parts.launching = Launching(shared, parts)
+        parts.lifecycle = Lifecycle(shared, parts)
+        parts.scheduling = Scheduling(shared, parts)
+        parts.submitting = Submitting(shared, parts)
+        parts.actions = RunActions(shared, parts)
+        parts.bulk = BulkActions(shared, parts)
+        parts.reading = Reading(shared, parts)
+        parts.storage = Storage(shared, parts)
+        parts.sched_queries = SchedulerQueries(shared, parts)
+        parts.accounts = Accounts(shared, parts)
+        parts.nodes = Nodes(shared, parts)
+        parts.clusters = Clusters(shared, parts)
+        # runs read: views, logs, evidence, inspect, diff, collect (reading.py)
+        reading = parts.reading
+        self.get_run = reading.get_run
+        self.list_runs = reading.list_runs
+        self.run_page = reading.run_page
+        self.run_view = reading.run_view
+        self.waits_of = reading.waits_of
+        self.progress = reading.progress
+        self.evidence = reading.evidence
+        self.inspect_run = reading.inspect_run
+        self.diff_runs = reading.diff_runs
+        self.read_log = reading.read_log
+        self.stream_log = reading.stream_log
+        self.collect_run_artifacts = reading.collect_run_artifacts
+        # submit (submit.py)
+        submitting = parts.submitting
+        self.submit_task = submitting.submit_task
+        self.submit_staged = submitting.submit_staged
+        self.plan_staged = submitting.plan_staged
+        self.plan_submission = submitting.plan_submission
+        # cancel, retry, replay (actions.py)
+        actions = parts.actions
+        self.cancel_run = actions.cancel_run
+        self.ask_to_cancel = actions.ask_to_cancel
+        self.stop_leftovers = actions.stop_leftovers
+        self.retry_run = actions.retry_run
+        self.replay_run = actions.replay_run
+        # of the runs a filter selects (bulk.py)
+        bulk = parts.bulk
+        self.cancel_runs = bulk.cancel_runs
+        self.retry_runs = bulk.retry_runs
+        # look, wait (lifecycle.py)
+        lifecycle = parts.lifecycle
+        self.refresh_run_status = lifecycle.refresh_run_status
+        self.wait_for = lifecycle.wait_for
+        self.refresh_active = lifecycle.refresh_active
+        # passes (scheduling.py)
+        scheduling = parts.scheduling
+        self.schedule_pass = scheduling.schedule_pass
+        self.request_schedule = scheduling.request_schedule
+        # explain, queue, quotas, simulate (sched_queries.py)
+        sched_queries = parts.sched_queries
+        self.explain = sched_queries.explain
+        self.queue = sched_queries.queue
+        self.list_quotas = sched_queries.list_quotas
+        self.set_quota = sched_queries.set_quota
+        self.remove_quota = sched_queries.remove_quota
+        self.simulate = sched_queries.simulate
+        # pin, delete, gc, usage (storage.py)
+        storage = parts.storage
+        self.run_storage = storage.run_storage
+        self.pin_run = storage.pin_run
+        self.delete_runs = storage.delete_runs
+        self.collect_garbage = storage.collect_garbage
+        self.gc_if_due = storage.gc_if_due
+        self.usage = storage.usage
+        self.plan_collect = storage.plan_collect
+        # users and tokens (accounts.py)
+        accounts = parts.accounts
+        self.whoami = accounts.whoami
+        self.list_users = accounts.list_users
+        self.add_user = accounts.add_user
+        self.remove_user = accounts.remove_user
+        self.create_token = accounts.create_token
+        self.list_tokens = accounts.list_tokens
+        self.revoke_token = accounts.revoke_token
+        # join tokens, nodes, their files (nodes.py)
+        nodes = parts.nodes
+        self.create_join_token = nodes.create_join_token
+        self.list_join_tokens = nodes.list_join_tokens
+        self.revoke_join_token = nodes.revoke_join_token
+        self.list_nodes = nodes.list_nodes
+        self.get_node = nodes.get_node
+        self.set_node = nodes.set_node
+        self.revoke_node = nodes.revoke_node
+        self.remove_node = nodes.remove_node
+        self.push_file = nodes.push_file
+        self.pull_file = nodes.pull_file
+        # Slurm clusters (clusters.py)
+        clusters = parts.clusters
+        self.add_cluster = clusters.add_cluster
+        self.list_clusters = clusters.list_clusters
+        self.get_cluster = clusters.get_cluster
+        self.check_cluster = clusters.check_cluster
+        self.remove_cluster = clusters.remove_cluster
+
+    @property
+    def actor(self) -> str:
+        return self.shared.actor
+
+    @property
+    def templates(self) -> TemplateRegistry:
+        return self.shared.templates
+
+    @property
+    def tasks(self) -> TaskRegistry:
+        return self.shared.tasks
+
+    @property
+    def live_config(self) -> LiveSchedConfig:
+        return self.parts.scheduling.live_config
 
     @classmethod
     def from_settings(
@@ -194,12 +327,12 @@ class CoreControlService(
     def scheduler_config_view(self) -> SchedConfigView:
         from orbit.core.control.sched_config import view_of
 
-        return view_of(self.live_config, self.quotas())
+        return view_of(self.parts.scheduling.live_config, self.parts.scheduling.quotas())
 
     def set_scheduler_config(self, text: str) -> SchedConfigView:
         """Validate a scheduler config and make it the live one (its file and the store),
         audited with the caller and the diff; a refused one changes nothing."""
-        self.live_config.set_text(text, self.actor)
+        self.parts.scheduling.live_config.set_text(text, self.actor)
         self.request_schedule()  # the new tiers, weights or quotas may place a run now
         return self.scheduler_config_view()
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from orbit.core.control.base import ServiceBase
+from orbit.core.control.base import ServicePart, attempt_of
 from orbit.model.errors import InvalidInput, Refused
 from orbit.model.records import AttemptRecord, CollectResult, RunRecord
 from orbit.model.storage import GcReport, Removal, RunStorage, Usage
@@ -37,7 +37,7 @@ class CollectPlan:
     items: list[Item] = field(default_factory=list)
 
 
-class Storage(ServiceBase):
+class Storage(ServicePart):
     if TYPE_CHECKING:
 
         def refresh_run_status(self, ref: str) -> RunRecord: ...
@@ -76,7 +76,7 @@ class Storage(ServiceBase):
         (nothing removed) if any of them is pinned or still running."""
         from orbit.core.control import gc
 
-        runs = [self.refresh_run_status(ref) for ref in dict.fromkeys(refs)]
+        runs = [self.parts.lifecycle.refresh_run_status(ref) for ref in dict.fromkeys(refs)]
         runs = list({r.id: r for r in runs}.values())
         for run in runs:
             self._deletable(run)
@@ -182,8 +182,8 @@ class Storage(ServiceBase):
         from orbit.core.control.copies import gather
         from orbit.core.storage import wire
 
-        run = self.refresh_run_status(ref)
-        found = self._attempt(run, attempt)
+        run = self.parts.lifecycle.refresh_run_status(ref)
+        found = attempt_of(run, attempt)
         refuse_gone(self.store, run)
         if found.handle is None:
             raise InvalidInput(f"run {run.id} attempt {found.number} never started: no artifacts")

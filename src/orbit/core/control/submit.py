@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orbit.core.control.base import ServicePart
 from orbit.core.control.idempotency import Idempotency, made_by, made_meanwhile
 from orbit.core.control.reshape import ShapedWire as ShapedWire
-from orbit.core.control.scheduling import Scheduling
 from orbit.core.control.views import SubmitPlan
 from orbit.model import failpoints
 from orbit.model.dependencies import After
@@ -109,7 +109,7 @@ class _Shaped:
     after: After | None = None  # the runs it waits for, by full id
 
 
-class Submitting(Scheduling):
+class Submitting(ServicePart):
     def submit_task(
         self, submission: TaskSubmission, *, base_dir: Path, source: str = "submission"
     ) -> RunRecord:
@@ -175,13 +175,13 @@ class Submitting(Scheduling):
                 submission=frozen,
                 request=prepared.request,
                 actor=self.actor,
-                launcher=self._claim(),
+                launcher=self.parts.lifecycle.claim(),
                 key=key,
             )
         except KeyTaken:  # the same request, sent again while this one was at work
             assert key is not None
             return made_meanwhile(self.store, key)
-        self._launch(run, run.current, prepared.request, actor=self.actor)
+        self.parts.launching.launch(run, run.current, prepared.request, actor=self.actor)
         failpoints.hit("after-submit")
         return self.store.runs.get_run(run.id)
 
@@ -262,7 +262,7 @@ class Submitting(Scheduling):
             request = request.model_copy(update={"selector": {**request.selector, **needs}})
         self.tasks.check_resources(submission.task_type, submission.task_request, source, request)
         self.execution.backend(request.backend_key).validate(request)
-        self.check_schedulable(request, submission.queue_anyway, service_field)
+        self.parts.scheduling.check_schedulable(request, submission.queue_anyway, service_field)
         job = JobSpec(
             task_type=submission.task_type,
             template_id=template.id,
@@ -283,7 +283,7 @@ class Submitting(Scheduling):
         )
         check_exec_limits(job, request)
         check_env(job.env)
-        after = self.resolve_after(submission.after, source)
+        after = self.parts.gate.resolve_after(submission.after, source)
         return _Shaped(shaped, common, template, request, job, after)
 
     def _freeze(

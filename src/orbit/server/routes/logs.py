@@ -15,6 +15,7 @@ import anyio
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
+from orbit.core.control.base import attempt_of
 from orbit.core.control.service import CoreControlService
 from orbit.model.errors import OrbitError
 from orbit.model.layers import LogLayer
@@ -68,7 +69,7 @@ def make_logs_router(service: CoreControlService) -> APIRouter:
             offset = last_event_id
         # an unknown run or attempt is a 404 now, not a stream that breaks off once begun
         run = service.get_run(ref)
-        found = service._attempt(run, attempt)
+        found = attempt_of(run, attempt)
         # the stream stays with one attempt, whatever comes after; if a retry began since the
         # caller's last read (only_attempt is no longer current), it only says which
         began = attempt is None and only_attempt not in (None, found.id)
