@@ -133,7 +133,7 @@ class Dependencies(Part):
             )
 
     def of_runs(self, run_ids: list[str]) -> dict[str, list[Needed]]:
-        """dependencies() of several runs in one read."""
+        """of_run() of several runs in one read."""
         out: dict[str, list[Needed]] = {r: [] for r in run_ids}
         if not run_ids:
             return out

@@ -38,10 +38,6 @@ class CollectPlan:
 
 
 class Storage(ServicePart):
-    if TYPE_CHECKING:
-
-        def refresh_run_status(self, ref: str) -> RunRecord: ...
-
     @property
     def places(self) -> Places:
         from orbit.core.control.copies import Places

@@ -26,6 +26,12 @@ RESULT = {
 
 
 class OneNode:
+    """The store as a pool backend sees it (NodeDirectory), with one node."""
+
+    @property
+    def nodes(self) -> OneNode:
+        return self
+
     def get_node(self, ref: str) -> NodeRecord:
         now = datetime.now(UTC)
         return NodeRecord(
