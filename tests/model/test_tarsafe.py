@@ -93,3 +93,36 @@ def test_the_cve_2025_4517_symlink_chain_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput):
         extract_all(archive(*members), dest, "inputs")
     assert not (tmp_path / "owned").exists()
+
+
+@pytest.mark.parametrize("filters", [True, False], ids=["data-filter", "own-checks"])
+def test_what_is_written_is_the_same_with_or_without_python_s_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: bool
+) -> None:
+    """Python before 3.11.4 (Debian 12's 3.11.2) has no `data` filter: ORBIT writes each member
+    as that filter would, owned by whoever unpacks it and without special or shared-write bits."""
+    import os
+
+    from orbit.model import tarsafe
+
+    if filters and not tarsafe.HAS_FILTERS:
+        pytest.skip("this Python has no tar filters")
+    monkeypatch.setattr(tarsafe, "HAS_FILTERS", filters)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as out:
+        for name, mode, kind in [
+            ("bin", 0o777, tarfile.DIRTYPE),
+            ("bin/tool", 0o6777, tarfile.REGTYPE),
+            ("bin/notes", 0o404, tarfile.REGTYPE),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.uid, info.gid = kind, mode, 4242, 4343
+            info.uname = info.gname = "someone"
+            out.addfile(info, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+    buf.seek(0)
+    extract_all(tarfile.open(fileobj=buf, mode="r"), tmp_path, "inputs")
+    modes = {p.name: p.stat().st_mode & 0o7777 for p in (tmp_path / "bin").iterdir()}
+    assert modes == {"tool": 0o755, "notes": 0o604}
+    assert (tmp_path / "bin").stat().st_mode & 0o7777 == 0o755
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in tmp_path.rglob("*")}
+    assert owners == {(os.getuid(), os.getgid())}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from orbit.model.errors import InvalidInput
-from orbit.model.tarsafe import check_member
+from orbit.model.tarsafe import FILTER_ERRORS, check_member, extract_member
 from orbit.server.config import Limits
 from orbit.server.problems import DISK_FULL
 
@@ -52,17 +52,17 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
                     )
             for member in members:
                 try:
-                    tar.extract(member, folder, filter="data")
-                except tarfile.FilterError as exc:
+                    extract_member(tar, member, folder)
+                except FILTER_ERRORS as exc:
                     raise InvalidInput(f"inputs: {member.name}: {_why(exc)}") from None
     except (tarfile.TarError, EOFError, OSError) as exc:
-        if isinstance(exc, tarfile.FilterError) or getattr(exc, "errno", None) in DISK_FULL:
+        if isinstance(exc, FILTER_ERRORS) or getattr(exc, "errno", None) in DISK_FULL:
             raise  # a full disk is the server's: not the archive's fault
         why = " ".join(str(exc).split())  # tarfile's own can run over several lines
         raise InvalidInput(f"inputs: not a readable tar archive ({why})") from None
 
 
-def _why(exc: tarfile.FilterError) -> str:
+def _why(exc: Exception) -> str:
     return {
         tarfile.AbsolutePathError: "an absolute path",
         tarfile.OutsideDestinationError: "a path outside the inputs",

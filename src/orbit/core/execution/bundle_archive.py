@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 
 from orbit.core.execution.bundle import FROZEN_PARTS, LIVE_PARTS, compute_digest, frozen_entries
 from orbit.model.errors import InvalidInput
+from orbit.model.tarsafe import extract_member
 
 
 def create_bundle_archive(bundle_dir: Path, dest: Path) -> Path:
@@ -94,7 +95,8 @@ def extract_bundle_archive(archive: Path, dest: Path, expected_digest: str | Non
         with tarfile.open(archive, "r:*") as tar:
             members = list(iter_checked_members(tar))
             scratch.mkdir(parents=True)
-            tar.extractall(scratch, members=members, filter="data")
+            for member in members:
+                extract_member(tar, member, scratch)
         if expected_digest is not None and compute_digest(scratch) != expected_digest:
             raise InvalidInput(f"{archive}: content does not match bundle {expected_digest[:12]}")
         for part in LIVE_PARTS:
