@@ -120,7 +120,8 @@ def test_what_is_written_is_the_same_with_or_without_python_s_filter(
             info.uname = info.gname = "someone"
             out.addfile(info, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
     buf.seek(0)
-    extract_all(tarfile.open(fileobj=buf, mode="r"), tmp_path, "inputs")
+    with tarfile.open(fileobj=buf, mode="r") as tar:
+        extract_all(tar, tmp_path, "inputs")
     modes = {p.name: p.stat().st_mode & 0o7777 for p in (tmp_path / "bin").iterdir()}
     assert modes == {"tool": 0o755, "notes": 0o604}
     assert (tmp_path / "bin").stat().st_mode & 0o7777 == 0o755
