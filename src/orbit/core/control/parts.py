@@ -1,39 +1,71 @@
-"""The parts of the control service by name, for the calls between them: a launch that fails
-ends its attempt (lifecycle), an ended attempt's retry is launched (launching), a submit asks
-for a pass (scheduling). CoreControlService makes each part and names it here before any part
-is called; a part reaches another only through this."""
+"""What the parts of the control service ask of one another, and the registry they ask it
+through: a launch that fails ends its attempt (lifecycle), an ended attempt's retry is launched
+(launching), a launch asks for a pass (scheduling), a bulk action cancels or retries each run
+(actions). These calls go round in a circle, so no part can be handed the others as it is
+made: CoreControlService makes every part, then names these five here before any is called.
+
+Each is a Protocol of the calls made between parts, no more: the whole surface one part uses of
+another is on this page, and naming it imports no part (no import circle)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from orbit.core.control.accounts import Accounts
-    from orbit.core.control.actions import RunActions
-    from orbit.core.control.bulk import BulkActions
-    from orbit.core.control.clusters import Clusters
-    from orbit.core.control.dependencies import DependencyGate
-    from orbit.core.control.launching import Launching
-    from orbit.core.control.lifecycle import Lifecycle
-    from orbit.core.control.nodes import Nodes
-    from orbit.core.control.reading import Reading
-    from orbit.core.control.sched_queries import SchedulerQueries
-    from orbit.core.control.scheduling import Scheduling
-    from orbit.core.control.storage import Storage
-    from orbit.core.control.submit import Submitting
+    from orbit.core.control.views import QueueEntry
+    from orbit.model.dependencies import After
+    from orbit.model.models import ExecutionOverrides, ExecutionRequest, RunStatus
+    from orbit.model.records import AttemptRecord, RunRecord
+    from orbit.scheduler.model import Quota
+
+
+class Gate(Protocol):  # core/control/dependencies.py
+    def held_back(self, run: RunRecord, attempt: AttemptRecord) -> bool: ...
+    def resolve_after(self, after: After | None, source: str) -> After | None: ...
+    def held_in_queue(self) -> list[QueueEntry]: ...
+
+
+class Launcher(Protocol):  # core/control/launching.py
+    def launch(
+        self,
+        run: RunRecord,
+        attempt: AttemptRecord,
+        request: ExecutionRequest,
+        actor: str = ...,
+        placement: dict[str, Any] | None = ...,
+    ) -> None: ...
+    def request_for(self, run: RunRecord, attempt: AttemptRecord) -> ExecutionRequest: ...
+    def advance_prepared(self, run: RunRecord, attempt: AttemptRecord) -> None: ...
+    def unreachable_timeout(self, attempt: AttemptRecord) -> float: ...
+
+
+class Life(Protocol):  # core/control/lifecycle.py
+    def end(self, run_id: str, attempt: AttemptRecord, status: RunStatus, actor: str) -> None: ...
+    def claim(self) -> tuple[str, datetime]: ...
+    def refresh_run_status(self, ref: str) -> RunRecord: ...
+    def refresh_active(self, runs: list[RunRecord]) -> None: ...
+    def wait_for(
+        self, ref: str, timeout_s: float | None = ..., poll_s: float = ...
+    ) -> RunRecord: ...
+
+
+class Passes(Protocol):  # core/control/scheduling.py
+    def request_schedule(self) -> None: ...
+    def check_schedulable(
+        self, request: ExecutionRequest, queue_anyway: bool = ..., service_field: str = ...
+    ) -> None: ...
+    def quotas(self) -> tuple[Quota, ...]: ...
+
+
+class Actions(Protocol):  # core/control/actions.py
+    def cancel_run(self, ref: str, wait_s: float | None = ...) -> RunRecord: ...
+    def retry_run(self, ref: str, overrides: ExecutionOverrides | None = ...) -> RunRecord: ...
 
 
 class Parts:
-    gate: DependencyGate  # `after:`: holds a launch back until what it waits for has ended
-    launching: Launching  # claim, stage, start: the one launch path
-    lifecycle: Lifecycle  # look, end (the state move), retry
-    scheduling: Scheduling  # passes of the scheduler and the placements they launch
-    submitting: Submitting  # validate, shape, freeze, create
-    actions: RunActions  # cancel, retry, replay
-    bulk: BulkActions  # actions on the runs a filter selects
-    reading: Reading  # views, logs, evidence, inspect, diff, collect
-    storage: Storage  # pin, delete, gc, usage
-    sched_queries: SchedulerQueries  # explain, queue, quotas, simulate
-    accounts: Accounts
-    nodes: Nodes
-    clusters: Clusters
+    gate: Gate  # `after:`: holds a launch back until what it waits for has ended
+    launching: Launcher  # claim, stage, start: the one launch path
+    lifecycle: Life  # look, end (the state move), retry
+    scheduling: Passes  # passes of the scheduler and the placements they launch
+    actions: Actions  # cancel, retry, replay

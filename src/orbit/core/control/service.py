@@ -56,8 +56,9 @@ def _default_ssh_options() -> SshOptions:
 
 
 class CoreControlService:
-    """Built from its parts (core/control/parts.py), each made here with what every part
-    shares; each call of the API is one part's method, named below by the part it lives in.
+    """Built from its parts, each a class of its own module made here with what every part
+    shares (base.Shared) and the five the others call (parts.Parts); each call of the API is
+    one part's method, named below by the part it lives in.
     This module adds the catalogue (templates, experiments, the audit trail, hosts)."""
 
     acting_as = staticmethod(acting_as)
@@ -101,22 +102,21 @@ class CoreControlService:
             self.hosts,
         )
         self.pass_wanted = shared.pass_wanted
-        self.parts = parts = Parts()
+        self.parts = parts = Parts()  # what the parts call of one another
         parts.gate = DependencyGate(shared, parts)
         parts.launching = Launching(shared, parts)
-        parts.lifecycle = Lifecycle(shared, parts)
-        parts.scheduling = Scheduling(shared, parts)
-        parts.submitting = Submitting(shared, parts)
-        parts.actions = RunActions(shared, parts)
-        parts.bulk = BulkActions(shared, parts)
-        parts.reading = Reading(shared, parts)
-        parts.storage = Storage(shared, parts)
-        parts.sched_queries = SchedulerQueries(shared, parts)
-        parts.accounts = Accounts(shared, parts)
-        parts.nodes = Nodes(shared, parts)
-        parts.clusters = Clusters(shared, parts)
+        parts.lifecycle = lifecycle = Lifecycle(shared, parts)
+        parts.scheduling = self._scheduling = scheduling = Scheduling(shared, parts)
+        parts.actions = actions = RunActions(shared, parts)
+        reading = Reading(shared, parts)
+        submitting = Submitting(shared, parts)
+        bulk = BulkActions(shared, parts)
+        storage = Storage(shared, parts)
+        sched_queries = SchedulerQueries(shared, parts)
+        accounts = Accounts(shared, parts)
+        nodes = Nodes(shared, parts)
+        clusters = Clusters(shared, parts)
         # runs read: views, logs, evidence, inspect, diff, collect (reading.py)
-        reading = parts.reading
         self.get_run = reading.get_run
         self.list_runs = reading.list_runs
         self.run_page = reading.run_page
@@ -130,33 +130,27 @@ class CoreControlService:
         self.stream_log = reading.stream_log
         self.collect_run_artifacts = reading.collect_run_artifacts
         # submit (submit.py)
-        submitting = parts.submitting
         self.submit_task = submitting.submit_task
         self.submit_staged = submitting.submit_staged
         self.plan_staged = submitting.plan_staged
         self.plan_submission = submitting.plan_submission
         # cancel, retry, replay (actions.py)
-        actions = parts.actions
         self.cancel_run = actions.cancel_run
         self.ask_to_cancel = actions.ask_to_cancel
         self.stop_leftovers = actions.stop_leftovers
         self.retry_run = actions.retry_run
         self.replay_run = actions.replay_run
         # of the runs a filter selects (bulk.py)
-        bulk = parts.bulk
         self.cancel_runs = bulk.cancel_runs
         self.retry_runs = bulk.retry_runs
         # look, wait (lifecycle.py)
-        lifecycle = parts.lifecycle
         self.refresh_run_status = lifecycle.refresh_run_status
         self.wait_for = lifecycle.wait_for
         self.refresh_active = lifecycle.refresh_active
         # passes (scheduling.py)
-        scheduling = parts.scheduling
         self.schedule_pass = scheduling.schedule_pass
         self.request_schedule = scheduling.request_schedule
         # explain, queue, quotas, simulate (sched_queries.py)
-        sched_queries = parts.sched_queries
         self.explain = sched_queries.explain
         self.queue = sched_queries.queue
         self.list_quotas = sched_queries.list_quotas
@@ -164,7 +158,6 @@ class CoreControlService:
         self.remove_quota = sched_queries.remove_quota
         self.simulate = sched_queries.simulate
         # pin, delete, gc, usage (storage.py)
-        storage = parts.storage
         self.run_storage = storage.run_storage
         self.pin_run = storage.pin_run
         self.delete_runs = storage.delete_runs
@@ -173,7 +166,6 @@ class CoreControlService:
         self.usage = storage.usage
         self.plan_collect = storage.plan_collect
         # users and tokens (accounts.py)
-        accounts = parts.accounts
         self.whoami = accounts.whoami
         self.list_users = accounts.list_users
         self.add_user = accounts.add_user
@@ -182,7 +174,6 @@ class CoreControlService:
         self.list_tokens = accounts.list_tokens
         self.revoke_token = accounts.revoke_token
         # join tokens, nodes, their files (nodes.py)
-        nodes = parts.nodes
         self.create_join_token = nodes.create_join_token
         self.list_join_tokens = nodes.list_join_tokens
         self.revoke_join_token = nodes.revoke_join_token
@@ -194,7 +185,6 @@ class CoreControlService:
         self.push_file = nodes.push_file
         self.pull_file = nodes.pull_file
         # Slurm clusters (clusters.py)
-        clusters = parts.clusters
         self.add_cluster = clusters.add_cluster
         self.list_clusters = clusters.list_clusters
         self.get_cluster = clusters.get_cluster
@@ -215,7 +205,7 @@ class CoreControlService:
 
     @property
     def live_config(self) -> LiveSchedConfig:
-        return self.parts.scheduling.live_config
+        return self._scheduling.live_config
 
     @classmethod
     def from_settings(
@@ -327,12 +317,12 @@ class CoreControlService:
     def scheduler_config_view(self) -> SchedConfigView:
         from orbit.core.control.sched_config import view_of
 
-        return view_of(self.parts.scheduling.live_config, self.parts.scheduling.quotas())
+        return view_of(self._scheduling.live_config, self._scheduling.quotas())
 
     def set_scheduler_config(self, text: str) -> SchedConfigView:
         """Validate a scheduler config and make it the live one (its file and the store),
         audited with the caller and the diff; a refused one changes nothing."""
-        self.parts.scheduling.live_config.set_text(text, self.actor)
+        self._scheduling.live_config.set_text(text, self.actor)
         self.request_schedule()  # the new tiers, weights or quotas may place a run now
         return self.scheduler_config_view()
 
