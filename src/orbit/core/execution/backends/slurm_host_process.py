@@ -242,8 +242,15 @@ class SlurmHostProcessBackend:
             seen = gang_status(ranks)
         if not seen.state.terminal:
             return seen
-        if job is not None and job.active:  # ended here, still in Slurm (a requeue, or a
-            # gang's other ranks after one failed): end it
+        if (
+            job is not None
+            and job.active
+            and (job.pending or (nodes > 1 and seen.state is not RunState.SUCCEEDED))
+        ):
+            # ended here, still in Slurm: a requeued job waiting to start again, or a gang's
+            # other ranks running on after one failed. A job whose wrappers all ended ends by
+            # itself as its batch shell exits: a scancel then raced that exit, and a run that
+            # succeeded showed in Slurm as CANCELLED
             shell.run(["scancel", job_id])
         return self._slurm_reason(seen, job)
 
