@@ -195,7 +195,7 @@ def test_the_precheck_records_what_the_tasks_own_interpreter_loads(
     packages = precheck_report(with_pip)["distributions"]
     assert packages["source"] == PACKAGES
     assert f"pydantic=={importlib.metadata.version('pydantic')}" in packages["lines"]
-    orbit_line = f"  # orbit-ml=={importlib.metadata.version('orbit-ml')}"
+    orbit_line = f"  # orbit-control-plane=={importlib.metadata.version('orbit-control-plane')}"
     editable = [line for line in packages["lines"] if line.endswith(orbit_line)]
     assert editable and editable[0].startswith("-e /"), packages["lines"]
     # Nothing to gate there (no critical imports, no staged fork): the precheck ran beside the

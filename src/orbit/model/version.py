@@ -1,3 +1,4 @@
-"""ORBIT's version, as its package metadata says (pyproject.toml): one place for every part."""
+"""ORBIT's version: one place for every part (`orbit --version`, /healthz, the agents' reports)
+and for the wheel's metadata, which pyproject.toml reads from here."""
 
 __version__ = "0.1.0"
