@@ -69,6 +69,20 @@ def test_what_the_wrapper_knew_is_kept_over_slurms_word() -> None:
     assert SlurmHostProcessBackend._slurm_reason(exited, SlurmJob("9", "FAILED")) == exited
 
 
+def test_a_wrapper_still_alive_after_slurm_ended_its_job_does_not_keep_the_run_going() -> None:
+    """A node set DOWN: Slurm says NODE_FAIL at once, while the node may never kill what ran
+    there. The run ends as Slurm said (and is retried per its policy), not running on."""
+    from orbit.core.execution.backends.slurm_host_process import _rank_status
+
+    running = {"status": '{"state": "running", "host": "n1"}', "alive": True}
+    assert _rank_status(running, SlurmJob("9", "RUNNING")).state is RunState.RUNNING
+    assert _rank_status(running, None).state is RunState.RUNNING  # Slurm forgot: files say
+    ended = _rank_status(running, SlurmJob("9", "NODE_FAIL"))
+    assert (ended.state, ended.reason) == (RunState.FAILED, FailureReason.RUNTIME_LOST)
+    seen = SlurmHostProcessBackend._slurm_reason(ended, SlurmJob("9", "NODE_FAIL"))
+    assert (seen.state, seen.reason) == (RunState.TERMINATED, FailureReason.NODE_LOST)
+
+
 def test_only_jobs_with_both_orbit_marks_that_agree_are_read_as_orbits() -> None:
     from orbit.core.execution.slurm.orphans import comment, parse_marked
 

@@ -88,11 +88,16 @@ def test_a_node_set_down_is_node_lost_and_retried_per_policy(
     slurm.wait("the job to end", lambda: job_id(run) not in slurm.queue())
     assert slurm.job_state(job_id(run)) in ("", "NODE_FAIL")  # forgotten, or as it ended
 
-    def retried() -> dict[str, Any] | None:
-        shown: dict[str, Any] = orbit_json(env, "status", run["id"])
-        return shown if len(shown["attempts"]) == 2 else None
+    last: dict[str, Any] = {}
 
-    slurm.wait("the retry", lambda: retried() is not None, timeout_s=120)
+    def retried() -> bool:
+        last.update(orbit_json(env, "status", run["id"]))
+        return len(last["attempts"]) == 2
+
+    try:
+        slurm.wait("the retry", retried, timeout_s=120)
+    except AssertionError as e:  # ORBIT's own last look beside Slurm's logs
+        raise AssertionError(f"ORBIT's last look: {json.dumps(last, indent=1)}\n{e}") from None
     shown = orbit_json(env, "runs", "show", run["id"])
     first, second = shown["attempts"]
     assert (first["state"], first["reason"]) == ("terminated", "node_lost"), first

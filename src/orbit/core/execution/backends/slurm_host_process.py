@@ -361,9 +361,15 @@ def _rank_status(found: dict[str, Any], job: jobs.SlurmJob | None) -> RunStatus:
     """One rank's state from its probe, beside what Slurm says of the job. While Slurm runs
     the job, a wrapper this host does not see alive is taken as Slurm sees it: starting, or
     as its status says (its lock may not show across a cluster's filesystem); a wrapper that
-    died is said by its shell's result (scripts/slurm.sbatch)."""
+    died is said by its shell's result (scripts/slurm.sbatch). Once Slurm has ended the job,
+    a wrapper still seen alive does not keep the run going."""
     status, result = parse_json(found.get("status")), parse_json(found.get("result"))
     alive = bool(found.get("alive"))
+    if job is not None and not job.active and job.state:
+        # Slurm has ended the job (NODE_FAIL for a node set DOWN, the moment it is set): what
+        # still runs of it on the node is Slurm's to kill and holds the run no longer, whose
+        # end is Slurm's to say (a node gone down may never answer that kill)
+        alive = False
     if result is None and not alive:
         if job is not None and job.active:
             if status is None:
