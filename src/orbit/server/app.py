@@ -27,6 +27,7 @@ from orbit.server.config import ServerConfig
 from orbit.server.health import Health
 from orbit.server.loops import Reconciler, SchedulerLoop
 from orbit.server.metrics import Metrics, SchedConfigState, StorageUsage
+from orbit.server.openapi import document, operation_id
 from orbit.server.routes import api_routers
 from orbit.server.routes.common import me
 from orbit.server.storage_loop import GcLoop
@@ -39,7 +40,6 @@ COLLECT_PATH = re.compile(r"/api/v1/runs/[^/]+/artifacts")
 # `orbit nodes push`: one file (at most MAX_TRANSFER_BYTES) and its form around it
 PUSH_PATH = re.compile(r"/api/v1/nodes/[^/]+/push")
 PUSH_BYTES = MAX_TRANSFER_BYTES + 64 * 1024
-PROBLEM_CONTENT = {problems.PROBLEM: {"schema": problems.PROBLEM_SCHEMA}}
 
 
 def create_app(service: CoreControlService, config: ServerConfig, settings: Settings) -> FastAPI:
@@ -87,15 +87,16 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         version=__version__,
         summary="A control plane for ML jobs on GPUs that come and go.",
         lifespan=lifespan,
+        generate_unique_id_function=operation_id,
         responses={
-            413: {"description": "too large", "content": PROBLEM_CONTENT},
+            413: {"description": "too large", "content": problems.PROBLEM_CONTENT},
             429: {
                 "description": "this address failed to authenticate too often: try again "
                 "after Retry-After seconds",
-                "content": PROBLEM_CONTENT,
+                "content": problems.PROBLEM_CONTENT,
             },
-            503: {"description": "the server's store failed", "content": PROBLEM_CONTENT},
-            507: {"description": "the server's disk is full", "content": PROBLEM_CONTENT},
+            503: {"description": "the server's store failed", "content": problems.PROBLEM_CONTENT},
+            507: {"description": "the server's disk is full", "content": problems.PROBLEM_CONTENT},
         },
         openapi_url=None,  # served below, behind a token like everything but /healthz
         docs_url=None,
@@ -129,7 +130,12 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
             return problems.problem(503, unhealthy, "ServerError")
         return {"status": "ok", "version": __version__}
 
-    @app.get("/metrics", tags=["server"], response_class=PlainTextResponse)
+    @app.get(
+        "/metrics",
+        tags=["server"],
+        response_class=PlainTextResponse,
+        responses=problems.responses("no valid token", 401),
+    )
     def metrics_text(who: me) -> PlainTextResponse:
         """Prometheus text exposition (scrape it with a viewer's token as bearer token)."""
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -137,7 +143,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
     @app.get("/openapi.json", include_in_schema=False)
     def openapi(who: me) -> JSONResponse:
         """This API's OpenAPI document."""
-        return JSONResponse(app.openapi())
+        return JSONResponse(document(app))
 
     app.add_middleware(
         BodyLimit,

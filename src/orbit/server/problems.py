@@ -85,6 +85,15 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 
+# how the OpenAPI document names that body: once, as a component (server/openapi.py)
+PROBLEM_CONTENT: dict[str, Any] = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+
+
+def responses(description: str, *codes: int) -> dict[int | str, dict[str, Any]]:
+    """The problems a router's routes may answer, for the OpenAPI document."""
+    return {code: {"description": description, "content": PROBLEM_CONTENT} for code in codes}
+
+
 def internal_paths(settings: Settings) -> list[str]:
     """Where the server keeps what no client needs to know the place of: $ORBIT_HOME, the
     SQLite store's file, and the scratch folders of uploads."""

@@ -26,7 +26,8 @@ from orbit.server.agents.reports import Reports
 from orbit.server.agents.sessions import Sessions
 from orbit.server.agents.transfers import Transfers
 from orbit.server.loops import LOOK_LEASE_S
-from orbit.server.problems import PROBLEM, PROBLEM_SCHEMA
+from orbit.server.openapi import AGENT_TAG
+from orbit.server.problems import responses
 from orbit.wire import protocol as p
 
 
@@ -49,16 +50,9 @@ class Gateway:
         self.files = Transfers(service, settings)
 
 
-def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {
-        code: {"description": "refused", "content": {PROBLEM: {"schema": PROBLEM_SCHEMA}}}
-        for code in codes
-    }
-
-
 def make_agent_router(gateway: Gateway, mailbox: Mailbox, beats: Heartbeats) -> APIRouter:
     router = APIRouter(
-        prefix=p.PREFIX, tags=["agents"], responses=_problems(401, 404, 409, 413, 422)
+        prefix=p.PREFIX, tags=[AGENT_TAG], responses=responses("refused", 401, 404, 409, 413, 422)
     )
 
     def threaded(fn: Callable[..., Any], *args: Any) -> Any:

@@ -15,18 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from orbit.model.auth import UserRecord
 from orbit.server.auth import Caller
 from orbit.server.config import ServerConfig
-from orbit.server.problems import PROBLEM, PROBLEM_SCHEMA
+from orbit.server.problems import responses
 
 RUN_REF = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
-    content = {PROBLEM: {"schema": PROBLEM_SCHEMA}}
-    return {code: {"description": "a problem (RFC 9457)", "content": content} for code in codes}
 
 
 def caller(request: Request) -> Caller:
@@ -92,6 +87,6 @@ def api_router() -> APIRouter:
     """An /api/v1 router: its routes answer problems, and refuse what no store keeps."""
     return APIRouter(
         prefix="/api/v1",
-        responses=_problems(400, 401, 403, 404, 409, 422, 502),
+        responses=responses("a problem (RFC 9457)", 400, 401, 403, 404, 409, 422, 502),
         dependencies=[Depends(storable)],
     )
