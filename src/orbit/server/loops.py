@@ -180,7 +180,9 @@ class SchedulerLoop:
             if self._stop.is_set():
                 return
             try:
-                self.service.schedule_pass()
+                plan = self.service.schedule_pass()
+                if plan is not None:
+                    self.metrics.fleet.observe_pass(plan.decisions)
             except Exception:  # the store is away, say: the next pass tries again
                 self.metrics.loop_errors.inc()
                 log.exception("a scheduler pass failed")

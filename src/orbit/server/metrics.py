@@ -1,6 +1,7 @@
 """/metrics: Prometheus text. Runs by state (counted when scraped), submissions, the API's
 latency by route (the route's template, never a run id), how late the reconcile loop is, and
-the bytes stored by user and experiment."""
+the bytes stored by user and experiment; the process, the build, nodes, GPUs and the queue
+(fleet_metrics)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from orbit.core.control.sched_config import LiveSchedConfig
 from orbit.model.states import RunState
 from orbit.model.storage import Usage
+from orbit.server.fleet_metrics import FleetMetrics
 from orbit.store import Store
 
 USAGE_EVERY_S = 30.0  # a scrape at most this often walks the storage (settled copies: once)
@@ -92,6 +94,7 @@ class Metrics:
     def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(RunsByState(store))
+        self.fleet = FleetMetrics(self.registry, store)
         self.submissions = Counter(
             "orbit_submissions",
             "Submissions received, by outcome (accepted or refused).",
