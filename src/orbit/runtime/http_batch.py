@@ -18,9 +18,13 @@ Exit 0 if no more than `allow_failures` requests failed (no answer, or a status 
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import email.utils
 import itertools
 import json
 import os
+import random
 import sys
 import time
 import urllib.error
@@ -32,6 +36,9 @@ from typing import Any
 
 PREVIEWS = 3
 PREVIEW_CHARS = 300
+# what the server could not take, so that sending it again is safe: a refused connection,
+# too many requests, its proxy's or its own "not now"
+AGAIN = frozenset({"ConnectionRefusedError", "http 429", "http 502", "http 503", "http 504"})
 
 
 def bodies(config: dict[str, Any]) -> tuple[Iterator[bytes | None], int | None]:
@@ -56,21 +63,17 @@ def bodies(config: dict[str, Any]) -> tuple[Iterator[bytes | None], int | None]:
 def send(
     config: dict[str, Any], headers: dict[str, str], index: int, body: bytes | None
 ) -> dict[str, Any]:
-    request = urllib.request.Request(
-        config["url"], data=body, method=config["method"], headers=headers
-    )
+    """One request, sent again (up to `retries` times) while the server could not take it:
+    a refused connection, 429, 502, 503 or 504. Never after a timeout or a reset mid-answer,
+    where the server may have done the work already."""
     started = time.monotonic()
-    status, text, error = None, "", None
-    try:
-        with urllib.request.urlopen(request, timeout=config["timeout_s"]) as answer:
-            status, text = answer.status, answer.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        status, text = exc.code, exc.read().decode("utf-8", "replace")
-        error = f"http {exc.code}"
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        reason = getattr(exc, "reason", exc)
-        error = "timeout" if isinstance(reason, TimeoutError) else f"{type(reason).__name__}"
-        text = str(reason)
+    tries = 0
+    while True:
+        status, text, error, asked = attempt(config, headers, body)
+        if error not in AGAIN or tries >= config.get("retries", 0):
+            break
+        time.sleep(pause(tries, asked))
+        tries += 1
     try:
         response: Any = json.loads(text) if text else None
     except ValueError:
@@ -81,7 +84,51 @@ def send(
         "elapsed_s": round(time.monotonic() - started, 4),
         "response": response,
         "error": error,
+        "tries": tries + 1,
     }
+
+
+def attempt(
+    config: dict[str, Any], headers: dict[str, str], body: bytes | None
+) -> tuple[int | None, str, str | None, float | None]:
+    """(status, text, error, the Retry-After it asked for) of one try."""
+    request = urllib.request.Request(
+        config["url"], data=body, method=config["method"], headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=config["timeout_s"]) as answer:
+            return answer.status, answer.read().decode("utf-8", "replace"), None, None
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode("utf-8", "replace")
+        return exc.code, text, f"http {exc.code}", retry_after(exc.headers.get("Retry-After"))
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        error = "timeout" if isinstance(reason, TimeoutError) else f"{type(reason).__name__}"
+        return None, str(reason), error, None
+
+
+def pause(tries: int, asked: float | None) -> float:
+    """Full jitter from 0.5 s, capped at 30 s, on top of what the server asked for (as
+    orbit.model.backoff does; this file travels alone, with the standard library only)."""
+    jitter: float = random.random() * min(30.0, 0.5 * 2.0**tries)
+    return jitter + (asked or 0.0)
+
+
+def retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds: delay-seconds or an HTTP-date."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), 3600.0)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    left = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    return min(max(left, 0.0), 3600.0)
 
 
 def main() -> int:
@@ -106,13 +153,17 @@ def main() -> int:
     stream, total = bodies(config)
     print(f"orbit http: {total} request(s) to {config['method']} {config['url']}, "
           f"{config['concurrency']} at a time", flush=True)  # fmt: skip
-    done, failed = 0, Counter[str]()
+    done = 0
+    failed: Counter[str] = Counter()  # (not Counter[str](): 3.8 cannot subscript it)
     last_said, every = time.monotonic(), max(1, (total or 0) // 20)
-    with (
-        open(save, "a", encoding="utf-8") as out,
-        open(os.path.join(artifacts, "logging.jsonl"), "a", encoding="utf-8") as progress,
-        ThreadPoolExecutor(config["concurrency"], thread_name_prefix="http") as pool,
-    ):
+    # one `with` of three, not a parenthesized group: that needs 3.10, and this runs on 3.8
+    with contextlib.ExitStack() as held:
+        out = held.enter_context(open(save, "a", encoding="utf-8"))
+        progress_path = os.path.join(artifacts, "logging.jsonl")
+        progress = held.enter_context(open(progress_path, "a", encoding="utf-8"))
+        pool = held.enter_context(
+            ThreadPoolExecutor(config["concurrency"], thread_name_prefix="http")
+        )
         in_flight: set[Future[dict[str, Any]]] = set()
         numbered = enumerate(stream)
 

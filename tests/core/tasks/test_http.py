@@ -29,6 +29,8 @@ class ModelServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.lock = threading.Lock()
         self.in_flight = self.most = self.served = 0
+        self.refused: dict[int, float] = {}  # /v1/busy: body "i" -> when it was sent away
+        self.waited: dict[int, float] = {}  # ... and how long until it came again
 
     @property
     def url(self) -> str:
@@ -45,6 +47,24 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         time.sleep(0.3 if self.path == "/v1/slow" else 0.01)  # a model takes a moment
         status = 500 if self.path == "/v1/flaky" and body["i"] % 10 == 0 else 200
+        if self.path == "/v1/busy" and body["i"] % 5 == 0:  # busy the first time: come back
+            with self.server.lock:
+                first = body["i"] not in self.server.refused
+                if first:
+                    self.server.refused[body["i"]] = time.monotonic()
+                else:
+                    self.server.waited[body["i"]] = (
+                        time.monotonic() - self.server.refused[body["i"]]
+                    )
+                self.server.in_flight -= 1
+            if first:
+                self.send_response(503 if body["i"] % 10 else 429)
+                self.send_header("retry-after", "1")
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
+            with self.server.lock:
+                self.server.in_flight += 1
         answer = json.dumps({"got": body, "key": self.headers.get("x-api-key")}).encode()
         with self.server.lock:  # done before the answer leaves: the client may send the next
             self.server.in_flight -= 1
@@ -127,6 +147,32 @@ def test_failed_requests_fail_the_run_counted_by_kind_unless_allowed(
     failed = [r for r in responses(env, ok, tmp_path / "out") if r["error"]]
     assert sorted(r["index"] for r in failed) == [0, 10, 20]
     assert all(r["status"] == 500 for r in failed)
+
+
+def test_requests_the_server_could_not_take_are_sent_again_after_its_retry_after(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    env = sqlite_env(tmp_path / "home", tmp_path / "orbit.db")
+    task = {"url": f"{model_server.url}/v1/busy", "jsonl_file": batch(tmp_path, 20).name}
+    spec = write_spec(tmp_path, "busy.yaml", task_type="http", task=task)
+    run_id = orbit_json(env, "submit", str(spec))["id"]
+    assert "20/20 done, 0 failed" in orbit(env, "logs", run_id, "--follow").stdout
+    got = {r["index"]: r for r in responses(env, run_id, tmp_path / "out")}
+    again = sorted(i for i, r in got.items() if r["tries"] == 2)
+    assert again == [0, 5, 10, 15] and all(got[i]["status"] == 200 for i in again)
+    assert all(r["tries"] == 1 for i, r in got.items() if i not in again)
+    # 503 and 429 alike, each back no sooner than its Retry-After asked (1 s)
+    assert sorted(model_server.waited) == again
+    assert min(model_server.waited.values()) >= 1.0, model_server.waited
+    # with no retries, the same answers are failures, counted by kind
+    model_server.refused.clear()
+    none = write_spec(
+        tmp_path, "none.yaml", task_type="http", task={**task, "retries": 0, "allow_failures": 4}
+    )
+    ok = orbit_json(env, "submit", str(none))["id"]
+    assert "20/20 done, 4 failed" in orbit(env, "logs", ok, "--follow").stdout
+    failed = [r for r in responses(env, ok, tmp_path / "none") if r["error"]]
+    assert sorted(r["error"] for r in failed) == ["http 429", "http 429", "http 503", "http 503"]
 
 
 def test_a_cancel_stops_sending_at_once(model_server: ModelServer, tmp_path: Path) -> None:

@@ -50,6 +50,9 @@ class HttpRequest(BaseModel):
     headers_from_env: dict[str, str] = {}
     save: str = Field(default="responses.jsonl", min_length=1)
     allow_failures: int = Field(default=0, ge=0)
+    # a request the server could not take (refused connection, 429, 502, 503, 504) is sent
+    # again up to this many times, after a jittered wait or the server's Retry-After
+    retries: int = Field(default=2, ge=0, le=20)
 
     @field_validator("url")
     @classmethod
@@ -120,6 +123,7 @@ class HttpTask:
             "headers_from_env": request.headers_from_env,
             "save": request.save,
             "allow_failures": request.allow_failures,
+            "retries": request.retries,
         }
         if request.jsonl_file is not None:
             batch = (base_dir / request.jsonl_file).resolve()
