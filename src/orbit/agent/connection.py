@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from orbit.model.backoff import Backoff, retry_after
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def read_answer(agent: AgentState, response: httpx.Response, answer: type[Any]) 
     if response.status_code == 401:
         raise Revoked(detail(response))
     if response.status_code >= 400:
-        raise ServerSaid(response.status_code, detail(response))
+        raise ServerSaid(response.status_code, detail(response), retry_after(response.headers))
     if agent.identity:  # (registering is no contact of a node yet)
         agent.fence.heard()
     return answer.model_validate_json(response.content)
@@ -132,13 +133,28 @@ class Revoked(Exception):
 
 
 class ServerSaid(Exception):
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, retry_after: float | None = None) -> None:
         super().__init__(f"{status}: {detail}")
         self.status, self.detail = status, detail
+        self.retry_after = retry_after  # what its Retry-After asked for, in seconds
 
 
 class ServerAway(Exception):
     """The server answered 5xx: its store away, a restart under way."""
+
+    def __init__(self, detail: str, retry_after: float | None = None) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+
+def asked(exc: BaseException) -> float | None:
+    """The wait a server's answer asked for (Retry-After), if the failure was one."""
+    return getattr(exc, "retry_after", None)
+
+
+def backoff() -> Backoff:
+    """A loop's waits between tries: full jitter from RETRY_MIN_S, capped at RETRY_MAX_S."""
+    return Backoff(base_s=RETRY_MIN_S, cap_s=RETRY_MAX_S)
 
 
 class Ok(p.Message):

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import httpx
 
 from orbit.agent import connection, reports, starting, stopping, sync, transfers
-from orbit.agent.connection import RETRY_MAX_S, RETRY_MIN_S, read_join_token
+from orbit.agent.connection import read_join_token
 from orbit.agent.state import AgentOptions, AgentState
 from orbit.wire import protocol as p
 
@@ -126,21 +126,22 @@ class Agent:
 
     def poll_loop(self) -> None:
         agent = self.state
-        backoff = RETRY_MIN_S
+        # jittered: every agent lost a restarting server in the same instant, and must not
+        # all come back in the same instant too
+        waits = connection.backoff()
         while not agent.stop.is_set():
             try:
                 if not agent.connected.is_set():
                     sync.resync(agent)
                     agent.connected.set()
-                    backoff = RETRY_MIN_S
+                    waits.reset()
                     log.info("connected to %s as %s", agent.o.server, agent.identity["name"])
                 self.poll_once()
             except (httpx.HTTPError, connection.ServerSaid) as exc:
                 if agent.connected.is_set():
                     log.warning("lost the server (%s): reconnecting", connection.short(exc))
                 agent.connected.clear()
-                agent.stop.wait(backoff)
-                backoff = min(backoff * 2, RETRY_MAX_S)
+                agent.stop.wait(waits.next(connection.asked(exc)))
 
     def poll_once(self) -> None:
         agent = self.state

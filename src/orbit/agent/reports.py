@@ -13,6 +13,7 @@ from orbit.agent import connection, stopping
 from orbit.agent.connection import RETRY_MAX_S, RETRY_MIN_S
 from orbit.agent.files import FileState, plan_chunks
 from orbit.agent.tracked import has_ended, write_json
+from orbit.model.backoff import Backoff
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ REFUSED_MAX_S = 60.0  # the longest wait between reports the server refuses as t
 
 def report_loop(agent: AgentState) -> None:
     pending: p.Report | None = None
-    refused_wait = failing_wait = RETRY_MIN_S
+    failing = connection.backoff()  # the same report again while the server fails
+    refused = Backoff(base_s=RETRY_MIN_S, cap_s=REFUSED_MAX_S)  # built afresh, refused again
     while not agent.stop.is_set():
         agent.report_wake.wait(REPORT_EVERY_S)
         agent.report_wake.clear()
@@ -42,7 +44,8 @@ def report_loop(agent: AgentState) -> None:
                     agent, "/report", pending, p.ReportResponse
                 )
                 applied(agent, pending, answer)
-                refused_wait = failing_wait = RETRY_MIN_S
+                failing.reset()
+                refused.reset()
                 more = any(a.chunks for a in pending.attempts)
                 pending = None
                 if not more:
@@ -52,20 +55,17 @@ def report_loop(agent: AgentState) -> None:
                 # the server's own trouble (its disk, its store): the same report again,
                 # less and less often while it lasts
                 log.warning("report not delivered (%s): sent again", connection.short(exc))
-                agent.stop.wait(failing_wait)
-                failing_wait = min(failing_wait * 2, RETRY_MAX_S)
+                agent.stop.wait(failing.next(exc.retry_after))
                 continue
             # refused as it is (malformed, too large): sending the same bytes again cannot
             # help; built afresh, and less and less often while the server keeps refusing
-            log.error(
-                "report refused (%s): built again in %.0f s", connection.short(exc), refused_wait
-            )
+            wait = refused.next()
+            log.error("report refused (%s): built again in %.1f s", connection.short(exc), wait)
             pending = None
-            agent.stop.wait(refused_wait)
-            refused_wait = min(refused_wait * 4, REFUSED_MAX_S)
+            agent.stop.wait(wait)
         except httpx.HTTPError as exc:
             log.warning("report not delivered (%s): sent again", connection.short(exc))
-            agent.stop.wait(RETRY_MIN_S)
+            agent.stop.wait(failing.next())
         except connection.Revoked:
             raise  # the agent stops (its guard says why)
         except Exception:  # the loop must outlive any one report (a file gone mid-read)

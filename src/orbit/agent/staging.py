@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import httpx
 
 from orbit.agent import connection
-from orbit.agent.connection import RETRY_MAX_S, RETRY_MIN_S
 from orbit.agent.files import copy_beneath
+from orbit.model.backoff import retry_after
 from orbit.runtime import host_staging
 from orbit.wire import protocol as p
 
@@ -61,18 +61,18 @@ def fetch_patiently(agent: AgentState, digest: str, cached: Path, rebuild: bool)
     """`fetch_bundle`, again while the server is away or failing (restarted, say) for up
     to BUNDLE_PATIENCE_S: a server restart must not fail a start as staging_failed."""
     deadline = time.monotonic() + BUNDLE_PATIENCE_S
-    wait = RETRY_MIN_S
+    waits = connection.backoff()
     while True:
         try:
             return fetch_bundle(agent, digest, cached, rebuild)
         except (httpx.TransportError, connection.ServerAway) as exc:
+            wait = waits.next(connection.asked(exc))
             if time.monotonic() + wait > deadline or agent.stop.is_set():
                 raise StagingError(
                     f"fetching bundle {digest[:12]}: {connection.short(exc)}"
                 ) from None
             log.warning("fetching bundle %s (%s): again", digest[:12], connection.short(exc))
             agent.stop.wait(wait)
-            wait = min(wait * 2, RETRY_MAX_S)
 
 
 def fetch_bundle(agent: AgentState, digest: str, cached: Path, rebuild: bool) -> None:
@@ -90,7 +90,9 @@ def fetch_bundle(agent: AgentState, digest: str, cached: Path, rebuild: bool) ->
             if response.status_code != 200:
                 response.read()
                 if response.status_code >= 500:
-                    raise connection.ServerAway(connection.detail(response))
+                    raise connection.ServerAway(
+                        connection.detail(response), retry_after(response.headers)
+                    )
                 raise StagingError(f"fetching bundle {digest[:12]}: {connection.detail(response)}")
             with open(archive, "wb") as out:
                 for block in response.iter_bytes(1 << 20):

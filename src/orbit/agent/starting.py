@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from orbit.agent import connection, staging
-from orbit.agent.connection import RETRY_MIN_S
 from orbit.agent.tracked import Tracked, has_ended, pinned, write_failed, write_json
 from orbit.core.execution.backends.base import AttemptContext
 from orbit.model.models import ExecutionRequest
@@ -29,14 +28,15 @@ def claim(agent: AgentState, start: p.StartAttempt, refuse: str | None = None) -
     body = p.ClaimRequest(
         node_id=agent.node_id, attempt_id=start.attempt_id, fence=start.fence, refuse=refuse
     )
+    waits = connection.backoff()
     for attempt in range(3):
         try:
             answer: p.ClaimResponse = connection.post(agent, "/claim", body, p.ClaimResponse)
             return answer
-        except (httpx.HTTPError, connection.ServerSaid):
+        except (httpx.HTTPError, connection.ServerSaid) as exc:
             if attempt == 2:
                 raise
-            agent.stop.wait(RETRY_MIN_S * (attempt + 1))
+            agent.stop.wait(waits.next(connection.asked(exc)))
     raise AssertionError("unreachable")
 
 

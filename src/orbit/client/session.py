@@ -19,6 +19,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from orbit.core.control.idempotency import HEADER
+from orbit.model.backoff import Backoff, retry_after
 from orbit.model.errors import BY_NAME, InvalidInput, OrbitError, ServerError, Unreachable
 from orbit.model.version import __version__
 
@@ -70,9 +71,10 @@ class Session:
         key while its answer is lost (see RESEND_S), so that it makes one run however often
         it had to be sent. `rewind` readies a file the request sends for another read."""
         headers = {HEADER: uuid.uuid4().hex}
-        deadline, pause = None, 0.2
+        deadline, waits = None, Backoff(base_s=0.2, cap_s=2.0)
         while True:
             rewind()
+            asked = None
             try:
                 response = self.http.request(method, API + path, headers=headers, **kwargs)
             except httpx.TransportError as exc:
@@ -81,14 +83,14 @@ class Session:
                 if response.status_code not in LOST:
                     raise_for(response)
                     return response
-                lost = response
+                lost, asked = response, retry_after(response.headers)
             deadline = deadline or time.monotonic() + self.resend_s
+            pause = waits.next(asked)
             if time.monotonic() + pause > deadline:
                 if isinstance(lost, Exception):
                     raise self.unreachable(lost) from None
                 raise_for(lost)
             time.sleep(pause)
-            pause = min(pause * 2, 2.0)
 
     def unreachable(self, exc: Exception) -> Unreachable:
         return Unreachable(f"the orbit server at {self.url} did not answer: {exc or type(exc)}")

@@ -18,6 +18,7 @@ from orbit.client.session import API, Session, part, query, raise_for
 import httpx
 
 from orbit.core.control.views import LogChunk
+from orbit.model.backoff import Backoff
 from orbit.model.errors import BY_NAME, ServerError, Unreachable
 from orbit.model.layers import LogLayer
 from orbit.model.records import CollectResult
@@ -41,6 +42,9 @@ def stream_log(
     params["follow"] = "true" if follow else "false"
     path = f"{API}/runs/{part(ref)}/logs/{layer.value}"
     broken = 0
+    # jittered waits (mean about 2 s once grown): RESUMES of them ride out a restart of
+    # half a minute, and the followers a restart cut off do not all come back at once
+    waits = Backoff(base_s=0.2, cap_s=4.0)
     while True:
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(offset)}
         try:
@@ -52,6 +56,7 @@ def stream_log(
                     raise_for(response)
                 for event, data in _events(response.iter_lines()):
                     broken = 0
+                    waits.reset()
                     if event == "log":
                         piece = base64.b64decode(data)
                         sink(piece)
@@ -67,7 +72,7 @@ def stream_log(
             broken += 1
             if broken > RESUMES:
                 raise session.unreachable(exc) from None
-            time.sleep(min(0.2 * broken, 2.0))
+            time.sleep(waits.next())
             continue
         # the stream ended without its `end` event: a proxy cut it; go on from here
         broken += 1

@@ -65,6 +65,7 @@ TITLES = {
     507: "Disk full",
 }
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+STORE_RETRY_AFTER_S = 2  # a 503 for a store that failed: try again no sooner than this
 SERVER_PATH = "(a path on the server)"
 # the server's own folders, as a pattern that finds a path under them (install sets it)
 _hidden: re.Pattern[str] | None = None
@@ -141,7 +142,9 @@ def problem(
 def store_failed(exc: StoreError) -> JSONResponse:
     """503: the server's own store failed (not the client's doing), logged once."""
     log.error("the store failed: %s", exc.first_line)
-    return problem(503, f"the server's store failed: {exc.first_line}", "ServerError")
+    detail = f"the server's store failed: {exc.first_line}"
+    # clients and agents wait at least this long (and jitter on top) before trying again
+    return problem(503, detail, "ServerError", headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
 
 def status_of(exc: OrbitError) -> int:
