@@ -27,7 +27,8 @@ def server(
         help="YAML settings: host, port, database_url, admin_token_file, limits, "
         "reconcile_every_s, local_roles (default [admin]: who may use templates placed on "
         "this machine), auth_failures (burst, window_s, block_s, sources), "
-        "min_free_disk_mb, storage (retention rules, gc_every_s), ssl_certfile, "
+        "min_free_disk_mb, database_pool_size (PostgreSQL connections at most, 20), "
+        "storage (retention rules, gc_every_s), ssl_certfile, "
         "ssl_keyfile... (flags win over it).",
     ),
     admin_token_file: Path | None = typer.Option(

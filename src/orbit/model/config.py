@@ -41,6 +41,9 @@ class Settings:
     node_offline_s: float = OFFLINE_AFTER_S
     node_lost_grace_s: float = LOST_GRACE_S
     node_fence: bool = True  # ORBIT_NODE_FENCE=0: a node cut off lets its attempts run on
+    # PostgreSQL connections this process holds at most (the server's database_pool_size);
+    # None: as many as its threads ask for at once (the CLI, a few)
+    database_pool_size: int | None = None
 
     @property
     def fence_after_s(self) -> float | None:

@@ -62,6 +62,10 @@ class ServerConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8470, ge=0, le=65535)
     database_url: str | None = None  # default: ORBIT_DATABASE_URL, else $ORBIT_HOME/orbit.db
+    # PostgreSQL: at most this many connections per server process (psycopg_pool's bound); a
+    # request finds one free within 30 s or is answered 503 with Retry-After. Replicas x this
+    # must stay under the database's max_connections (100 by default)
+    database_pool_size: int = Field(default=20, ge=2, le=1000)
     admin_token_file: Path | None = None  # default: $ORBIT_HOME/admin-token
     limits: Limits = Limits()
     auth_failures: AuthFailures = AuthFailures()

@@ -18,7 +18,7 @@ log = logging.getLogger("orbit.server")
 
 def server_settings(settings: Settings, config: ServerConfig) -> Settings:
     """The settings with the config file's store and node timings on top."""
-    changes: dict[str, object] = {}
+    changes: dict[str, object] = {"database_pool_size": config.database_pool_size}
     if config.database_url:
         changes["database_url"] = config.database_url
     timings = config.nodes

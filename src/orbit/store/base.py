@@ -20,11 +20,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def open_database(url: str, audit_key: bytes | None = None) -> Database:
+def open_database(
+    url: str, audit_key: bytes | None = None, pool_size: int | None = None
+) -> Database:
     """The database at `url`, migrated to the newest schema. `audit_key`: key the audit chain
     with it (orbit.model.audit_chain); a store whose chain is keyed under another key is
-    refused here, before anything is written."""
-    db = Database(url)
+    refused here, before anything is written. `pool_size`: see Database."""
+    db = Database(url, pool_size)
     db.audit_key = audit_key
     try:
         migrate(db)

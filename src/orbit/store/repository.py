@@ -32,11 +32,14 @@ class Store:
     `postgresql://...`, migrated to the newest schema when opened. Safe to share between
     threads: each transaction takes a connection of its own."""
 
-    def __init__(self, url: str, audit_key: bytes | None = None) -> None:
+    def __init__(
+        self, url: str, audit_key: bytes | None = None, pool_size: int | None = None
+    ) -> None:
         """`audit_key`: key the audit chain with it (orbit.model.audit_chain); a store whose
-        chain is keyed under another key is refused here, before anything is written."""
+        chain is keyed under another key is refused here, before anything is written.
+        `pool_size`: on PostgreSQL, hold at most this many connections (orbit.store.sql)."""
         self.url = url
-        self.db = db = open_database(url, audit_key)
+        self.db = db = open_database(url, audit_key, pool_size)
         self.experiments = Experiments(db)
         self.runs = Runs(db)  # runs and their attempts, written and read
         self.attempts = AttemptStates(db)  # an attempt's state moves: the one place

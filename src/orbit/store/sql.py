@@ -25,6 +25,8 @@ Row = dict[str, Any]
 
 IDLE_CONNECTIONS = 4  # kept open per Store for the next transaction; more are closed on return
 PING_AFTER_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before it is used
+POOL_WAIT_S = 30.0  # a transaction waits this long for one of the bounded pool's connections
+APPLICATION_NAME = "orbit"  # the bounded pool's connections, as pg_stat_activity shows them
 
 
 def expand(name: str, values: Any) -> tuple[str, dict[str, Any]]:
@@ -100,12 +102,17 @@ class Tx:
 
 class Database:
     """The connections of one Store: a small pool, so that every thread (the HTTP server's
-    workers) and every nested transaction gets a connection of its own."""
+    workers) and every nested transaction gets a connection of its own. On PostgreSQL with a
+    `pool_size` (the server's), psycopg_pool's ConnectionPool holds them instead, never more
+    than that many: a transaction waits up to POOL_WAIT_S for one, then fails as the store
+    failing (503), rather than the server opening connections without end."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pool_size: int | None = None) -> None:
         self.url = url
         self.driver = driver_for(url)
         self.dialect = self.driver.dialect
+        self.pool_size = pool_size if self.dialect == "postgresql" else None
+        self._pool: Any = None  # psycopg_pool.ConnectionPool, made at the first checkout
         self._idle: list[tuple[Any, float]] = []
         self._lock = threading.Lock()
         # close() empties the pool; a connection in use meanwhile is closed when returned
@@ -128,7 +135,34 @@ class Database:
         except self.driver.errors as exc:
             raise self.driver.translate(exc) from exc
 
+    def _bounded(self) -> Any:
+        """The bounded pool (PostgreSQL with a pool_size), made once per generation."""
+        with self._lock:
+            if self._pool is None:
+                from psycopg_pool import ConnectionPool
+
+                self._pool = ConnectionPool(
+                    self.driver.conninfo,  # type: ignore[attr-defined]
+                    min_size=1,
+                    max_size=self.pool_size or 1,
+                    timeout=POOL_WAIT_S,
+                    check=ConnectionPool.check_connection,  # a connection the server dropped
+                    kwargs={"application_name": APPLICATION_NAME},
+                    name="orbit-store",
+                    open=True,
+                )
+            return self._pool
+
     def _checkout(self) -> tuple[Any, int]:
+        if self.pool_size is not None:
+            pool = self._bounded()
+            try:
+                return pool.getconn(), self._generation
+            except Exception as exc:  # PoolTimeout, or the database refusing to connect
+                raise StoreError(
+                    f"no free connection to the store in {POOL_WAIT_S:.0f} s (all "
+                    f"{self.pool_size} of database_pool_size in use): {exc}"
+                ) from exc
         while True:
             with self._lock:
                 generation = self._generation
@@ -141,6 +175,9 @@ class Database:
                 conn.close()
 
     def _checkin(self, conn: Any, generation: int) -> None:
+        if self.pool_size is not None:
+            self._give_back(conn)
+            return
         with self._lock:
             if generation == self._generation and len(self._idle) < IDLE_CONNECTIONS:
                 self._idle.append((conn, time.monotonic()))
@@ -191,13 +228,31 @@ class Database:
             else:
                 with suppress(Exception):
                     conn.close()
+                if self.pool_size is not None:
+                    self._give_back(conn)  # its place in the pool: the pool opens another
+
+    def _give_back(self, conn: Any) -> None:
+        """A connection back to the bounded pool (a closed one is dropped and replaced), or
+        closed if the pool it came from was closed meanwhile."""
+        pool = self._pool
+        try:
+            if pool is None:
+                raise RuntimeError("closed")
+            pool.putconn(conn)
+        except Exception:  # not this pool's any more (close() made a new one)
+            with suppress(Exception):
+                conn.close()
 
     def close(self) -> None:
         """Close the pooled connections. Like SQLAlchemy's `dispose`, which it replaces, this
         does not end the Store: a later transaction opens a new connection."""
         with self._lock:
             self._generation += 1
+            pool, self._pool = self._pool, None
             idle, self._idle = self._idle, []
+        if pool is not None:
+            with suppress(Exception):
+                pool.close()
         for conn, _ in idle:
             with suppress(Exception):
                 conn.close()

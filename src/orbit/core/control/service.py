@@ -241,7 +241,11 @@ class CoreControlService:
         from orbit.model.audit_key import load_audit_key
         from orbit.model.retention import config_file
 
-        store = Store(settings.database_url, audit_key=load_audit_key(settings.audit_key_file))
+        store = Store(
+            settings.database_url,
+            audit_key=load_audit_key(settings.audit_key_file),
+            pool_size=settings.database_pool_size,
+        )
         wakes: NodeWakes = Signal()
         return cls(
             store=store,
