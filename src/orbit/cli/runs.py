@@ -7,7 +7,19 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import ATTEMPT, JSON, RUN, SETS, console, err, print_json, service
+from orbit.cli.common import (
+    ATTEMPT,
+    JSON,
+    OUTPUT,
+    RUN,
+    SETS,
+    console,
+    emitted,
+    err,
+    output_format,
+    print_json,
+    service,
+)
 from orbit.cli.text import paint
 
 if TYPE_CHECKING:
@@ -164,10 +176,13 @@ def runs_list(
     ),
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many, newest first."),
     as_json: bool = JSON,
+    output: str | None = OUTPUT,
 ) -> None:
     """List runs, newest first: who submitted each (USER), where its current attempt runs
     (WHERE: node, host or cluster) and, for one not launched yet, what it waits for. Runs
-    still active are refreshed from the execution plane."""
+    still active are refreshed from the execution plane. -o wide adds each run's bundle and
+    when it was created, in full."""
+    fmt = output_format(as_json, output)
     page = service().run_page(
         experiment=experiment,
         states=parse_states(state),
@@ -178,10 +193,9 @@ def runs_list(
     )
     from orbit.cli import render
 
-    if as_json:
-        print_json([render.run_json(v) for v in page.runs])
+    if emitted(fmt, lambda: [render.run_json(v) for v in page.runs]):
         return
-    console.print(render.runs_table(page.runs))
+    console.print(render.runs_table(page.runs, wide=fmt == "wide"))
     if page.total > len(page.runs):
         err.print(
             f"{len(page.runs)} of {page.total:,} runs (newest first; --limit N for more)",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from orbit.cli.common import JSON, RUN, console, print_json, service
+from orbit.cli.common import JSON, OUTPUT, RUN, console, emitted, output_format, print_json, service
 from orbit.cli.text import Table, paint
 
 quotas_app = typer.Typer(
@@ -60,7 +60,7 @@ def explain(
             raise typer.Exit(1)
 
 
-def queue(as_json: bool = JSON) -> None:
+def queue(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     """Agent-pool runs not launched yet: those waiting to be placed, by tier and position,
     each with its reason as of now, how long it has waited (since its attempt was made), and
     when it may start (STARTS: the soonest the attempts in its way must end by their
@@ -68,9 +68,9 @@ def queue(as_json: bool = JSON) -> None:
     backoff, with its real remaining time, or placed and not started yet; then the runs of any
     placement held on their dependencies (`after:` in the spec; STARTS after them), with the
     runs each still waits for and how those stand."""
+    fmt = output_format(as_json, output)
     entries = service().queue()
-    if as_json:
-        print_json([e.model_dump(mode="json") for e in entries])
+    if emitted(fmt, lambda: [e.model_dump(mode="json") for e in entries], "run"):
         return
     if not entries:
         console.print("no run is waiting to be placed")
