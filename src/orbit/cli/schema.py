@@ -19,6 +19,6 @@ def spec() -> None:
 
       orbit schema spec > spec.schema.json
     """
-    from orbit.core.tasks.spec_schema import spec_schema
+    from orbit.client.spec_schema import spec_schema
 
     print_json(spec_schema())
