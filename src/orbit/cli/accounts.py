@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import JSON, console, err, print_json, service
+from orbit.cli.common import JSON, OUTPUT, console, emitted, err, output_format, print_json, service
 from orbit.cli.text import Table, paint
 
 if TYPE_CHECKING:
@@ -159,11 +159,11 @@ def users_add(
 
 
 @users_app.command("list")
-def users_list(as_json: bool = JSON) -> None:
+def users_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     """List users and their roles."""
+    fmt = output_format(as_json, output)
     users = service().list_users()
-    if as_json:
-        print_json([u.model_dump(mode="json") for u in users])
+    if emitted(fmt, lambda: [u.model_dump(mode="json") for u in users], "name"):
         return
     table = Table("USER", "ROLE", "CREATED", "BY")
     for user in users:
@@ -228,11 +228,12 @@ def tokens_create(
 def tokens_list(
     user: str | None = typer.Option(None, "--user", "-u", help="Only this user's."),
     as_json: bool = JSON,
+    output: str | None = OUTPUT,
 ) -> None:
     """List tokens (yours; an admin sees everyone's). Never the tokens themselves."""
+    fmt = output_format(as_json, output)
     tokens = service().list_tokens(user)
-    if as_json:
-        print_json([t.model_dump(mode="json") for t in tokens])
+    if emitted(fmt, lambda: [t.model_dump(mode="json") for t in tokens]):
         return
     table = Table("ID", "USER", "NAME", "STATE", "EXPIRES", "LAST USED")
     for token in tokens:

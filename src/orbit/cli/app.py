@@ -25,13 +25,22 @@ from orbit.cli import (
     runs,
     sched,
     sched_config,
+    schema,
     server,
     storage,
 )
 from orbit.model.version import __version__
 
+EXIT_CODES = (
+    "Exit codes: 0 done; 1 what it looked at did not succeed (a --wait'ed run that failed, "
+    "collect unverified, audit verify problems); 2 refused (bad input, unknown run, token "
+    "or role, store unreachable); 3 a host, cluster or server did not answer; 130 "
+    "interrupted."
+)
+
 app = typer.Typer(
     help=__doc__,
+    epilog=EXIT_CODES,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -67,6 +76,7 @@ app.command()(accounts.logout)
 app.command()(accounts.whoami)
 app.add_typer(accounts.users_app, name="users")
 app.add_typer(accounts.tokens_app, name="tokens")
+app.add_typer(schema.schema_app, name="schema")
 
 
 def version_callback(value: bool) -> None:

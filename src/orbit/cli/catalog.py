@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from orbit.cli.common import JSON, console, print_json, service
+from orbit.cli.common import JSON, OUTPUT, console, emitted, output_format, print_json, service
 
 templates_app = typer.Typer(
     help="Execution templates: where and how runs execute.", no_args_is_help=True
@@ -15,14 +15,15 @@ experiments_app = typer.Typer(help="Experiments: named groups of runs.", no_args
 
 
 @templates_app.command("list")
-def templates_list(as_json: bool = JSON) -> None:
+def templates_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     """List templates: built-in, then ./execution_templates/, then $ORBIT_HOME/templates/."""
     from orbit.cli import render
 
+    fmt = output_format(as_json, output)
     views = service().list_templates()
-    if as_json:
-        print_json([{**v.template.model_dump(mode="json"), "path": v.path} for v in views])
-    else:
+    if not emitted(
+        fmt, lambda: [{**v.template.model_dump(mode="json"), "path": v.path} for v in views]
+    ):
         console.print(render.templates_table(views))
 
 
@@ -58,12 +59,11 @@ def experiments_create(name: str, as_json: bool = JSON) -> None:
 
 
 @experiments_app.command("list")
-def experiments_list(as_json: bool = JSON) -> None:
+def experiments_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     """List experiments with their run counts."""
     from orbit.cli import render
 
+    fmt = output_format(as_json, output)
     experiments = service().list_experiments()
-    if as_json:
-        print_json([e.model_dump(mode="json") for e in experiments])
-    else:
+    if not emitted(fmt, lambda: [e.model_dump(mode="json") for e in experiments], "name"):
         console.print(render.experiments_table(experiments))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from orbit.cli.common import JSON, console, err, print_json, service
+from orbit.cli.common import JSON, OUTPUT, console, emitted, err, output_format, print_json, service
 from orbit.cli.text import paint
 
 if TYPE_CHECKING:
@@ -179,13 +179,13 @@ def clusters_add(
 
 
 @clusters_app.command("list")
-def clusters_list(as_json: bool = JSON) -> None:
+def clusters_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     """List registered clusters with what their last check found."""
     from orbit.cli import render
 
+    fmt = output_format(as_json, output)
     clusters = service().list_clusters()
-    if as_json:
-        print_json([cluster_json(c) for c in clusters])
+    if emitted(fmt, lambda: [cluster_json(c) for c in clusters], "name"):
         return
     table = render.table("NAME", "WHERE", "PARTITIONS", "NODES", "GPUS", "SLURM", "CHECKED")
     for c in clusters:

@@ -3,6 +3,7 @@ common options. Everything heavy is loaded on first use, so `orbit --help` stays
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,15 @@ console = Printer("stdout")
 err = Printer("stderr")
 
 JSON = typer.Option(False, "--json", help="Print machine-readable JSON only.")
+FORMATS = ("json", "yaml", "wide", "name")
+OUTPUT = typer.Option(
+    None,
+    "--output",
+    "-o",
+    metavar="FORMAT",
+    help="json | yaml (the same data as --json) | wide (the table, with more columns where "
+    "there are more) | name (one id or name a line, for xargs).",
+)
 RUN = typer.Argument(..., metavar="RUN", help="A run id, or any unique prefix of one.")
 ATTEMPT = typer.Option(
     None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."
@@ -50,3 +60,35 @@ def print_json(data: Any) -> None:
     import json
 
     print(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def output_format(as_json: bool, output: str | None) -> str:
+    """What a listing prints: -o's format (kubectl's), json for --json, else its table."""
+    if output is None:
+        return "json" if as_json else "table"
+    if output not in FORMATS:
+        from orbit.model.errors import InvalidInput
+
+        raise InvalidInput(f"-o {output}: unknown format (expected one of: {', '.join(FORMATS)})")
+    return output
+
+
+def emitted(fmt: str, rows: Callable[[], list[dict[str, Any]]], name: str = "id") -> bool:
+    """Print a listing's `rows` as json, yaml or names, and say so; False for a table (the
+    caller's to print, wide or not)."""
+    if fmt == "json":
+        print_json(rows())
+    elif fmt == "yaml":
+        import json
+
+        import yaml
+
+        # through JSON first: the same values as -o json (times as text, enums as values)
+        data = json.loads(json.dumps(rows(), default=str))
+        print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
+    elif fmt == "name":
+        for row in rows():
+            print(row[name])
+    else:
+        return False
+    return True

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from orbit.cli.common import JSON, console, err, print_json, service
+from orbit.cli.common import JSON, OUTPUT, console, emitted, err, output_format, print_json, service
 from orbit.cli.text import paint
 
 if TYPE_CHECKING:
@@ -118,13 +118,13 @@ def hosts_add(
 
 
 @hosts_app.command("list")
-def hosts_list(as_json: bool = JSON) -> None:
+def hosts_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     """List registered hosts with what their last check found."""
     from orbit.cli import render
 
+    fmt = output_format(as_json, output)
     hosts = service().list_hosts()
-    if as_json:
-        print_json([host_json(h) for h in hosts])
+    if emitted(fmt, lambda: [host_json(h) for h in hosts], "name"):
         return
     table = render.table("NAME", "SSH", "GPUS", "PYTHON", "DISK FREE", "CHECKED")
     for h in hosts:

@@ -7,7 +7,17 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import JSON, console, err, print_json, service, settings
+from orbit.cli.common import (
+    JSON,
+    OUTPUT,
+    console,
+    emitted,
+    err,
+    output_format,
+    print_json,
+    service,
+    settings,
+)
 from orbit.cli.node_views import labels_text, utc_now
 from orbit.cli.text import Table
 
@@ -70,12 +80,12 @@ def join_create(
 
 
 @join_app.command("list")
-def join_list(as_json: bool = JSON) -> None:
+def join_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     """List join tokens: state, labels, expiry, how many nodes joined with each (never the
     tokens themselves)."""
+    fmt = output_format(as_json, output)
     tokens = service().list_join_tokens()
-    if as_json:
-        print_json([t.model_dump(mode="json") for t in tokens])
+    if emitted(fmt, lambda: [t.model_dump(mode="json") for t in tokens]):
         return
     now = utc_now()
     table = Table("ID", "STATE", "LABELS", "EXPIRES", "USES", "CREATED", "BY")

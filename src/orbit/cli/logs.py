@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 
 import typer
 
@@ -27,6 +28,14 @@ def logs(
         help="training: the task's output; runtime: the wrapper's own steps.",
     ),
     attempt: int | None = ATTEMPT,
+    tail: int | None = typer.Option(
+        None,
+        "--tail",
+        "-n",
+        min=0,
+        metavar="N",
+        help="Only the last N lines of what is there now (then, with --follow, what comes).",
+    ),
 ) -> None:
     """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
     from orbit.model.errors import Unreachable
@@ -35,10 +44,14 @@ def logs(
     out = sys.stdout.buffer
     offset, current, lost = 0, None, False
     written = 0  # by the current read: a read broken off part way goes on from there
+    last = LastLines(tail) if tail is not None else None  # until the first read has ended
 
     def sink(data: bytes) -> None:
         nonlocal written
-        out.write(data)
+        if last is not None:
+            last.add(data)
+        else:
+            out.write(data)
         written += len(data)
 
     while True:
@@ -69,6 +82,9 @@ def logs(
             offset, current = 0, chunk.attempt_id
             continue
         current = chunk.attempt_id
+        if last is not None:  # what was there has been read: its last lines, then live
+            out.write(last.text())
+            last = None
         out.flush()
         got, offset = chunk.offset != offset, chunk.offset
         if not follow:  # a read goes to the log's end: nothing more to ask for
@@ -84,6 +100,25 @@ def logs(
         svc.refresh_run_status(run)
         time.sleep(0.5)
     ended(run, attempt)
+
+
+class LastLines:
+    """The last `n` lines of the bytes given (a line cut at the end counts as one), kept as
+    they stream by: a long log is read through, never held whole."""
+
+    def __init__(self, n: int) -> None:
+        self.lines: deque[bytes] = deque(maxlen=n)
+        self.n, self.partial = n, b""
+
+    def add(self, data: bytes) -> None:
+        *whole, self.partial = (self.partial + data).split(b"\n")
+        self.lines.extend(line + b"\n" for line in whole)
+
+    def text(self) -> bytes:
+        if self.n == 0:
+            return b""
+        lines = [*self.lines, self.partial] if self.partial else list(self.lines)
+        return b"".join(lines[-self.n :])
 
 
 def ended(run: str, attempt: int | None) -> None:

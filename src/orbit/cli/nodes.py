@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import JSON, console, err, print_json, service
+from orbit.cli.common import JSON, OUTPUT, console, emitted, err, output_format, print_json, service
 from orbit.cli.join_tokens import join_app
 from orbit.cli.node_views import (
     condition,
@@ -18,6 +18,7 @@ from orbit.cli.node_views import (
     show_node,
     utc_now,
 )
+from orbit.cli.watching import INTERVAL, WATCH, repeat
 
 if TYPE_CHECKING:
     from orbit.model.nodes import NodeRecord
@@ -53,7 +54,12 @@ REASON = typer.Option(
 
 
 @nodes_app.command("list")
-def nodes_list(as_json: bool = JSON) -> None:
+def nodes_list(
+    as_json: bool = JSON,
+    output: str | None = OUTPUT,
+    watch: bool = WATCH,
+    interval: float = INTERVAL,
+) -> None:
     """List nodes: how each stands (CONDITION), what it runs and has, when it was last heard,
     and why it is out of service (REASON: drain or cordon --reason, and who gave it).
 
@@ -61,15 +67,21 @@ def nodes_list(as_json: bool = JSON) -> None:
     CONDITION: ready | busy (running max-tasks attempts) | offline (no heartbeat lately)
     | cordoned | draining | drained (free for people) | revoked
     """
+    fmt = output_format(as_json, output)
+    repeat(lambda: _nodes_list(fmt), watch, interval)
+
+
+def _nodes_list(fmt: str) -> bool:
     nodes = service().list_nodes()
-    if as_json:
-        now = utc_now()
-        print_json([node_json(n, now) for n in nodes])
-    elif not nodes:
+    now = utc_now()
+    if emitted(fmt, lambda: [node_json(n, now) for n in nodes], "name"):
+        return False
+    if not nodes:
         err.print("no nodes yet: make a join token (orbit nodes join-token create) and start")
         err.print("`orbit agent --server URL --join-token-file FILE` on the GPU server")
     else:
         console.print(nodes_table(nodes))
+    return False
 
 
 @nodes_app.command("show")

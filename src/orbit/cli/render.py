@@ -126,7 +126,9 @@ def table(*columns: str) -> Table:
     return Table(*columns)
 
 
-def runs_table(views: tuple[RunView, ...]) -> Table:
+def runs_table(views: tuple[RunView, ...], wide: bool = False) -> Table:
+    """The runs listing; `wide` (-o wide) adds the bundle and the creation time in full."""
+    more = ("BUNDLE", "CREATED AT") if wide else ()
     out = table(
         "RUN",
         "EXPERIMENT",
@@ -138,9 +140,11 @@ def runs_table(views: tuple[RunView, ...]) -> Table:
         "TRY",
         "CREATED",
         "OUTCOME",
+        *more,
     )
     for view in views:
         run = view.run
+        extra = (run.bundle_digest[:12], when(run.created_at)) if wide else ()
         out.add_row(
             run.id,
             run.experiment_name,
@@ -152,6 +156,7 @@ def runs_table(views: tuple[RunView, ...]) -> Table:
             str(run.current.number),
             ago(run.created_at),
             outcome(run.current, view.wait),
+            *extra,
         )
     return out
 

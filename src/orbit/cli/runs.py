@@ -7,8 +7,21 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import ATTEMPT, JSON, RUN, SETS, console, err, print_json, service
+from orbit.cli.common import (
+    ATTEMPT,
+    JSON,
+    OUTPUT,
+    RUN,
+    SETS,
+    console,
+    emitted,
+    err,
+    output_format,
+    print_json,
+    service,
+)
 from orbit.cli.text import paint
+from orbit.cli.watching import INTERVAL, WATCH, repeat
 
 if TYPE_CHECKING:
     from orbit.model.models import ExecutionOverrides, RunState
@@ -164,10 +177,28 @@ def runs_list(
     ),
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many, newest first."),
     as_json: bool = JSON,
+    output: str | None = OUTPUT,
+    watch: bool = WATCH,
+    interval: float = INTERVAL,
 ) -> None:
     """List runs, newest first: who submitted each (USER), where its current attempt runs
     (WHERE: node, host or cluster) and, for one not launched yet, what it waits for. Runs
-    still active are refreshed from the execution plane."""
+    still active are refreshed from the execution plane. -o wide adds each run's bundle and
+    when it was created, in full."""
+    fmt = output_format(as_json, output)
+    args = (experiment, state, user, mine, node, limit, fmt)
+    repeat(lambda: _runs_list(*args), watch, interval)
+
+
+def _runs_list(
+    experiment: str | None,
+    state: list[str],
+    user: str | None,
+    mine: bool,
+    node: str | None,
+    limit: int,
+    fmt: str,
+) -> bool:
     page = service().run_page(
         experiment=experiment,
         states=parse_states(state),
@@ -178,10 +209,9 @@ def runs_list(
     )
     from orbit.cli import render
 
-    if as_json:
-        print_json([render.run_json(v) for v in page.runs])
-        return
-    console.print(render.runs_table(page.runs))
+    if emitted(fmt, lambda: [render.run_json(v) for v in page.runs]):
+        return False
+    console.print(render.runs_table(page.runs, wide=fmt == "wide"))
     if page.total > len(page.runs):
         err.print(
             f"{len(page.runs)} of {page.total:,} runs (newest first; --limit N for more)",
@@ -190,6 +220,7 @@ def runs_list(
     elif not page.runs:
         filtered = state or experiment or user or mine or node
         err.print("no runs" + (" match" if filtered else " yet"), style="dim")
+    return False
 
 
 @runs_app.command("show")
@@ -204,15 +235,22 @@ def runs_show(run: str = RUN, as_json: bool = JSON) -> None:
         render.show_run(console, view)
 
 
-def status(run: str = RUN, as_json: bool = JSON) -> None:
+def status(
+    run: str = RUN, as_json: bool = JSON, watch: bool = WATCH, interval: float = INTERVAL
+) -> None:
     """Refresh a run's state from where it executes, and show it: where it runs (node, host
-    or cluster), who submitted it, its latest step/loss, or what it waits for."""
+    or cluster), who submitted it, its latest step/loss, or what it waits for. --watch shows
+    it again until the run ends."""
+    repeat(lambda: _status(run, as_json), watch, interval)
+
+
+def _status(run: str, as_json: bool) -> bool:
     from orbit.cli import render
 
     view = service().run_view(run)
     if as_json:
         print_json(render.run_json(view))
-        return
+        return view.run.state.terminal
     record, a = view.run, view.run.current
     line = f"{record.id}  {render.styled(record.state)}  attempt {a.number}"
     if a.where is not None:
@@ -228,6 +266,7 @@ def status(run: str = RUN, as_json: bool = JSON) -> None:
         console.print(f"  {view.progress.describe()}")
     if a.message and view.wait is None:  # a wait says what it waits for as of now
         console.print(f"  {a.message}")
+    return record.state.terminal
 
 
 def overrides_from(sets: list[str]) -> ExecutionOverrides:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import typer
 
-from orbit.cli.common import JSON, RUN, console, print_json, service
+from orbit.cli.common import JSON, OUTPUT, RUN, console, emitted, output_format, print_json, service
 from orbit.cli.text import Table, paint
+from orbit.cli.watching import INTERVAL, WATCH, repeat
 
 quotas_app = typer.Typer(
     help="""GPU quotas: at most N GPUs at once per user or per experiment, and a fair-share
@@ -60,7 +61,12 @@ def explain(
             raise typer.Exit(1)
 
 
-def queue(as_json: bool = JSON) -> None:
+def queue(
+    as_json: bool = JSON,
+    output: str | None = OUTPUT,
+    watch: bool = WATCH,
+    interval: float = INTERVAL,
+) -> None:
     """Agent-pool runs not launched yet: those waiting to be placed, by tier and position,
     each with its reason as of now, how long it has waited (since its attempt was made), and
     when it may start (STARTS: the soonest the attempts in its way must end by their
@@ -68,13 +74,17 @@ def queue(as_json: bool = JSON) -> None:
     backoff, with its real remaining time, or placed and not started yet; then the runs of any
     placement held on their dependencies (`after:` in the spec; STARTS after them), with the
     runs each still waits for and how those stand."""
+    fmt = output_format(as_json, output)
+    repeat(lambda: _queue(fmt), watch, interval)
+
+
+def _queue(fmt: str) -> bool:
     entries = service().queue()
-    if as_json:
-        print_json([e.model_dump(mode="json") for e in entries])
-        return
+    if emitted(fmt, lambda: [e.model_dump(mode="json") for e in entries], "run"):
+        return False
     if not entries:
         console.print("no run is waiting to be placed")
-        return
+        return False
     from datetime import UTC, datetime
 
     table = Table("POS", "TIER", "RUN", "WAITED", "STARTS", "REASON")
@@ -89,6 +99,7 @@ def queue(as_json: bool = JSON) -> None:
         position = "-" if e.position is None else str(e.position)
         table.add_row(position, e.tier, e.run, _ago(e.waited_s), starts, e.reason)
     console.print(table)
+    return False
 
 
 def _ago(seconds: float) -> str:
