@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from orbit.server.openapi import AGENT_TAG, OPERATION_IDS
 from tests.orbit_server import Server
@@ -102,6 +104,10 @@ def test_a_client_generated_from_the_document_compiles_and_calls_the_server(
     spec = tmp_path / "openapi.json"
     spec.write_text(json.dumps(_document(orbit_server)), encoding="utf-8")
     generator = Path(sys.executable).with_name("openapi-python-client")
+    if not generator.exists():  # a dev extra; CI installs it and must not skip this
+        if os.environ.get("ORBIT_REQUIRE_OPENAPI_CLIENT") == "1":
+            pytest.fail(f"openapi-python-client is required but {generator} does not exist")
+        pytest.skip("openapi-python-client is not installed (pip install -e '.[dev]')")
     argv = ["generate", "--path", str(spec), "--output-path", "orbit_api", "--meta", "none"]
     done = subprocess.run(
         [str(generator), *argv],
