@@ -123,3 +123,38 @@ def _read(fd: int) -> bytes:
         return os.read(fd, 4096)
     except OSError:  # the other side closed
         return b""
+
+
+def test_the_login_is_kept_where_xdg_says_unless_orbit_home_holds_one(
+    orbit_server: Server, tmp_path: Path
+) -> None:
+    """No ORBIT_HOME: the login goes to $XDG_CONFIG_HOME/orbit (else ~/.config/orbit), and
+    `orbit whoami` and `logout` find it there; a ~/.orbit that holds one already keeps it."""
+    home = tmp_path / "user"
+    env = {k: v for k, v in laptop(orbit_server, tmp_path).items() if k != "ORBIT_HOME"}
+    env |= {"HOME": str(home), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    token = orbit_server.admin_token
+    done = login(env, orbit_server.url, "--token-file", "-", stdin=token)
+    assert done.returncode == 0, done.stderr
+    xdg = tmp_path / "xdg" / "orbit" / "credentials.json"
+    assert token in xdg.read_text(encoding="utf-8") and (xdg.stat().st_mode & 0o777) == 0o600
+    assert not (home / ".orbit" / "credentials.json").exists()
+    who = subprocess.run(
+        [sys.executable, "-m", "orbit", "whoami"], env=env, capture_output=True, text=True
+    )
+    assert who.stdout.startswith("admin (admin)"), who
+    out = subprocess.run(
+        [sys.executable, "-m", "orbit", "logout"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and not xdg.exists(), out
+    # without XDG_CONFIG_HOME: ~/.config/orbit
+    plain = {k: v for k, v in env.items() if k != "XDG_CONFIG_HOME"}
+    assert login(plain, orbit_server.url, "--token-file", "-", stdin=token).returncode == 0
+    assert (home / ".config" / "orbit" / "credentials.json").exists()
+    # a login ~/.orbit already holds (saved before) stays the one read and written
+    (home / ".config" / "orbit" / "credentials.json").unlink()
+    legacy = home / ".orbit" / "credentials.json"
+    legacy.parent.mkdir(parents=True, exist_ok=True)
+    legacy.write_text('{"server": "http://127.0.0.1:1", "token": "old"}', encoding="utf-8")
+    assert login(env, orbit_server.url, "--token-file", "-", stdin=token).returncode == 0
+    assert token in legacy.read_text(encoding="utf-8") and not xdg.exists()

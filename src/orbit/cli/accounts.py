@@ -39,8 +39,10 @@ def login(
 
     The token comes from --token-file PATH, from stdin (--token-file -), from ORBIT_TOKEN, or
     is asked for with a hidden prompt on a terminal; never from the command line, where shell
-    history and ps would keep it. Saved in $ORBIT_HOME/credentials.json (mode 0600); from
-    then on every command talks to that server (ORBIT_SERVER and ORBIT_TOKEN still win).
+    history and ps would keep it. Saved (mode 0600) in ~/.config/orbit/credentials.json
+    ($XDG_CONFIG_HOME honoured), or in $ORBIT_HOME where that is set or ~/.orbit holds one
+    already; from then on every command talks to that server (ORBIT_SERVER and ORBIT_TOKEN
+    still win).
     `orbit logout` forgets it.
     """
     from orbit.cli.common import settings
@@ -107,9 +109,9 @@ def _token_from_file(token_file: str) -> str:
 
 def logout() -> None:
     """Forget the server and token `orbit login` saved: commands are embedded again."""
-    from orbit.model.config import orbit_home
+    from orbit.model.config import login_path, orbit_home
 
-    path = orbit_home() / "credentials.json"  # read nothing: a damaged file goes just the same
+    path = login_path(orbit_home())  # read nothing: a damaged file goes just the same
     if path.exists():
         path.unlink()
         console.print(f"logged out (removed {path})")

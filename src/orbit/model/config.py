@@ -41,6 +41,7 @@ class Settings:
     node_offline_s: float = OFFLINE_AFTER_S
     node_lost_grace_s: float = LOST_GRACE_S
     node_fence: bool = True  # ORBIT_NODE_FENCE=0: a node cut off lets its attempts run on
+    login_file: Path | None = None  # `orbit login`'s file (login_path); None: in `home`
     # PostgreSQL connections this process holds at most (the server's database_pool_size);
     # None: as many as its threads ask for at once (the CLI, a few)
     database_pool_size: int | None = None
@@ -60,7 +61,7 @@ class Settings:
     @property
     def credentials_file(self) -> Path:
         """Where `orbit login` keeps the server's URL and its token (mode 0600)."""
-        return self.home / "credentials.json"
+        return self.login_file or self.home / "credentials.json"
 
     @property
     def bundles_dir(self) -> Path:
@@ -113,7 +114,8 @@ class Settings:
             raise InvalidInput(f"ORBIT_SSH_TIMEOUT: expected seconds, got {timeout!r}") from None
         server = os.environ.get("ORBIT_SERVER") or None
         token = os.environ.get("ORBIT_TOKEN") or None
-        saved = _saved_login(home / "credentials.json")
+        login = login_path(home)
+        saved = _saved_login(login)
         if server is None and saved.get("server"):
             server = saved["server"]
         if token is None and server is not None and saved.get("server") == server:
@@ -129,6 +131,7 @@ class Settings:
             ssh_timeout_s=ssh_timeout,
             server=server.rstrip("/") if server else None,
             token=token,
+            login_file=login,
         )
 
 
@@ -148,6 +151,18 @@ def _seconds(name: str, default: float) -> float:
 def orbit_home() -> Path:
     """$ORBIT_HOME, default ~/.orbit."""
     return Path(os.environ.get("ORBIT_HOME") or Path.home() / ".orbit").expanduser()
+
+
+def login_path(home: Path) -> Path:
+    """Where `orbit login` keeps the server and its token: a user's configuration, so under
+    $XDG_CONFIG_HOME/orbit (default ~/.config/orbit), as other tools keep theirs; in
+    $ORBIT_HOME where ORBIT_HOME is set (a home of its own, a test's) or where ~/.orbit holds
+    one already (saved before: still read, and written there, so nothing is lost)."""
+    kept = home / "credentials.json"
+    if os.environ.get("ORBIT_HOME") or kept.exists():
+        return kept
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base).expanduser() / "orbit" / "credentials.json"
 
 
 def _saved_login(path: Path) -> dict[str, str]:
