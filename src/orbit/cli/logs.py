@@ -38,6 +38,7 @@ def logs(
     ),
 ) -> None:
     """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
+    from orbit.model.backoff import Backoff
     from orbit.model.errors import Unreachable
 
     svc = service()
@@ -45,6 +46,9 @@ def logs(
     offset, current, lost = 0, None, False
     written = 0  # by the current read: a read broken off part way goes on from there
     last = LastLines(tail) if tail is not None else None  # until the first read has ended
+    # jittered, growing waits (as the client's own resumes): many terminals following logs
+    # through one host's outage do not all ask again in the same instant when it returns
+    waits = Backoff(base_s=0.2, cap_s=4.0)
 
     def sink(data: bytes) -> None:
         nonlocal written
@@ -72,8 +76,9 @@ def logs(
             followed = asked[0] if asked else record.current
             if followed.state.terminal and (attempt is not None or current in (None, followed.id)):
                 break  # gave up on the host: it ended as host_unreachable
-            time.sleep(2)
+            time.sleep(waits.next())
             continue
+        waits.reset()
         if lost:
             err.print("orbit: reconnected; the log goes on")
             lost = False
