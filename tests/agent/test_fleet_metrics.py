@@ -1,7 +1,7 @@
 """/metrics as a fleet dashboard reads it, from a real `orbit server` and a real `orbit agent`
 that sees two H100s (the replay of a real machine's NVML): the process and the build, nodes by
-condition, GPUs by state, runs waiting by tier and how long runs waited to be placed. No run id
-in any label."""
+condition, GPUs by state and how busy each is (from the agent's heartbeats), runs waiting by tier
+and how long runs waited to be placed. No run id in any label."""
 
 from __future__ import annotations
 
@@ -51,6 +51,18 @@ def test_metrics_show_nodes_gpus_the_queue_and_waits_without_ids(
     assert seen['orbit_queue_wait_seconds_count{tier="normal"}'] >= 1  # the holding run's
     assert seen['orbit_queue_wait_seconds_bucket{le="43200.0",tier="normal"}'] >= 1
     assert seen["process_cpu_seconds_total{}"] > 0 and seen["process_open_fds{}"] > 0
+
+    # each GPU's utilization as the agent's last heartbeat said (the recording's NVML)
+    def utilization() -> dict[str, float] | None:
+        found = scrape(orbit_server)
+        busy = {k: v for k, v in found.items() if k.startswith("orbit_gpu_utilization_ratio{")}
+        return busy or None
+
+    busy = eventually(utilization, timeout=30, every=0.5)
+    assert set(busy) == {
+        f'orbit_gpu_utilization_ratio{{gpu="{i}",node="h100x2"}}' for i in (0, 1)
+    }, busy
+    assert all(0.0 <= v <= 1.0 for v in busy.values())
     build = [k for k in seen if k.startswith("orbit_build_info{")]
     assert len(build) == 1 and f'version="{__version__}"' in build[0], build
     # once it ends, nothing is in use and the tier's waiting count is the one left

@@ -34,6 +34,34 @@ def accelerators() -> tuple[tuple[Accelerator, ...], str]:
         pynvml.nvmlShutdown()
 
 
+def utilization() -> dict[int, float]:
+    """Each GPU's utilization (percent) as NVML measured it last; {} without NVML or GPUs, and
+    a GPU that does not say is left out (a heartbeat must never fail for it)."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    found: dict[int, float] = {}
+    try:
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            try:
+                rates = pynvml.nvmlDeviceGetUtilizationRates(
+                    pynvml.nvmlDeviceGetHandleByIndex(index)
+                )
+                found[index] = float(min(max(rates.gpu, 0), 100))
+            except Exception:  # not supported there, or the GPU fell off the bus
+                continue
+    except Exception:
+        return found
+    finally:
+        pynvml.nvmlShutdown()
+    return found
+
+
 def _devices(nvml: Any) -> tuple[tuple[Accelerator, ...], str]:
     try:
         count = int(nvml.nvmlDeviceGetCount())

@@ -116,6 +116,15 @@ class AgentState:
             address=self.o.address,
         )
 
+    def gpu_utilization(self) -> dict[int, float]:
+        """Each GPU's utilization now, for the heartbeat; no NVML call where the node's last
+        facts named no GPU."""
+        if self.last_info is None or not self.last_info.accelerators:
+            return {}
+        from orbit.agent.nodeinfo import utilization
+
+        return utilization()
+
     def attempt_lock(self, attempt_id: str) -> threading.Lock:
         with self.lock:
             return self.attempt_locks.setdefault(attempt_id, threading.Lock())

@@ -107,7 +107,12 @@ def heartbeat_loop(agent: AgentState) -> None:
             agent.info_at = time.monotonic()
             if fresh != agent.last_info:
                 info, agent.last_info = fresh, fresh
-        body = p.HeartbeatRequest(node_id=agent.node_id, session=agent.session, info=info)
+        body = p.HeartbeatRequest(
+            node_id=agent.node_id,
+            session=agent.session,
+            info=info,
+            gpu_utilization=agent.gpu_utilization(),
+        )
         try:
             answer: p.HeartbeatResponse = connection.post(
                 agent, "/heartbeat", body, p.HeartbeatResponse

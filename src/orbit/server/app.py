@@ -24,6 +24,7 @@ from orbit.server import problems
 from orbit.server.auth import RequireToken
 from orbit.server.auth_failures import AuthGuard
 from orbit.server.config import ServerConfig
+from orbit.server.fleet_metrics import GpuUtilization
 from orbit.server.health import Health
 from orbit.server.loops import Reconciler, SchedulerLoop
 from orbit.server.metrics import Metrics, SchedConfigState, StorageUsage
@@ -109,6 +110,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
     for router in api_routers(service, config, metrics):
         app.include_router(router)
     metrics.registry.register(StorageUsage(service.usage))
+    metrics.registry.register(GpuUtilization(service.store, beats.last_utilization))
 
     def ended() -> None:  # an attempt ended on its node: its run moves, its slot is free
         if reconciler is not None:

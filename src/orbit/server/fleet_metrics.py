@@ -2,13 +2,14 @@
 and platform (prometheus_client's own collectors), ORBIT's build, nodes by condition and GPUs
 by state (counted from the store when scraped), and from each scheduler pass: runs waiting by
 tier and how long a run waited to be placed (a histogram with Kueue's kind of buckets, 1 s to
-12 h). No label holds a run id or a user: names of tiers, conditions and states only."""
+12 h); and each online node's GPU utilization as its agent last said. No label holds a run id
+or a user: names of tiers, conditions, states, nodes and GPU indices only."""
 
 from __future__ import annotations
 
 import platform
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -68,6 +69,36 @@ class NodesAndGpus(Collector):
                 "unhealthy (NVML's word: no work goes there).",
                 labels=["state"],
             ),
+        )
+
+
+class GpuUtilization(Collector):
+    """Each online node's GPUs, busy how much (0-1) as the node's last heartbeat said
+    (NVML's utilization.gpu), labelled by the node's name and the GPU's index."""
+
+    def __init__(self, store: Store, last: Callable[[], dict[str, dict[int, float]]]) -> None:
+        self.store, self.last = store, last
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        said = self.last()
+        if said:
+            at = datetime.now(UTC)
+            for node in self.store.nodes.list_nodes():
+                if node.id in said and node.online(at):
+                    for index, percent in sorted(said[node.id].items()):
+                        family.add_metric([node.name, str(index)], percent / 100.0)
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "orbit_gpu_utilization_ratio",
+            "How busy each GPU of an online node was (0-1), as its last heartbeat said.",
+            labels=["node", "gpu"],
         )
 
 

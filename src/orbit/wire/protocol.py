@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 # 4: the server says when a node cut off from it stops its attempts (fence_after_s) and which
 #    of them to stop but keep uploading (halt); a report names the attempts it has no folder of
 #    and the `remove` command (attempts' folders of deleted or expired runs)
-PROTOCOL_VERSION = 4
+# 5: a heartbeat carries each GPU's utilization as NVML last measured it (gpu_utilization)
+PROTOCOL_VERSION = 5
 PREFIX = "/api/v1/agent"
 VERSION_HEADER = "X-Orbit-Agent-Protocol"
 REGISTER_PATH = PREFIX + "/register"
@@ -303,6 +304,11 @@ class HeartbeatRequest(Message):
     node_id: str
     session: str = Field(min_length=1, max_length=64)
     info: NodeInfo | None = None  # when it changed since the last one sent
+    # GPU index -> percent of the last sample period a kernel ran (NVML's utilization.gpu),
+    # for the fleet's dashboards (/metrics); {} where NVML has none to give
+    gpu_utilization: dict[int, Annotated[float, Field(ge=0, le=100)]] = Field(
+        default={}, max_length=64
+    )
 
 
 class HeartbeatResponse(Message):

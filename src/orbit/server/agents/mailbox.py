@@ -66,6 +66,8 @@ class Heartbeats:
     def __init__(self, service: CoreControlService) -> None:
         self.service = service
         self.pending: dict[str, datetime] = {}
+        # each node's GPU utilization as its last heartbeat said (in memory: for /metrics)
+        self.utilization: dict[str, dict[int, float]] = {}
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agent-heartbeats", daemon=True)
@@ -78,9 +80,15 @@ class Heartbeats:
         self._thread.join(timeout=5)
         self.flush()
 
-    def seen(self, node_id: str) -> None:
+    def seen(self, node_id: str, utilization: dict[int, float] | None = None) -> None:
         with self.lock:
             self.pending[node_id] = datetime.now(UTC)
+            if utilization is not None:
+                self.utilization[node_id] = utilization
+
+    def last_utilization(self) -> dict[str, dict[int, float]]:
+        with self.lock:
+            return dict(self.utilization)
 
     def flush(self) -> None:
         with self.lock:

@@ -112,7 +112,7 @@ def make_agent_router(gateway: Gateway, mailbox: Mailbox, beats: Heartbeats) -> 
     async def heartbeat(node: this_node, body: p.HeartbeatRequest) -> p.HeartbeatResponse:
         own(node, body.node_id)
         offline = was_offline(node)
-        beats.seen(node.id)
+        beats.seen(node.id, body.gpu_utilization)
         if body.info is not None:
             await threaded(gateway.sessions.heartbeat_info, node, body)
         return p.HeartbeatResponse(
