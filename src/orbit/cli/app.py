@@ -97,12 +97,20 @@ def root(
         help="Talk to this orbit server (default: ORBIT_SERVER, else what `orbit login` saved, "
         "else embedded: the store in this process).",
     ),
+    no_progress: bool = typer.Option(
+        False,
+        "--no-progress",
+        help="No transfer bars, even on a terminal (as ORBIT_NO_PROGRESS=1). They are drawn on "
+        "standard error only where it is a terminal.",
+    ),
 ) -> None:
     """Submit ML jobs as frozen, reproducible runs; watch, cancel, retry and collect them."""
-    if server_url:
-        import os
+    import os
 
+    if server_url:
         os.environ["ORBIT_SERVER"] = server_url
+    if no_progress:
+        os.environ["ORBIT_NO_PROGRESS"] = "1"
 
 
 def main() -> None:

@@ -50,10 +50,12 @@ def settings() -> Settings:
 
 @cache
 def service() -> ControlAPI:
-    """The control plane this CLI talks to, through its one client interface."""
+    """The control plane this CLI talks to, through its one client interface; a server's
+    transfers draw bars where standard error is a terminal (orbit.cli.progress)."""
+    from orbit.cli.progress import terminal_meter
     from orbit.client.connect import connect
 
-    return connect(settings())
+    return connect(settings(), terminal_meter())
 
 
 def print_json(data: Any) -> None:

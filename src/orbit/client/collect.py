@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from orbit.client.meter import Tick
 from orbit.core.execution.artifacts import sha256_file, verify_manifest
 from orbit.core.storage.wire import BLOCK, OFFSET, SHA256, SIZE, STATE_DIR, Have, Partial
 from orbit.model.records import CollectResult
@@ -78,8 +79,9 @@ class Destination:
 
     # --- what arrives ------------------------------------------------------------------------
 
-    def receive(self, stream: Readable) -> None:
-        """Write each member of the tar `stream` (see the module's docstring)."""
+    def receive(self, stream: Readable, tick: Tick = lambda moved: None) -> None:
+        """Write each member of the tar `stream` (see the module's docstring), telling `tick`
+        the bytes moved so far as they are written."""
         with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
             for member in tar:
                 source = tar.extractfile(member) if member.isfile() else None
@@ -87,11 +89,11 @@ class Destination:
                     self.problems.append(f"{member.name}: refused (not a file under the folder)")
                     continue
                 try:
-                    self._write(member, source)
+                    self._write(member, source, tick)
                 except OSError as exc:  # this side's disk: said, and the rest goes on
                     self.problems.append(f"{member.name}: {exc.strerror or exc}")
 
-    def _write(self, member: tarfile.TarInfo, source: IO[bytes]) -> None:
+    def _write(self, member: tarfile.TarInfo, source: IO[bytes], tick: Tick) -> None:
         rel = posixpath.normpath(member.name)
         offset = int(member.pax_headers.get(OFFSET, "0"))
         total = int(member.pax_headers.get(SIZE, str(member.size + offset)))
@@ -113,6 +115,7 @@ class Destination:
                 out.write(block)
                 digest.update(block)
                 self.moved += len(block)
+                tick(self.moved)
         self._place(rel, part, total, expected, digest.hexdigest())
 
     def _place(self, rel: str, part: Path, total: int, expected: str | None, got: str) -> None:

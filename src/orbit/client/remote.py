@@ -2,7 +2,8 @@
 service returns and raises the errors it raised (problem details name them), so that a client
 of ControlAPI, the CLI first, cannot tell this from the service in its own process. The
 requests go through orbit.client.session; a submission's inputs go up by orbit.client.uploads,
-a log and artifacts come down as orbit.client.streams."""
+a log and artifacts come down as orbit.client.streams, a node's files move by
+orbit.client.node_files; the long transfers tell their bytes to the Meter it was given."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orbit.client.meter import QUIET, Meter
+from orbit.client.node_files import pull_file, push_file
 from orbit.client.session import RESEND_S, Session, part, query
 from orbit.client.streams import collect_artifacts, stream_log
 from orbit.client.uploads import upload
@@ -43,13 +46,20 @@ from orbit.model.storage import GcReport, RunStorage, Usage
 
 
 class RemoteControl:
-    """ControlAPI at `url`, shown `token`."""
+    """ControlAPI at `url`, shown `token`; its transfers tell `meter` how far they got."""
 
     def __init__(
-        self, url: str, token: str | None, *, timeout_s: float = 600.0, resend_s: float = RESEND_S
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout_s: float = 600.0,
+        resend_s: float = RESEND_S,
+        meter: Meter = QUIET,
     ) -> None:
         self.session = Session(url, token, timeout_s=timeout_s, resend_s=resend_s)
         self.url = self.session.url
+        self.meter = meter
 
     def close(self) -> None:
         self.session.close()
@@ -72,13 +82,22 @@ class RemoteControl:
         self, submission: TaskSubmission, *, base_dir: Path, source: str = "submission"
     ) -> RunRecord:
         return upload(
-            self.session, RunRecord, "/runs", submission, base_dir, source, makes_run=True
+            self.session,
+            RunRecord,
+            "/runs",
+            submission,
+            base_dir,
+            source,
+            makes_run=True,
+            meter=self.meter,
         )
 
     def plan_submission(
         self, submission: TaskSubmission, *, base_dir: Path, source: str = "submission"
     ) -> SubmitPlan:
-        return upload(self.session, SubmitPlan, "/runs/plan", submission, base_dir, source)
+        return upload(
+            self.session, SubmitPlan, "/runs/plan", submission, base_dir, source, meter=self.meter
+        )
 
     # -- runs ----------------------------------------------------------------------------
     def get_run(self, ref: str) -> RunRecord:
@@ -168,7 +187,7 @@ class RemoteControl:
     def collect_run_artifacts(
         self, ref: str, dest: Path, attempt: int | None = None
     ) -> CollectResult:
-        return collect_artifacts(self.session, ref, dest, attempt)
+        return collect_artifacts(self.session, ref, dest, attempt, self.meter)
 
     # -- storage ---------------------------------------------------------------------------
     def run_storage(self, ref: str) -> RunStorage:
@@ -348,17 +367,10 @@ class RemoteControl:
         return NodeRecord.model_validate_json(response.content)
 
     def push_file(self, ref: str, data: bytes, dest: str) -> dict[str, object]:
-        files = {"file": ("file", data, "application/octet-stream")}
-        response = self.session.send(
-            "POST", f"/nodes/{self._node(ref)}/push", data={"dest": dest}, files=files
-        )
-        result: dict[str, object] = response.json()["result"]
-        return result
+        return push_file(self.session, self._node(ref), data, dest, self.meter)
 
     def pull_file(self, ref: str, path: str) -> bytes:
-        return self.session.send(
-            "GET", f"/nodes/{self._node(ref)}/pull", params={"path": path}
-        ).content
+        return pull_file(self.session, self._node(ref), path, self.meter)
 
 
 def _bulk(selection: RunSelection, dry_run: bool) -> dict[str, Any]:

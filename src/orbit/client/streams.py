@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from orbit.client.meter import QUIET, Meter
+
 # orbit.client.session first: it spares httpx its command line's imports (see there)
 from orbit.client.session import API, Session, part, query, raise_for
 
@@ -81,12 +83,12 @@ def stream_log(
 
 
 def collect_artifacts(
-    session: Session, ref: str, dest: Path, attempt: int | None = None
+    session: Session, ref: str, dest: Path, attempt: int | None = None, meter: Meter = QUIET
 ) -> CollectResult:
     """Only what `dest` lacks comes: the server compares what is there (path, size,
     sha256) with its copy and sends the rest, going on from where a cut transfer
-    stopped; then each rank's files are checked against its manifest (see
-    orbit.client.collect)."""
+    stopped (told to `meter` as it arrives); then each rank's files are checked against
+    its manifest (see orbit.client.collect)."""
     from orbit.client.collect import Destination
 
     here = Destination(dest)
@@ -105,7 +107,8 @@ def collect_artifacts(
             summary = json.loads(resp.headers.get("x-orbit-collect", "{}"))
             dest.mkdir(parents=True, exist_ok=True)
             try:
-                here.receive(_Reader(resp.iter_bytes()))
+                with meter.track("collecting artifacts", int(summary.get("moved", 0))) as tick:
+                    here.receive(_Reader(resp.iter_bytes()), tick)
             finally:
                 here.save()  # what arrived is known next time, however this ends
     except (httpx.TransportError, tarfile.ReadError) as exc:

@@ -1,6 +1,7 @@
 """A submission's inputs, sent to `orbit server`: the task shaped and its files gathered here,
 where they are (the server never reads this machine), packed as one archive and posted with
-the submission; a submit is sent once in effect, however often the line drops."""
+the submission, its bytes told to a Meter as they go; a submit is sent once in effect, however
+often the line drops."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import functools
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
+from orbit.client.meter import QUIET, Meter, MeteredFile
 from orbit.client.session import M, Session
 from orbit.model.errors import NotFound
 from orbit.model.models import TaskSubmission
@@ -31,6 +33,7 @@ def upload(
     base_dir: Path,
     source: str,
     makes_run: bool = False,
+    meter: Meter = QUIET,
 ) -> M:
     """Shape the task and gather its inputs here, where its files are, and send them
     (once, in effect, when it `makes_run`: see Session.send_once)."""
@@ -47,7 +50,10 @@ def upload(
             "shaped": shaped.model_dump_json(),
             "source": source,
         }
-        with archive.open("rb") as data:
+        size = archive.stat().st_size
+        with archive.open("rb") as raw, meter.track("uploading inputs", size) as tick:
+            # httpx takes any file that reads, seeks and tells (IO[bytes] is a wider promise)
+            data = cast(IO[bytes], MeteredFile(raw, tick))
             files = {"inputs": ("inputs.tar.gz", data, "application/gzip")}
             try:
                 if makes_run:
