@@ -38,7 +38,7 @@ def logs(
     ),
 ) -> None:
     """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
-    from orbit.model.backoff import Backoff
+    from orbit.model.backoff import follow_waits
     from orbit.model.errors import Unreachable
 
     svc = service()
@@ -48,7 +48,7 @@ def logs(
     last = LastLines(tail) if tail is not None else None  # until the first read has ended
     # jittered, growing waits (as the client's own resumes): many terminals following logs
     # through one host's outage do not all ask again in the same instant when it returns
-    waits = Backoff(base_s=0.2, cap_s=4.0)
+    waits = follow_waits()
 
     def sink(data: bytes) -> None:
         nonlocal written

@@ -20,7 +20,7 @@ from orbit.client.session import API, Session, part, query, raise_for
 import httpx
 
 from orbit.core.control.views import LogChunk
-from orbit.model.backoff import Backoff
+from orbit.model.backoff import follow_waits
 from orbit.model.errors import BY_NAME, ServerError, Unreachable
 from orbit.model.layers import LogLayer
 from orbit.model.records import CollectResult
@@ -46,7 +46,7 @@ def stream_log(
     broken = 0
     # jittered waits (mean about 2 s once grown): RESUMES of them ride out a restart of
     # half a minute, and the followers a restart cut off do not all come back at once
-    waits = Backoff(base_s=0.2, cap_s=4.0)
+    waits = follow_waits()
     while True:
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(offset)}
         try:
