@@ -26,6 +26,21 @@ def marked(attempts: Path, attempt_id: str, script: str) -> subprocess.Popen[byt
     return subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
 
 
+def settled(*procs: subprocess.Popen[bytes]) -> None:
+    """Until each `bash -c 'sleep 30'` has become its sleep. Popen returns once the child's
+    execve has begun, and until an execve has set up the new program (bash's, then bash's own
+    of sleep) /proc/PID/environ reads empty: a sweep in that instant does not see the process
+    (on CI's loaded machine one did, and stopped nothing; the next sweep would have)."""
+
+    def slept(proc: subprocess.Popen[bytes]) -> bool:
+        try:
+            return Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep"
+        except OSError:
+            return False
+
+    eventually(lambda: all(slept(p) for p in procs), timeout=10)
+
+
 def test_a_sweep_never_stops_an_attempt_launched_while_it_waits(tmp_path: Path) -> None:
     attempts = tmp_path / "attempts"
     # an ended attempt's leftover that ignores SIGTERM: the sweep waits out the grace period
@@ -56,6 +71,7 @@ def test_a_sweep_stops_only_processes_with_this_planes_marks(tmp_path: Path) -> 
     live = marked(attempts, "run-live-1", "sleep 30")
     stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
+        settled(ended, live)
         result = host_processes.stop_ended(str(attempts), ["run-live-1"], PLANE)
         assert set(result["stopped"]) == {"run-ended-1"}
         eventually(lambda: not process_alive(ended.pid), timeout=10)
