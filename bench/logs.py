@@ -18,8 +18,11 @@ A run on the host writes the log (base64 text, 100 columns); then each figure is
     chunks      the read_log loop `orbit logs` made before: 1 MiB base64 JSON chunks through
                 hostside.py, one ssh call each
     cli start   `orbit --version`: the interpreter and imports alone, for scale
+    ssh tail    `ssh HOST tail -n 100 FILE`: the reference for the next
+    orbit tail  `orbit logs RUN --tail 100`: the log's end found and read, never the whole log
 
-ratio = seconds / ssh cat seconds; the goal for `orbit logs` is <= 2.
+ratio = seconds / ssh cat seconds (orbit tail: / ssh tail seconds); the goal for `orbit logs`
+is <= 2.
 """
 
 from __future__ import annotations
@@ -71,7 +74,15 @@ def main() -> int:
         f"a {report['log_bytes'] / 1e6:.1f} MB log over SSH (loopback), median of "
         f"{args.repeat}; ratio = seconds / `ssh cat` seconds (goal for orbit logs: <= 2)"
     )
-    for name in ("ssh_cat", "orbit_logs", "stream", "chunks", "cli_start"):
+    for name in (
+        "ssh_cat",
+        "orbit_logs",
+        "stream",
+        "chunks",
+        "cli_start",
+        "ssh_tail",
+        "orbit_tail",
+    ):
         seconds, ratio = report[name]["seconds"], report[name]["ratio"]
         print(f"  {name.replace('_', ' '):<11} {seconds:7.2f} s  ratio {ratio:6.2f}")
     return 0
@@ -123,6 +134,8 @@ def measure(factory: SshdFactory, scratch: Path, size: int, repeat: int) -> dict
     expected = hashlib.sha256(path.read_bytes()).hexdigest()
     shown = orbit("logs", run["id"]).stdout  # once, checked: the same bytes
     assert hashlib.sha256(shown).hexdigest() == expected, "orbit logs printed other bytes"
+    last = b"".join(path.read_bytes().splitlines(keepends=True)[-100:])
+    assert orbit("logs", run["id"], "--tail", "100").stdout == last, "--tail printed other bytes"
 
     settings = Settings(home=home, database_url="", ssh_config=server.config)
     options = options_for(settings)
@@ -157,6 +170,14 @@ def measure(factory: SshdFactory, scratch: Path, size: int, repeat: int) -> dict
             "stream": stream,
             "chunks": chunks,
             "cli_start": lambda: orbit("--version", stdout=subprocess.DEVNULL),
+            "ssh_tail": lambda: subprocess.run(
+                server.ssh_argv("tail", "-n", "100", str(path)),
+                stdout=subprocess.DEVNULL,
+                check=True,
+            ),
+            "orbit_tail": lambda: orbit(
+                "logs", run["id"], "--tail", "100", stdout=subprocess.DEVNULL
+            ),
         }
         seconds: dict[str, list[float]] = {name: [] for name in actions}
         for _ in range(repeat):
@@ -169,7 +190,8 @@ def measure(factory: SshdFactory, scratch: Path, size: int, repeat: int) -> dict
     report: dict[str, object] = {"log_bytes": log_bytes, "repeat": repeat}
     for name, taken in seconds.items():
         median = statistics.median(taken)
-        report[name] = {"seconds": median, "ratio": median / reference, "all": taken}
+        against = statistics.median(seconds["ssh_tail"]) if name == "orbit_tail" else reference
+        report[name] = {"seconds": median, "ratio": median / against, "all": taken}
     return report
 
 

@@ -251,6 +251,7 @@ def test_an_agent_nothing_can_connect_to_runs_pool_runs(
         assert attempt["state"] == "succeeded", (attempt, agent.output()[-3000:])
         assert attempt["handle"]["target"] == "walled"
         assert orbit(env, "logs", run_id).stdout.split() == [f"quick-{i}", f"done-{i}"]
+        assert orbit(env, "logs", run_id, "--tail", "1").stdout == f"done-{i}\n"  # pool copy
     assert ended(server, held)["attempts"][-1]["state"] == "succeeded"
     assert orbit(env, "logs", held).stdout.split() == ["held"]
     assert _connect(walled.ns.ns_addr, PROBE_PORT) == "timed out"

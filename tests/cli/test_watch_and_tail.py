@@ -11,6 +11,7 @@ import pty
 import signal
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -20,18 +21,35 @@ from tests.orbit_server import Server
 
 
 def check_watch_on_a_pipe_and_tail(env: dict[str, str], folder: Path) -> None:
-    spec = write_spec(folder, task={"command": "seq 1 100; sleep 5; echo done"})
+    # the task says when it wrote its last lines, five seconds after the first ones
+    spec = write_spec(
+        folder, task={"command": "seq 1 100; sleep 5; date -u +%Y-%m-%dT%H:%M:%S.%6NZ; echo done"}
+    )
     run_id = orbit_json(env, "submit", str(spec))["id"]
     watched = orbit(env, "status", run_id, "--watch", "--interval", "0.3", timeout=60)
     assert "\x1b" not in watched.stdout and "\x1b" not in watched.stderr
     views = watched.stdout.strip().split("\n\n")
     assert "succeeded" in views[-1] and "succeeded" not in views[0], views
     assert len(views) == len(set(views))  # a view is appended only when it changed
-    tail = orbit(env, "logs", run_id, "--tail", "3").stdout
-    assert tail == "99\n100\ndone\n", tail
+    *_, hundred, stamp, done = orbit(env, "logs", run_id, "--tail", "3").stdout.splitlines()
+    assert (hundred, done) == ("100", "done")
     assert orbit(env, "logs", run_id, "--tail", "0").stdout == ""
     assert orbit(env, "logs", run_id, "-n", "500").stdout.splitlines()[0] == "1"
-    assert orbit(env, "logs", run_id, "--tail", "2", "--follow").stdout == "100\ndone\n"
+    assert orbit(env, "logs", run_id, "--tail", "2", "--follow").stdout == f"{stamp}\ndone\n"
+    # --since: what was written after a time (here two seconds before the task's last lines,
+    # three after its first ones), alone, with --tail, in the runtime log, and as a duration
+    wrote = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    since = (wrote - timedelta(seconds=2)).isoformat()
+    assert orbit(env, "logs", run_id, "--since", since).stdout == f"{stamp}\ndone\n"
+    assert orbit(env, "logs", run_id, "--since", since, "-n", "1").stdout == "done\n"
+    runtime = orbit(env, "logs", run_id, "--layer", "runtime", "--since", since).stdout
+    assert "task exited with 0" in runtime and "starting task" not in runtime, runtime
+    assert orbit(env, "logs", run_id, "--since", "1h").stdout.startswith("1\n2\n")
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    assert orbit(env, "logs", run_id, "--since", later, "--follow").stdout == ""
+    bad = orbit(env, "logs", run_id, "--since", "yesterday", check=False)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().count("\n") == 0 and "--since: expected a duration" in bad.stderr
 
 
 def test_watch_and_tail_embedded(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -223,6 +224,8 @@ def test_the_python_client_against_a_real_server(orbit_server: Server, tmp_path:
         assert b"".join(run.logs(follow=True)) == b"step 0\nstep 1\nstep 2\n"
         record = run.wait(timeout=30)
         assert isinstance(record, RunRecord) and record.state.value == "succeeded"
+        assert b"".join(run.logs(tail=1)) == b"step 2\n"
+        assert b"".join(run.logs(since=datetime.now(UTC))) == b""
         assert [r.id for r in client.runs(experiment="nb")] == [run.id]
         assert client.run(run.id[:10]).id == run.id
         got = run.collect(tmp_path / "out")

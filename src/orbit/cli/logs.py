@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import deque
+from datetime import UTC, datetime
 
 import typer
 
@@ -34,28 +34,44 @@ def logs(
         "-n",
         min=0,
         metavar="N",
-        help="Only the last N lines of what is there now (then, with --follow, what comes).",
+        help="Only the last N lines of what is there now (then, with --follow, what comes). "
+        "Only the log's end is read, however long the log.",
+    ),
+    since: str | None = typer.Option(
+        None,
+        "--since",
+        metavar="WHEN",
+        help="Only what was written after WHEN: a duration back from now (90s, 10m, 2h, 1d) "
+        "or a time (2026-05-01T12:00:00Z; without a zone, this machine's). The task's own "
+        "output carries no times: ORBIT notes the log's size every second as it grows, so "
+        "this is to within a second of when the output reached the log (a task that holds "
+        "its output back writes in bursts). With --tail, the last N of those lines.",
     ),
 ) -> None:
-    """Print a run's logs. With --follow, stream them until the run ends (it follows retries)."""
+    """Print a run's logs. With --follow, stream them until the run ends (it follows retries).
+
+    \b
+    orbit logs RUN --tail 50              the last 50 lines
+    orbit logs RUN --since 10m -f         the last ten minutes, then follow
+    orbit logs RUN -l runtime --since 1h  the wrapper's own steps of the last hour"""
     from orbit.model.backoff import follow_waits
     from orbit.model.errors import Unreachable
 
     svc = service()
     out = sys.stdout.buffer
     offset, current, lost = 0, None, False
+    if tail is not None or since is not None:
+        when = since_time(since) if since is not None else None
+        place = svc.find_log_start(run, layer, lines=tail, since=when, attempt=attempt)
+        offset, current = place.offset, place.attempt_id
     written = 0  # by the current read: a read broken off part way goes on from there
-    last = LastLines(tail) if tail is not None else None  # until the first read has ended
     # jittered, growing waits (as the client's own resumes): many terminals following logs
     # through one host's outage do not all ask again in the same instant when it returns
     waits = follow_waits()
 
     def sink(data: bytes) -> None:
         nonlocal written
-        if last is not None:
-            last.add(data)
-        else:
-            out.write(data)
+        out.write(data)
         written += len(data)
 
     while True:
@@ -87,9 +103,6 @@ def logs(
             offset, current = 0, chunk.attempt_id
             continue
         current = chunk.attempt_id
-        if last is not None:  # what was there has been read: its last lines, then live
-            out.write(last.text())
-            last = None
         out.flush()
         got, offset = chunk.offset != offset, chunk.offset
         if not follow:  # a read goes to the log's end: nothing more to ask for
@@ -107,23 +120,23 @@ def logs(
     ended(run, attempt)
 
 
-class LastLines:
-    """The last `n` lines of the bytes given (a line cut at the end counts as one), kept as
-    they stream by: a long log is read through, never held whole."""
+def since_time(text: str) -> datetime:
+    """--since: a duration back from now (as `orbit tokens --expires` takes them) or an ISO
+    8601 time (this machine's zone where it names none)."""
+    from orbit.model.auth import parse_duration
+    from orbit.model.errors import InvalidInput
 
-    def __init__(self, n: int) -> None:
-        self.lines: deque[bytes] = deque(maxlen=n)
-        self.n, self.partial = n, b""
-
-    def add(self, data: bytes) -> None:
-        *whole, self.partial = (self.partial + data).split(b"\n")
-        self.lines.extend(line + b"\n" for line in whole)
-
-    def text(self) -> bytes:
-        if self.n == 0:
-            return b""
-        lines = [*self.lines, self.partial] if self.partial else list(self.lines)
-        return b"".join(lines[-self.n :])
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        try:
+            return datetime.now(UTC) - parse_duration(text, "--since")
+        except InvalidInput:
+            raise InvalidInput(
+                f"--since: expected a duration like 90s, 10m or 2h, or a time like "
+                f"2026-05-01T12:00:00Z, got {text!r}"
+            ) from None
+    return when if when.tzinfo is not None else when.astimezone()
 
 
 def ended(run: str, attempt: int | None) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -199,13 +200,27 @@ class Run:
         return self.api.collect_run_artifacts(self.record.id, Path(dest), attempt)
 
     def logs(
-        self, *, follow: bool = False, layer: str = "training", attempt: int | None = None
+        self,
+        *,
+        follow: bool = False,
+        layer: str = "training",
+        attempt: int | None = None,
+        tail: int | None = None,
+        since: datetime | None = None,
     ) -> Iterator[bytes]:
         """The log's bytes as they come; with `follow`, until the run ends (through its
-        automatic retries, each announced by a `--- attempt N ---` line, as the CLI prints)."""
+        automatic retries, each announced by a `--- attempt N ---` line, as the CLI prints).
+        `tail`: only its last N lines (then what comes); `since` (with its zone): only what
+        was written after it (as `orbit logs --tail N --since WHEN`)."""
         from orbit.model.layers import LogLayer
 
         chosen = LogLayer(layer)
+        start = None
+        if tail is not None or since is not None:
+            place = self.api.find_log_start(
+                self.record.id, chosen, lines=tail, since=since, attempt=attempt
+            )
+            start = (place.offset, place.attempt_id)
         pieces: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=64)
         stop = threading.Event()
 
@@ -220,7 +235,7 @@ class Run:
 
         def pump() -> None:
             try:
-                self._pump(chosen, attempt, follow, put)
+                self._pump(chosen, attempt, follow, put, start)
                 put(None)
             except _Stopped:
                 return
@@ -242,10 +257,17 @@ class Run:
         finally:
             stop.set()  # the caller stopped reading (or the log ended): the pump stops too
 
-    def _pump(self, layer: Any, attempt: int | None, follow: bool, put: Any) -> None:
+    def _pump(
+        self,
+        layer: Any,
+        attempt: int | None,
+        follow: bool,
+        put: Any,
+        start: tuple[int, str] | None,
+    ) -> None:
         import time
 
-        offset, current = 0, None
+        offset, current = start or (0, None)
         while True:
             chunk = self.api.stream_log(
                 self.record.id, layer, offset, put, attempt, only_attempt=current, follow=follow

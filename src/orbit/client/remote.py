@@ -8,6 +8,7 @@ orbit.client.node_files; the long transfers tell their bytes to the Meter it was
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from orbit.core.control.views import (
     Explanation,
     HostCheck,
     LogChunk,
+    LogPlace,
     QueueEntry,
     QuotaView,
     RunDiff,
@@ -170,6 +172,19 @@ class RemoteControl:
         parts: list[bytes] = []
         chunk = self.stream_log(ref, layer, offset, parts.append, attempt)
         return chunk.model_copy(update={"data": b"".join(parts)})
+
+    def find_log_start(
+        self,
+        ref: str,
+        layer: LogLayer,
+        *,
+        lines: int | None = None,
+        since: datetime | None = None,
+        attempt: int | None = None,
+    ) -> LogPlace:
+        path = f"/runs/{part(ref)}/logs/{layer.value}/start"
+        when = since.isoformat() if since is not None else None
+        return self.session.get(LogPlace, path, lines=lines, since=when, attempt=attempt)
 
     def stream_log(
         self,

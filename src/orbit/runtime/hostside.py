@@ -85,6 +85,18 @@ def read_from(path: str, offset: int, limit: int) -> bytes | None:
         return None
 
 
+def read_end(path: str, limit: int) -> tuple[bytes, int]:
+    """The last `limit` bytes of a file and its size then; a missing file reads as empty."""
+    try:
+        with os.fdopen(host_files.open_file(path), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - limit))
+            data = f.read(limit)
+            return data, f.tell()
+    except (FileNotFoundError, NotADirectoryError):
+        return b"", 0
+
+
 def tail(root: str, pattern: str, limit: int) -> dict[str, bytes]:
     found = {}
     for path in sorted(glob.glob(os.path.join(root, pattern), recursive=True)):
@@ -186,6 +198,9 @@ def main(argv: list[str]) -> dict[str, Any]:
         return probe(*args[:3])
     if command == "read":
         return {"data": _b64(read_from(args[0], int(args[1]), int(args[2])))}
+    if command == "read-end":
+        data, end = read_end(args[0], int(args[1]))
+        return {"data": _b64(data), "end": end}
     if command == "tail":
         found = tail(args[0], args[1], int(args[2]))
         return {"files": {k: _b64(v) for k, v in found.items()}}

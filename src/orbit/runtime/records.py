@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import json
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # as mypy reads it
@@ -24,6 +25,55 @@ else:
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+TIMES_RELPATH = "runtime/training.times"  # when the task's log reached which size (LogTimes)
+MARK_S = 1.0  # a log that grows gets a mark at most this often
+
+
+class LogTimes:
+    """runtime/training.times, so that `orbit logs --since` finds where to start in a log whose
+    lines carry no times of their own (the task's output, as it wrote it): now and then, while
+    the log grows, a line "TIME SIZE": at TIME (UTC, ISO 8601) the log held SIZE bytes, so what
+    lies past SIZE was written after TIME. Marks are taken at most every MARK_S, and only when
+    the size has changed: some 40 bytes a second for a log written without pause."""
+
+    def __init__(self, log: str, times: str) -> None:
+        self.log, self.times = log, times
+        self.size, self.checked = -1, 0.0
+
+    def mark(self, force: bool = False) -> None:
+        """Note the log's size, if it changed (`force`: however soon after the last check)."""
+        now_s = time.monotonic()
+        if not force and now_s - self.checked < MARK_S:
+            return
+        self.checked = now_s
+        try:
+            size = os.stat(self.log).st_size
+        except OSError:
+            return
+        if size == self.size:
+            return
+        self.size = size
+        with contextlib.suppress(OSError):  # a record for reading, never the attempt's end
+            with open(self.times, "a", encoding="utf-8", opener=sidecars.nofollow) as f:
+                f.write(f"{now()} {size}\n")
+
+
+def offset_at(times: bytes, since: datetime.datetime) -> int:
+    """Where in a log whose runtime/training.times is `times` the bytes written after `since`
+    begin (to within MARK_S): the size at the last mark at or before it; 0 where none is."""
+    offset = 0
+    for line in times.splitlines():
+        stamp, _, size = line.decode(errors="replace").partition(" ")
+        try:
+            at, found = datetime.datetime.fromisoformat(stamp), int(size)
+        except ValueError:
+            continue  # a line cut short by the host's crash, say
+        if at > since:
+            break
+        offset = found
+    return offset
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ standard library. Files it writes:
   runtime/status.json   the attempt's state at every transition
   runtime/result.json   exit code or signal, start and finish times, host
   runtime/runtime.log   its own steps
+  runtime/training.times   when training.log reached which size (for `orbit logs --since`)
   artifacts/training.log   the task's stdout and stderr
   artifacts/manifest.json  path, size and sha256 of every artifact
 
@@ -80,6 +81,10 @@ class Wrapper:
         self.docker: Any = None  # orbit_docker.DockerLaunch, for a docker launch mode
         self.fence_checked = 0.0  # when the agent's contact was last looked at
         self.launcher_pid = launcher_pid  # what detached it (it may still be printing our pid)
+        self.times = records.LogTimes(
+            os.path.join(self.artifacts, "training.log"),
+            os.path.join(self.bundle, records.TIMES_RELPATH),
+        )
         os.makedirs(self.runtime, exist_ok=True)
         os.makedirs(self.artifacts, exist_ok=True)
 
@@ -240,6 +245,7 @@ class Wrapper:
         self.status("running", task_pid=self.child.pid, started_at=self.started_at, **container)
         self.wait()
         self.signal_task(signal.SIGKILL)  # nothing of the task outlives it
+        self.times.mark(force=True)
         code = self.child.wait()  # reaped only now: until then its pid names no one else's group
         ended = self.docker.outcome(code) if self.docker is not None else None
         self.log(f"task exited with {code}")
@@ -268,6 +274,7 @@ class Wrapper:
             if time.monotonic() - checked < 0.2:
                 continue
             checked = time.monotonic()
+            self.times.mark()
             if self.stop_at is None and checked >= self.fence_checked + 1.0:
                 self.fence_checked = checked
                 stopping.fence(self)

@@ -53,6 +53,7 @@ OPERATION_IDS = {
     "collect_all": "runs_download_artifacts",
     "stop_leftovers": "runs_stop_leftovers",
     "logs": "runs_logs",
+    "log_start": "runs_log_start",
     "explain": "runs_explain",
     "inspect": "runs_inspect",
     "diff": "runs_diff",

@@ -6,6 +6,7 @@ tell the two apart."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,6 +14,7 @@ from orbit.core.control.views import (
     Explanation,
     HostCheck,
     LogChunk,
+    LogPlace,
     QueueEntry,
     QuotaView,
     RunDiff,
@@ -77,6 +79,15 @@ class ControlAPI(Protocol):
     def read_log(
         self, ref: str, layer: LogLayer, offset: int = ..., attempt: int | None = ...
     ) -> LogChunk: ...
+    def find_log_start(
+        self,
+        ref: str,
+        layer: LogLayer,
+        *,
+        lines: int | None = ...,
+        since: datetime | None = ...,
+        attempt: int | None = ...,
+    ) -> LogPlace: ...
     def stream_log(
         self,
         ref: str,

@@ -3,11 +3,12 @@ progress, the evidence a post-mortem reads, inspect and diff, and collecting art
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orbit.core.control.base import ServicePart, attempt_of
-from orbit.core.control.views import LogChunk, RunDiff, RunPage, RunView, WaitView
+from orbit.core.control.views import LogChunk, LogPlace, RunDiff, RunPage, RunView, WaitView
 from orbit.core.execution.backends.base import LogSink, stream_log
 from orbit.core.execution.runtime_state import parse_json
 from orbit.forensics.evidence import IMAGE_FILE, TAILS, WHOLE_FILES, Evidence
@@ -190,6 +191,33 @@ class Reading(ServicePart):
             )
         return LogChunk(
             data=data, offset=new_offset, attempt=found.number, attempt_id=found.id, ended=ended
+        )
+
+    def find_log_start(
+        self,
+        ref: str,
+        layer: LogLayer,
+        *,
+        lines: int | None = None,
+        since: datetime | None = None,
+        attempt: int | None = None,
+    ) -> LogPlace:
+        """Where a log's last `lines` lines, of those written after `since`, begin (either or
+        both): read on from there (stream_log) for `orbit logs --tail N --since WHEN`. Only
+        the log's end is read to find it (see orbit.core.execution.log_start)."""
+        from orbit.core.execution.log_start import log_start
+
+        if lines is not None and lines < 0:
+            raise InvalidInput(f"lines: expected 0 or more, got {lines}")
+        if since is not None and since.tzinfo is None:
+            raise InvalidInput("since: expected a time with its zone (as 2026-05-01T12:00:00Z)")
+        found = attempt_of(self.store.runs.get_run(ref), attempt)
+        offset = 0
+        if found.handle is not None and (lines is not None or since is not None):
+            backend = self.execution.backend(found.backend_key)
+            offset = log_start(backend, found.handle, layer, lines, since)
+        return LogPlace(
+            offset=offset, attempt=found.number, attempt_id=found.id, ended=found.state.terminal
         )
 
     def stream_log(

@@ -128,6 +128,7 @@ class CoreControlService:
         self.diff_runs = reading.diff_runs
         self.read_log = reading.read_log
         self.stream_log = reading.stream_log
+        self.find_log_start = reading.find_log_start
         self.collect_run_artifacts = reading.collect_run_artifacts
         # submit (submit.py)
         self.submit_task = submitting.submit_task

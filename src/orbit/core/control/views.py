@@ -64,6 +64,15 @@ class LogChunk(Record):
     ended: bool  # the attempt had ended when this was read (nothing more will come)
 
 
+class LogPlace(Record):
+    """Where to start reading a log (for its last lines, or those written since a time)."""
+
+    offset: int
+    attempt: int  # the attempt's number
+    attempt_id: str
+    ended: bool  # the attempt had ended when this was found
+
+
 class TemplateView(Record):
     template: ExecutionTemplate
     path: str  # the file it was read from

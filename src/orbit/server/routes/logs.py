@@ -9,6 +9,7 @@ import functools
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Annotated, Any
 
 import anyio
@@ -17,6 +18,7 @@ from fastapi.responses import StreamingResponse
 
 from orbit.core.control.base import attempt_of
 from orbit.core.control.service import CoreControlService
+from orbit.core.control.views import LogPlace
 from orbit.model.errors import OrbitError
 from orbit.model.layers import LogLayer
 from orbit.model.records import AttemptRecord
@@ -26,6 +28,7 @@ FOLLOW_S = 30.0  # a followed log stream ends after this long without the attemp
 # client asks again from where it got to (proxies drop streams that stay open for long)
 EVENT_BYTES = 16 * 1024  # the most log bytes one event carries (a cut stream loses at most one)
 MAX_OFFSET = 2**63 - 1  # the largest offset a file can be read from
+MAX_LINES = 10_000_000  # the most lines a log's end is asked for
 MAX_FIELD = 1024 * 1024  # a submission's JSON fields; the whole request: limits.upload_bytes
 # one event of a log stream (before OpenAPI 3.2, a stream's `schema` describes each event)
 LOG_EVENT: dict[str, Any] = {
@@ -79,6 +82,22 @@ def make_logs_router(service: CoreControlService) -> APIRouter:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
+
+    @router.get("/runs/{ref}/logs/{layer}/start", tags=["logs"])
+    def log_start(
+        who: me,
+        ref: RUN_REF,
+        layer: LogLayer,
+        lines: Annotated[int | None, Query(ge=0, le=MAX_LINES)] = None,
+        since: Annotated[
+            datetime | None, Query(description="ISO 8601 with its zone, as 2026-05-01T12:00:00Z")
+        ] = None,
+        attempt: Annotated[int | None, Query(ge=1)] = None,
+    ) -> LogPlace:
+        """Where a log's last `lines` lines, of those written after `since`, begin (either or
+        both): stream the log from that offset (`orbit logs --tail N --since WHEN`). Only the
+        log's end is read to find it."""
+        return service.find_log_start(ref, layer, lines=lines, since=since, attempt=attempt)
 
     return router
 

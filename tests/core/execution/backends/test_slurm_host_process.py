@@ -123,6 +123,8 @@ def test_a_run_succeeds_with_its_logs_sbatch_script_and_manifest(
     assert f"#SBATCH --comment=orbit:run={run['id']},attempt={run['attempts'][0]['id']}" in script
     assert "#SBATCH --no-requeue" in script and "#SBATCH --signal=B:TERM@" in script
     assert "wrapper started" in orbit(env, "logs", run["id"], "--layer", "runtime").stdout
+    last = followed.stdout.splitlines(keepends=True)[-1]
+    assert orbit(env, "logs", run["id"], "--tail", "1").stdout == last
     assert (location / "artifacts" / "runtime-precheck.log").exists()
     assert (location / "artifacts" / "nvml-audit.jsonl").exists()
     dest = tmp_path / "collected"

@@ -597,7 +597,13 @@ def test_a_whole_log_comes_in_one_ssh_call_byte_for_byte_with_its_offsets(
         [*ORBIT, "logs", run["id"]], env=counted, capture_output=True, timeout=120, check=True
     )
     assert shown.stdout == log
-    assert len(calls.read_text().splitlines()) == 1  # one call, not one per MiB
+    # a chunk over the shared connection, then the rest in one call, not one per MiB
+    assert len(calls.read_text().splitlines()) == 2
+    last = subprocess.run(
+        [*ORBIT, "logs", run["id"], "--tail", "2"], env=counted, capture_output=True, check=True
+    )  # the log's end found in one call that reads 64 KiB of it, then read in one more
+    assert last.stdout == log[log.rindex(b"\n", 0, log.rindex(b"\n", 0, size - 1)) + 1 :]
+    assert len(calls.read_text().splitlines()) == 4
 
     settings = Settings(
         home=Path(env["ORBIT_HOME"]).absolute(),
@@ -611,8 +617,10 @@ def test_a_whole_log_comes_in_one_ssh_call_byte_for_byte_with_its_offsets(
     assert backend.stream_log(handle, LogLayer.TRAINING, end, got.extend) == end  # nothing new
     data, after = backend.read_log(handle, LogLayer.TRAINING, 1234)  # the same offsets
     assert after == 1234 + len(data) and data == log[1234:after]
+    assert backend.read_log_end(handle, LogLayer.TRAINING, 100) == (log[-100:], size)
     gone = handle.model_copy(update={"location": f"{handle.location}-never"})
     assert backend.stream_log(gone, LogLayer.TRAINING, 0, got.extend) == 0  # not written yet
+    assert backend.read_log_end(gone, LogLayer.TRAINING, 100) == (b"", 0)
 
 
 def test_retries_to_a_host_that_is_away_wait_for_it_instead_of_burning_out(

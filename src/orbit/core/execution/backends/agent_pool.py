@@ -286,6 +286,9 @@ class AgentPoolBackend:
     def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
         return self.files.read_log(handle, layer, offset)
 
+    def read_log_end(self, handle: RunHandle, layer: LogLayer, max_bytes: int) -> tuple[bytes, int]:
+        return self.files.read_log_end(handle, layer, max_bytes)
+
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
         return self.files.read_file(handle, relpath)
 

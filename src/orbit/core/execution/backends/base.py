@@ -97,6 +97,11 @@ class ExecutionBackend(Protocol):
         """Bytes of a log from `offset`, and the offset to ask from next time."""
         ...
 
+    def read_log_end(self, handle: RunHandle, layer: LogLayer, max_bytes: int) -> tuple[bytes, int]:
+        """The last `max_bytes` of a log, and its size then (the offset they end at); a log
+        not written yet reads as (b"", 0)."""
+        ...
+
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
         """A whole file of the attempt's bundle (runtime/precheck.json, ...), None if absent."""
         ...

@@ -19,6 +19,9 @@ class LocalFiles:
         data = hostside.read_from(str(Path(handle.location) / layer.relpath), offset, READ_CHUNK)
         return data or b"", offset + len(data or b"")
 
+    def read_log_end(self, handle: RunHandle, layer: LogLayer, max_bytes: int) -> tuple[bytes, int]:
+        return hostside.read_end(str(Path(handle.location) / layer.relpath), max_bytes)
+
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
         return hostside.read_from(str(Path(handle.location) / relpath), 0, -1)
 

@@ -285,6 +285,9 @@ class SlurmHostProcessBackend:
     def read_log(self, handle: RunHandle, layer: LogLayer, offset: int) -> tuple[bytes, int]:
         return self._files(handle).read_log(handle, layer, offset)
 
+    def read_log_end(self, handle: RunHandle, layer: LogLayer, max_bytes: int) -> tuple[bytes, int]:
+        return self._files(handle).read_log_end(handle, layer, max_bytes)
+
     def stream_log(self, handle: RunHandle, layer: LogLayer, offset: int, sink: LogSink) -> int:
         files = self._files(handle)
         if isinstance(files, SshHostProcessBackend):

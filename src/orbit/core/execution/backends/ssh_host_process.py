@@ -227,10 +227,23 @@ class SshHostProcessBackend:
         data = _decode(found.get("data")) or b""
         return data, offset + len(data)
 
+    def read_log_end(self, handle: RunHandle, layer: LogLayer, max_bytes: int) -> tuple[bytes, int]:
+        path = f"{handle.location}/{layer.relpath}"
+        found = self._hostside(handle, "read-end", path, str(max_bytes))
+        return _decode(found.get("data")) or b"", int(found.get("end") or 0)
+
     def stream_log(self, handle: RunHandle, layer: LogLayer, offset: int, sink: LogSink) -> int:
-        """The rest of the log in one ssh call (`tail -c +N`, its bytes as they are), where
-        read_log would take one call per chunk, base64 in JSON."""
-        count = 0
+        """The rest of the log: up to a chunk over the shared connection (read_log), and
+        what lies past that in one more ssh call (`tail -c +N`, its bytes as they are), where
+        read_log would take one call per chunk, base64 in JSON. That call has a connection of
+        its own (a log's bulk is faster so), which a log's end, a tail or a followed log's
+        next lines do not wait for."""
+        data, after = self.read_log(handle, layer, offset)
+        if data:
+            sink(data)
+        if len(data) < READ_CHUNK:
+            return after
+        offset, count = after, 0
 
         def counted(data: bytes) -> None:
             nonlocal count
