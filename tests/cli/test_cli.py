@@ -89,6 +89,18 @@ def test_submit_runs_detached_and_everything_reads_back(
     collected = orbit_json(env, "collect", run_id, "--dest", str(tmp_path / "out"))
     assert collected["verified"] is True
     assert (tmp_path / "out" / "training.log").read_text() == "started\nfinished\n"
+    # what was collected tells its run without the store; so does the bundle's last run
+    source = {
+        "run_id": run_id,
+        "attempt_id": f"{run_id}-1",
+        "bundle_digest": shown["bundle"]["digest"],
+        "template": shown["template_id"],
+    }
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["run"] == source
+    location = Path(shown["attempts"][0]["handle"]["location"])
+    last = json.loads((location / "runtime" / "last_run.json").read_text())
+    assert {k: last[k] for k in source} == source and last["exit_code"] == 0
+    assert last["handle"]["backend"] == "local_host_process"
     events = orbit_json(env, "audit", "--run", run_id)
     assert {"run.created", "run.submitted", "attempt.state", "run.collected"} <= {
         e["action"] for e in events

@@ -204,6 +204,17 @@ def test_the_system_python_has_no_orbit_and_no_pydantic(module: str) -> None:
     [
         ({}, ("manual", "manual")),
         ({"ORBIT_RUN_ID": "r-42", "ORBIT_ATTEMPT_ID": "a-2"}, ("r-42", "a-2")),
+        (
+            {
+                "ORBIT_RUN_ID": "r-43",
+                "ORBIT_ATTEMPT_ID": "a-1",
+                "ORBIT_BUNDLE_DIGEST": "d" * 64,
+                "ORBIT_TEMPLATE": "local",
+                "ORBIT_BACKEND": "local_host_process",
+                "ORBIT_TARGET": "localhost",
+            },
+            ("r-43", "a-1"),
+        ),
     ],
 )
 def test_a_succeeding_task_leaves_status_result_logs_and_manifest(
@@ -230,6 +241,29 @@ def test_a_succeeding_task_leaves_status_result_logs_and_manifest(
     for step in ("wrapper started", "state -> starting", "starting task in", "state -> running"):
         assert step in steps
     assert "task exited with 0" in steps and "state -> succeeded" in steps
+
+    # the bundle on its own tells its last run, and the manifest where its files came from
+    last = read_json(runtime / "last_run.json")
+    source = {
+        "run_id": expected[0],
+        "attempt_id": expected[1],
+        "bundle_digest": ids.get("ORBIT_BUNDLE_DIGEST"),
+        "template": ids.get("ORBIT_TEMPLATE"),
+    }
+    assert {k: last[k] for k in source} == source
+    assert read_json(artifacts / "manifest.json")["run"] == source
+    assert last["handle"] == {
+        "backend": ids.get("ORBIT_BACKEND"),
+        "target": ids.get("ORBIT_TARGET"),
+        "host": socket.gethostname(),
+        "location": str(bundle.resolve()),
+    }
+    assert (last["state"], last["exit_code"]) == ("succeeded", 0)
+    assert (last["started_at"], last["finished_at"]) == (
+        result["started_at"],
+        result["finished_at"],
+    )
+    assert last["task_pid"] == last["task_pgid"] and last["task_pid"] != last["wrapper_pid"]
 
     entries = manifest_is_true(artifacts)
     paths = {e["path"] for e in entries}

@@ -88,9 +88,39 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def provenance() -> dict[str, Any]:
+    """Which run, attempt, bundle and template this is, from what the launch gave the wrapper
+    (orbit.core.execution.backends.base.attempt_env); a bundle run by hand is "manual"."""
+    env = os.environ
+    return {
+        "run_id": env.get("ORBIT_RUN_ID") or "manual",
+        "attempt_id": env.get("ORBIT_ATTEMPT_ID") or "manual",
+        "bundle_digest": env.get("ORBIT_BUNDLE_DIGEST") or None,
+        "template": env.get("ORBIT_TEMPLATE") or None,
+    }
+
+
+def handle_facts(bundle: str, host: str) -> dict[str, Any]:
+    """Where the attempt ran, as its control plane finds it again: the backend, the target
+    it was sent to, this host and folder, and the Slurm job and rank where there are."""
+    env = os.environ
+    facts = {
+        "backend": env.get("ORBIT_BACKEND") or None,
+        "target": env.get("ORBIT_TARGET") or None,
+        "host": host,
+        "location": bundle,
+    }
+    for key, name in (("slurm_job_id", "SLURM_JOB_ID"), ("node_rank", "ORBIT_NODE_RANK")):
+        if env.get(name):
+            facts[key] = env[name]
+    return facts
+
+
 def write_manifest(artifacts: str) -> None:
     """artifacts/manifest.json: path, size and sha256 of every plain file under `artifacts`
-    (links are left out), written once nothing of the attempt runs any more."""
+    (links are left out), written once nothing of the attempt runs any more, and which run,
+    attempt, bundle and template they came from (a collected copy is traced without the
+    store)."""
     import hashlib  # here: not in the way of every attempt's start
 
     files = []
@@ -106,4 +136,5 @@ def write_manifest(artifacts: str) -> None:
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     digest.update(chunk)
             files.append({"path": rel, "size": os.path.getsize(path), "sha256": digest.hexdigest()})
-    write_json(os.path.join(artifacts, "manifest.json"), {"schema_version": 1, "files": files})
+    manifest = {"schema_version": 1, "run": provenance(), "files": files}
+    write_json(os.path.join(artifacts, "manifest.json"), manifest)

@@ -8,6 +8,8 @@ standard library. Files it writes:
   runtime/lock          held with flock for as long as it lives: a free lock means it is gone
   runtime/status.json   the attempt's state at every transition
   runtime/result.json   exit code or signal, start and finish times, host
+  runtime/last_run.json    the bundle's last run on its own: run, attempt, bundle digest,
+                        template, where (handle facts), pids, start and end, exit, reason
   runtime/runtime.log   its own steps
   runtime/training.times   when training.log reached which size (for `orbit logs --since`)
   artifacts/training.log   the task's stdout and stderr
@@ -81,6 +83,12 @@ class Wrapper:
         self.docker: Any = None  # orbit_docker.DockerLaunch, for a docker launch mode
         self.fence_checked = 0.0  # when the agent's contact was last looked at
         self.launcher_pid = launcher_pid  # what detached it (it may still be printing our pid)
+        self.last_run: dict[str, Any] = {
+            "schema_version": 1,
+            **records.provenance(),
+            "handle": records.handle_facts(self.bundle, self.host),
+            "wrapper_pid": os.getpid(),
+        }
         self.times = records.LogTimes(
             os.path.join(self.artifacts, "training.log"),
             os.path.join(self.bundle, records.TIMES_RELPATH),
@@ -103,6 +111,14 @@ class Wrapper:
         data.update(extra)
         records.write_json(os.path.join(self.runtime, "status.json"), data)
         self.log(f"state -> {state}" + (f" ({extra['reason']})" if "reason" in extra else ""))
+
+    def write_last_run(self, **fields: Any) -> None:
+        """runtime/last_run.json, so that the bundle on its own tells its last run."""
+        self.last_run.update(fields, started_at=self.started_at)
+        try:
+            records.write_json(os.path.join(self.runtime, "last_run.json"), self.last_run)
+        except OSError as exc:  # a record for people: never what ends the attempt
+            self.log(f"cannot write runtime/last_run.json: {exc}")
 
     def take_lock(self) -> Any:
         path = os.path.join(self.runtime, "lock")
@@ -243,6 +259,10 @@ class Wrapper:
             self.signal_task(signal.SIGTERM)
         container = {"container": self.docker.name} if self.docker is not None else {}
         self.status("running", task_pid=self.child.pid, started_at=self.started_at, **container)
+        # the task leads a session of its own: its process group's id is its pid
+        self.write_last_run(
+            state="running", task_pid=self.child.pid, task_pgid=self.child.pid, **container
+        )
         self.wait()
         self.signal_task(signal.SIGKILL)  # nothing of the task outlives it
         self.times.mark(force=True)
@@ -309,6 +329,7 @@ class Wrapper:
             **fields,
         }
         records.write_json(os.path.join(self.runtime, "result.json"), result)
+        self.write_last_run(**result)
         self.status(state, **{k: v for k, v in fields.items() if k != "state"})
         return 0 if state == "succeeded" else 1
 

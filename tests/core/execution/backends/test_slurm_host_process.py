@@ -3,6 +3,7 @@ cluster registered as a local submit host, runs submitted through the `orbit` CL
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from datetime import datetime, timedelta
@@ -130,6 +131,10 @@ def test_a_run_succeeds_with_its_logs_sbatch_script_and_manifest(
     dest = tmp_path / "collected"
     collected = orbit_json(env, "collect", run["id"], "--dest", str(dest))
     assert collected["verified"] is True and (dest / "out.txt").read_text() == "ok\n"
+    source = json.loads((dest / "manifest.json").read_text())["run"]
+    assert (source["run_id"], source["attempt_id"]) == (run["id"], run["attempts"][0]["id"])
+    last = json.loads((location / "runtime" / "last_run.json").read_text())
+    assert last["handle"]["slurm_job_id"] == job_id(run) and last["state"] == "succeeded"
     assert (dest / "manifest.json").exists()
     assert slurm.job_state(job_id(run)) == "COMPLETED"
     # the same bundle again: the cluster's copy is used as it is

@@ -6,6 +6,7 @@ installed (pyenv's, or python3.8 on PATH), skipped: nothing installs one here on
 from __future__ import annotations
 
 import glob
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -47,4 +48,6 @@ def test_a_bare_host_whose_python3_is_38_runs_a_job_end_to_end(
     dest = tmp_path / "collected"
     collected = orbit_json(env, "collect", run["id"], "--dest", str(dest))
     assert collected["verified"] is True and (dest / "out.txt").read_text() == "ok\n"
-    assert (dest / "manifest.json").exists()  # sealed by the wrapper under 3.8
+    manifest = json.loads((dest / "manifest.json").read_text())  # sealed by the wrapper (3.8)
+    assert manifest["run"]["run_id"] == run["id"]
+    assert manifest["run"]["bundle_digest"] == run["bundle"]["digest"]

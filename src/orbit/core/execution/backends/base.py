@@ -54,6 +54,24 @@ class AttemptContext:
         return env
 
 
+def attempt_env(
+    bundle: FrozenBundle, request: ExecutionRequest, attempt: AttemptContext
+) -> dict[str, str]:
+    """What every launch gives the wrapper in its environment: the attempt's own (above), and
+    where it came from, which the wrapper writes into runtime/last_run.json and
+    artifacts/manifest.json, so that a bundle or a collected folder tells its run without the
+    store. Informational: the task sees them too."""
+    env = {
+        **attempt.env(),
+        "ORBIT_BUNDLE_DIGEST": bundle.digest,
+        "ORBIT_TEMPLATE": request.template_id,
+        "ORBIT_BACKEND": request.backend_key,
+    }
+    if request.target:
+        env["ORBIT_TARGET"] = request.target
+    return env
+
+
 class LaunchError(Exception):
     """Staging or starting failed: an infrastructure failure with its reason."""
 

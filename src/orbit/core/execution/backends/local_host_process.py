@@ -9,6 +9,7 @@ from orbit.core.execution.backends.base import (
     AttemptContext,
     CopyArtifacts,
     LaunchError,
+    attempt_env,
 )
 from orbit.core.execution.backends.local_files import LocalFiles
 from orbit.core.execution.runtime_state import parse_json, status_from_files
@@ -95,7 +96,7 @@ class LocalHostProcessBackend(LocalFiles):
             ) from exc
         # the same start an SSH host makes; the job's own env is in job.json. The wrapper
         # runs with this interpreter, the task with this shell's PATH minus ORBIT's own venv
-        env = {**attempt.env(), **self.launch_env()}
+        env = {**attempt_env(bundle, request, attempt), **self.launch_env()}
         uid, python = None, None
         if self.task_user is not None:
             more, uid, python = self.task_user.enter(attempt_dir, env)

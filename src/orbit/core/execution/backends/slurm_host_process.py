@@ -23,6 +23,7 @@ from orbit.core.execution.backends.base import (
     LaunchError,
     LogLayer,
     LogSink,
+    attempt_env,
 )
 from orbit.core.execution.backends.local_host_process import LocalHostProcessBackend
 from orbit.core.execution.backends.ssh_host_process import NoHosts, SshHostProcessBackend
@@ -90,7 +91,8 @@ class SlurmHostProcessBackend:
             if "error" in prepared:
                 raise OrbitError(f"{shell.where}: {prepared['error']}")
             location = str(prepared["location"])
-            env = {**attempt.env(), **({"ORBIT_PLANE": self.plane} if self.plane else {})}
+            plane = {"ORBIT_PLANE": self.plane} if self.plane else {}
+            env = {**attempt_env(bundle, request, attempt), **plane}
             script = sbatch_script(
                 cluster,
                 request,

@@ -22,6 +22,7 @@ from orbit.core.execution.backends.base import (
     LogLayer,
     LogSink,
     ProcessSweep,
+    attempt_env,
 )
 from orbit.core.execution.backends.local_files import READ_CHUNK
 from orbit.core.execution.runtime_state import parse_json, status_from_files
@@ -112,7 +113,8 @@ class SshHostProcessBackend:
         with contextlib.suppress(OrbitError):  # the host's next contact; never stops a launch
             swept = self.sweep_processes(host, self.hosts.active_attempts())
         ssh = Ssh(host.spec, self.options)
-        env = [f"{k}={v}" for k, v in {**attempt.env(), **self.launch_env()}.items()]
+        launch = {**attempt_env(bundle, request, attempt), **self.launch_env()}
+        env = [f"{k}={v}" for k, v in launch.items()]
         try:
             try:
                 staged = stage_bundle(ssh, bundle)
