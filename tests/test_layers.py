@@ -44,7 +44,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "orbit.core.storage",
         "orbit.core.tasks",
     ),
-    "orbit.integrations": (*BOTTOM, *PLANES),
+    # an integration's launcher runs on the node beside runtime's stdlib-only modules
+    "orbit.integrations": (*BOTTOM, "orbit.runtime", *PLANES),
     "orbit.client": (*BOTTOM, "orbit.forensics", *PLANES),
     "orbit.agent": (*BOTTOM, "orbit.runtime", "orbit.core.execution"),
     "orbit.server": (*BOTTOM, "orbit.store", "orbit.scheduler", "orbit.forensics", *PLANES),

@@ -22,6 +22,9 @@ class Progress(Record):
     learning_rate: float | None = None
     memory_gib: float | None = None
     remaining: str | None = None
+    # what an evaluation adds (the affinetes task's): the mean score so far, tasks failed
+    score: float | None = None
+    failed: int | None = None
 
     def describe(self) -> str:
         parts = []
@@ -37,6 +40,10 @@ class Progress(Record):
             parts.append(f"{self.memory_gib:g} GiB")
         if self.remaining:
             parts.append(f"{self.remaining} left")
+        if self.score is not None:
+            parts.append(f"mean score {self.score:.4g}")
+        if self.failed:
+            parts.append(f"{self.failed} failed")
         return ", ".join(parts)
 
 
@@ -89,6 +96,8 @@ def parse_tail(file: str, tail: bytes) -> Progress | None:
                 learning_rate=_number(record.get("learning_rate")),
                 memory_gib=_number(record.get("memory(GiB)")),
                 remaining=_text(record.get("remaining_time")),
+                score=_number(record.get("score")),
+                failed=None if (n := _number(record.get("failed"))) is None else int(n),
             )
         if latest.loss is None and loss is not None:  # eval lines carry no training loss
             latest = latest.model_copy(update={"loss": loss})

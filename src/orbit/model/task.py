@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -17,6 +18,18 @@ class StagedPath:
 
     source: Path
     dest: str
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A git source the task type itself stages (an integration's pinned upstream): as a
+    `task.sources` entry is, at `path` under inputs/, but never with --allow-dirty: an upstream
+    runs exactly as committed. `field` names it in errors (task.upstream)."""
+
+    repo: str  # a checkout: absolute, or relative to the spec
+    commit: str
+    path: str
+    field: str
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,10 @@ class ShapedTask:
     # records the optional ones, saying once which are absent
     critical_imports: tuple[str, ...] = ()
     optional_imports: tuple[str, ...] = ()
+    upstreams: tuple[Upstream, ...] = ()
+    # what the task type checks of inputs/ once its upstreams are there (an environment the
+    # pinned tree must have): raises InvalidInput naming the field
+    check_inputs: Callable[[Path], None] | None = None
 
 
 class CommonTaskFields(BaseModel):

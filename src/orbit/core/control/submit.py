@@ -55,6 +55,7 @@ def add_sources(
     """Stage the pinned git sources into `inputs` (refusing dirty checkouts unless allowed) and
     record where the code came from: the sources' and the workdir's git state."""
     from orbit.core.execution.sources import (
+        SourceSpec,
         parse_sources,
         place_sources,
         snapshot_workdir,
@@ -62,17 +63,26 @@ def add_sources(
         write_provenance,
     )
 
-    specs = parse_sources(
-        common.sources, reserved=[shaped.workdir, *(s.dest for s in shaped.staged)]
-    )
+    reserved = [
+        shaped.workdir,
+        *(s.dest for s in shaped.staged),
+        *(u.path for u in shaped.upstreams),
+    ]
+    specs = parse_sources(common.sources, reserved=reserved)
     workdirs = [s.source for s in shaped.staged if s.dest == shaped.workdir]
     workdir = snapshot_workdir(workdirs[0]) if workdirs else None
     sources = [
         stage_source(spec, index, base_dir, scratch, allow_dirty)
         for index, spec in enumerate(specs)
     ]
+    for up in shaped.upstreams:  # exactly as committed, whatever --allow-dirty says
+        spec = SourceSpec(repo=up.repo, ref=up.commit, path=up.path)
+        index = len(sources)
+        sources.append(stage_source(spec, index, base_dir, scratch, False, upstream=up.field))
     place_sources(inputs, sources)
     write_provenance(inputs, sources, workdir)
+    if shaped.check_inputs is not None:
+        shaped.check_inputs(inputs)
 
 
 def gather_inputs(

@@ -226,31 +226,41 @@ def _export_tree(top: Path, commit: str, dest: Path, where: str) -> list[str]:
 
 
 def stage_source(
-    spec: SourceSpec, index: int, base_dir: Path, scratch: Path, allow_dirty: bool
+    spec: SourceSpec,
+    index: int,
+    base_dir: Path,
+    scratch: Path,
+    allow_dirty: bool,
+    upstream: str | None = None,
 ) -> StagedSource:
     """Export `spec.ref`'s tree to `scratch/source-<index>`; refuse a dirty checkout unless
     `allow_dirty`, which applies the tracked changes (`git diff <ref>`, so commit + diff is
-    exactly what is staged) and records them. Untracked files are never staged."""
-    field = f"task.sources.{index}"
+    exactly what is staged) and records them. Untracked files are never staged. An
+    `upstream` (the field that names it, as task.upstream) is never staged dirty."""
+    field = upstream or f"task.sources.{index}"
+    ref = f"{field}.commit" if upstream else f"{field}.ref"
     top = _checkout(spec, base_dir, f"{field}.repo")
     commit = spec.ref
     kind = _git(top, "cat-file", "-t", commit)
     if kind.returncode != 0:
-        raise InvalidInput(f"{field}.ref: commit {commit} not found in {top}")
+        raise InvalidInput(f"{ref}: commit {commit} not found in {top}")
     if kind.stdout.strip() != b"commit":
-        raise InvalidInput(
-            f"{field}.ref: {commit} is a {kind.stdout.decode().strip()}, not a commit"
-        )
+        raise InvalidInput(f"{ref}: {commit} is a {kind.stdout.decode().strip()}, not a commit")
     changed, untracked = _status(top, f"{field}.repo")
     dirty_paths = sorted(changed + untracked)
-    if dirty_paths and not allow_dirty:
+    if dirty_paths and (upstream or not allow_dirty):
+        what = (
+            "an upstream runs exactly as committed (--allow-dirty does not apply to it)"
+            if upstream
+            else "or pass --allow-dirty to record the diff in the bundle"
+        )
         raise InvalidInput(
-            f"{field}.repo: {top} has uncommitted changes ({_some(dirty_paths)}); commit them, "
-            "or pass --allow-dirty to record the diff in the bundle"
+            f"{field}.repo: {top} has uncommitted changes ({_some(dirty_paths)}); commit "
+            f"them, {what}"
         )
     tree_dir = scratch / f"source-{index}"
     tree_dir.mkdir(parents=True)
-    submodules = _export_tree(top, commit, tree_dir, f"{field}.ref")
+    submodules = _export_tree(top, commit, tree_dir, ref)
     diff: bytes | None = None
     if changed:
         args = ("--binary", "--no-color", "--no-ext-diff", "--src-prefix=a/", "--dst-prefix=b/")
@@ -266,10 +276,11 @@ def stage_source(
                 f"{field}.repo: the changes in {top} do not apply to {commit}: {why}"
             )
     origin = _origin_url(top)
-    tree = _checked(top, "rev-parse", f"{commit}^{{tree}}", where=f"{field}.ref")
+    tree = _checked(top, "rev-parse", f"{commit}^{{tree}}", where=ref)
     provenance: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "git",
+        **({"upstream": upstream} if upstream else {}),
         "repo": origin or str(top),
         "repo_path": str(top),
         "origin_url": origin,

@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""The `affinetes` task on the node: one affinetes environment run as a black box.
+
+Staged into the bundle's workdir as orbit_affinetes.py beside orbit_git_tree.py; standard
+library only, Python 3.8+. Its settings come in ORBIT_AFFINETES (orbit.integrations
+.affinetes_swe.task). In order:
+
+1. The upstream staged at inputs/upstream must be the commit's tree exactly (its git tree id,
+   as inputs/.orbit/provenance.json recorded it): otherwise nothing of it runs (exit 2).
+2. environments/ENV/env.py is imported from there as it is (no bytecode written beside it),
+   the actor made with actor_args, and its async evaluate() awaited per task id, `concurrency`
+   at a time, each within timeout_s, with the model, the endpoint's URL, the task id and the
+   API key (where evaluate() takes them), and evaluate_args unchanged.
+3. Each result goes, as upstream returned it, to artifacts/raw/results.jsonl (one line a task:
+   its id, status ok | failed | timed_out, times, and upstream's payload or the error); the
+   progress (done / total, mean score so far) to artifacts/logging.jsonl. A failing task is
+   that task's failure: the others go on.
+4. The tree is checked again: a file changed, added or removed during the run fails it (exit
+   3, naming them). Then artifacts/manifests/affinetes_swe_blackbox_run.json, the thin
+   manifest: what ran, counts and scores, never upstream's payloads.
+
+Exit 0 when every task gave a result, 1 when some failed or timed out (the last line says how
+many), 2 when nothing could run, 3 when the upstream's files changed. SIGTERM (a cancel) stops
+the tasks under way and writes the manifest of what was done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import importlib.util
+import inspect
+import json
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:  # as mypy reads it
+    from orbit.runtime import git_tree
+else:
+    try:  # in the bundle: beside this file
+        import orbit_git_tree as git_tree
+    except ImportError:  # as part of the orbit package
+        from orbit.runtime import git_tree
+
+SCHEMA = "affinetes_swe_blackbox_run.v1"
+MANIFEST = os.path.join("manifests", "affinetes_swe_blackbox_run.json")
+RESULTS = os.path.join("raw", "results.jsonl")
+
+
+class Refused(Exception):
+    """Nothing of the upstream can run: exit 2 with this line."""
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def upstream_record(inputs: str) -> dict[str, Any]:
+    """What ORBIT recorded of the staged upstream when it froze the bundle."""
+    path = os.path.join(inputs, ".orbit", "provenance.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            sources = json.load(f)["sources"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise Refused(f"no record of the pinned upstream ({path}: {exc})") from None
+    for source in sources:
+        if source.get("upstream") == "task.upstream":
+            return dict(source)
+    raise Refused(f"{path} records no upstream")
+
+
+def check_tree(tree: str, record: dict[str, Any]) -> bool:
+    """Whether the staged tree can be checked against the commit (not with submodules, whose
+    commits a folder does not show); raise Refused where it differs."""
+    if record.get("submodules_not_staged"):
+        return False
+    found = git_tree.tree_id(tree)
+    if found != record["tree"]:
+        raise Refused(
+            f"the staged upstream is not commit {record['commit']}: its tree is {found}, the "
+            f"commit's {record['tree']}; nothing of it is run"
+        )
+    return True
+
+
+def endpoint_url(endpoint: dict[str, Any]) -> str:
+    if endpoint.get("base_url"):
+        return str(endpoint["base_url"])
+    services = json.loads(os.environ.get("ORBIT_SERVICES") or "{}")
+    url = services.get(endpoint["service"])
+    if not url:
+        raise Refused(f"this node does not advertise the model server {endpoint['service']!r}")
+    return str(url).rstrip("/") + str(endpoint.get("path") or "")
+
+
+def shown_url(url: str) -> str:
+    """The URL without a user or password in it (for the manifest)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def load_actor(tree: str, environment: str, name: str | None, args: dict[str, Any]) -> Any:
+    folder = os.path.join(tree, "environments", environment)
+    sys.path.insert(0, folder)  # env.py's own siblings, as upstream imports them
+    spec = importlib.util.spec_from_file_location(
+        f"affinetes_env_{os.getpid()}", os.path.join(folder, "env.py")
+    )
+    if spec is None or spec.loader is None:
+        raise Refused(f"environments/{environment}/env.py cannot be loaded")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    if name is None:
+        found = [
+            value
+            for value in vars(module).values()
+            if inspect.isclass(value)
+            and value.__module__ == module.__name__
+            and callable(getattr(value, "evaluate", None))
+        ]
+        if len(found) != 1:
+            raise Refused(f"environments/{environment}/env.py has {len(found)} actors: name one")
+        return found[0](**args)
+    return getattr(module, name)(**args)
+
+
+def call_args(evaluate: Any, offered: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """What evaluate() is given: of ours (model, base_url, task_id, api_key) those its
+    signature takes (all, where it takes **kwargs), then evaluate_args as they are."""
+    params = inspect.signature(evaluate).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    args = {k: v for k, v in offered.items() if takes_any or k in params}
+    args.update(extra)
+    return args
+
+
+def as_json(result: Any) -> Any:
+    """Upstream's result as JSON can hold it, nothing taken out or renamed: a pydantic model
+    by its own dump, a dataclass by its fields, anything else as json writes it."""
+    if hasattr(result, "model_dump"):
+        return result.model_dump(mode="json")
+    if hasattr(result, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(result)
+    return result
+
+
+def score_of(result: Any) -> float | None:
+    score = result.get("score") if isinstance(result, dict) else None
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+        return None
+    return float(score)
+
+
+class Tally:
+    """Counts, scores and the progress line, as tasks end."""
+
+    def __init__(self, total: int, progress: Any) -> None:
+        self.total, self.progress = total, progress
+        self.counts = {"ok": 0, "failed": 0, "timed_out": 0}
+        self.scores: list[float] = []
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.counts[record["status"]] += 1
+        score = score_of(record.get("result"))
+        if score is not None:
+            self.scores.append(score)
+        line: dict[str, Any] = {"step": self.done, "max_steps": self.total}
+        line["failed"] = self.total_failed
+        if self.scores:
+            line["score"] = round(sum(self.scores) / len(self.scores), 6)
+        self.progress.write(json.dumps(line) + "\n")
+        self.progress.flush()
+
+    @property
+    def done(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def total_failed(self) -> int:
+        return self.counts["failed"] + self.counts["timed_out"]
+
+    def summary(self) -> dict[str, Any]:
+        scores = self.scores
+        return {
+            "scored": len(scores),
+            "mean": sum(scores) / len(scores) if scores else None,
+            "min": min(scores) if scores else None,
+            "max": max(scores) if scores else None,
+        }
+
+
+async def run_tasks(
+    actor: Any, settings: dict[str, Any], offered: dict[str, Any], out: Any, tally: Tally
+) -> None:
+    gate = asyncio.Semaphore(int(settings["concurrency"]))
+    timeout = float(settings["timeout_s"])
+
+    async def one(task_id: Any) -> None:
+        async with gate:
+            started, record = time.monotonic(), {"task_id": task_id, "started_at": now()}
+            args = call_args(
+                actor.evaluate, {**offered, "task_id": task_id}, settings["evaluate_args"]
+            )
+            try:
+                result = await asyncio.wait_for(actor.evaluate(**args), timeout)
+                record.update(status="ok", result=as_json(result))
+            except TimeoutError:
+                record.update(status="timed_out", error=f"no result within {timeout:g} s")
+            except Exception as exc:  # that task's failure, told as upstream raised it
+                record.update(
+                    status="failed",
+                    error=f"{type(exc).__name__}: {exc}",
+                    traceback=traceback.format_exc(limit=20),
+                )
+            record.update(finished_at=now(), seconds=round(time.monotonic() - started, 3))
+            out.write(json.dumps(record, default=repr) + "\n")
+            out.flush()
+            tally.add(record)
+            score = score_of(record.get("result"))
+            said = f"score {score:g}" if score is not None else record.get("error") or "no score"
+            say(f"task {task_id}: {record['status']}, {said} ({record['seconds']:g} s)")
+
+    await asyncio.gather(*(one(task_id) for task_id in settings["tasks"]))
+
+
+def main() -> int:
+    settings = json.loads(os.environ["ORBIT_AFFINETES"])
+    artifacts = os.environ.get("ORBIT_ARTIFACTS_DIR") or "artifacts"
+    inputs = os.environ.get("ORBIT_INPUTS_DIR") or ".."
+    tree = os.path.normpath(os.path.join(os.getcwd(), settings["upstream_dir"]))
+    sys.dont_write_bytecode = True  # nothing written into the upstream's tree
+    started = now()
+    try:
+        record = upstream_record(inputs)
+        checked = check_tree(tree, record)
+        before = git_tree.file_hashes(tree)
+        url = endpoint_url(settings["endpoint"])
+        actor = load_actor(tree, settings["environment"], settings["actor"], settings["actor_args"])
+    except Refused as exc:
+        say(f"orbit affinetes: {exc}")
+        return 2
+    key_env = settings.get("api_key_env")
+    offered = {"model": settings["model"], "base_url": url}
+    if key_env:
+        offered["api_key"] = os.environ.get(key_env)
+    say(
+        f"orbit affinetes: {settings['environment']} at {record['commit'][:12]}, "
+        f"{len(settings['tasks'])} tasks, {settings['concurrency']} at a time, model "
+        f"{settings['model']} at {shown_url(url)}"
+    )
+    os.makedirs(os.path.join(artifacts, "raw"), exist_ok=True)
+    with open(os.path.join(artifacts, RESULTS), "a", encoding="utf-8") as out:  # 3.8: no (a, b)
+        with open(os.path.join(artifacts, "logging.jsonl"), "a", encoding="utf-8") as progress:
+            tally = Tally(len(settings["tasks"]), progress)
+            cancelled = _run(actor, settings, offered, out, tally)
+    changed = git_tree.changed_files(before, git_tree.file_hashes(tree))
+    manifest = {
+        "schema_version": SCHEMA,
+        "upstream": {
+            "repo": record.get("origin_url") or record.get("repo"),
+            "commit": record["commit"],
+            "tree": record.get("tree"),
+            "tree_checked": checked,
+            "changed_during_run": list(changed),
+        },
+        "environment": settings["environment"],
+        "actor": type(actor).__name__,
+        "method": settings["mode"],
+        "task_ids": settings["tasks"],
+        "model": settings["model"],
+        "endpoint": {**settings["endpoint"], "url": shown_url(url)},
+        "counts": {**tally.counts, "not_run": tally.total - tally.done, "total": tally.total},
+        "score": tally.summary(),
+        "cancelled": cancelled,
+        "started_at": started,
+        "finished_at": now(),
+        "orbit": {
+            "run_id": os.environ.get("ORBIT_RUN_ID") or "manual",
+            "attempt_id": os.environ.get("ORBIT_ATTEMPT_ID") or "manual",
+            "bundle_digest": os.environ.get("ORBIT_BUNDLE_DIGEST") or None,
+        },
+        "raw": [RESULTS.replace(os.sep, "/")],
+    }
+    os.makedirs(os.path.join(artifacts, "manifests"), exist_ok=True)
+    with open(os.path.join(artifacts, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+    if changed:
+        shown = ", ".join(changed[:10]) + (
+            f", and {len(changed) - 10} more" if len(changed) > 10 else ""
+        )
+        say(f"orbit affinetes: the upstream's files changed during the run: {shown}")
+        return 3
+    if cancelled:
+        return 128 + signal.SIGTERM
+    if tally.total_failed:
+        counts = tally.counts
+        say(
+            f"orbit affinetes: {tally.total_failed} of {tally.total} tasks failed "
+            f"({counts['failed']} failed, {counts['timed_out']} timed out)"
+        )
+        return 1
+    mean = tally.summary()["mean"]
+    say(
+        f"orbit affinetes: {tally.total} tasks done"
+        + (f", mean score {mean:g}" if mean is not None else "")
+    )
+    return 0
+
+
+def _run(
+    actor: Any, settings: dict[str, Any], offered: dict[str, Any], out: Any, tally: Tally
+) -> bool:
+    """Run the tasks; True when SIGTERM cut them short."""
+    loop = asyncio.new_event_loop()
+    work = loop.create_task(run_tasks(actor, settings, offered, out, tally))
+    stopped = []
+
+    def stop() -> None:
+        stopped.append(True)
+        work.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        loop.run_until_complete(work)
+    except asyncio.CancelledError:
+        pass
+    finally:
+        loop.close()
+    return bool(stopped)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
