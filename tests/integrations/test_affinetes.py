@@ -5,8 +5,8 @@ and timeout counted while the others go on; upstream's results kept unmodified b
 manifest; an upstream file changed by the task failing the run; a cancel stopping it all.
 
 The environments here do not call a model: the endpoint's URL and the model's name reach
-evaluate() and come back in its result. (The model server itself is the `http` task's and the
-agents' concern; no OpenAI-compatible server with a model runs in this suite.)"""
+evaluate() and come back in its result. test_affinetes_model.py runs one against a real
+OpenAI-compatible server (ms-swift's `swift deploy` of a tiny model on the CPU)."""
 
 from __future__ import annotations
 
