@@ -61,6 +61,52 @@ class SleepyActor:
         await asyncio.sleep(120)
 """
 
+STEPPER = '''
+class StepperActor:
+    """An interactive environment: reset, step, state (a coroutine or not), and evaluate."""
+
+    def __init__(self):
+        self.position = None
+
+    async def reset(self, start=0):
+        self.position = start
+        return {"position": self.position}
+
+    async def step(self, by):
+        if by < 0:
+            raise ValueError("cannot step back")
+        self.position += by
+        return {"position": self.position, "done": self.position >= 10}
+
+    def state(self):
+        return {"position": self.position}
+
+    async def evaluate(self, task_id):
+        return {"score": 0.0}
+'''
+
+CONTROLLER = """
+import json
+import os
+import socket
+
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(os.environ["ORBIT_AFFINETES_SOCKET"])
+    answers = s.makefile("r")
+
+    def call(method, **args):
+        s.sendall((json.dumps({"id": method, "method": method, "args": args}) + "\\n").encode())
+        return json.loads(answers.readline())
+
+    print("methods", call("orbit.methods")["result"])
+    print("reset", call("reset", start=2)["result"])
+    for by in (3, 4):
+        print("step", call("step", by=by)["result"])
+    print("back", call("step", by=-1)["error"])
+    print("fly", call("fly")["error"])
+    print("state", call("state")["result"])
+"""
+
 TWO = """
 class One:
     async def evaluate(self, task_id): ...
@@ -82,7 +128,8 @@ def git(cwd: Path, *args: str) -> str:
 def upstream(tmp_path: Path) -> tuple[Path, str]:
     """An affinetes-shaped repository and its commit."""
     repo = tmp_path / "affinetes"
-    for name, text in {"ARITH": ARITH, "MUTATE": MUTATE, "SLEEPY": SLEEPY, "TWO": TWO}.items():
+    environments = {"ARITH": ARITH, "MUTATE": MUTATE, "SLEEPY": SLEEPY, "STEPPER": STEPPER}
+    for name, text in {**environments, "TWO": TWO}.items():
         (repo / "environments" / name).mkdir(parents=True)
         (repo / "environments" / name / "env.py").write_text(text)
     (repo / "README.md").write_text("# affinetes (shaped)\n")
@@ -212,7 +259,7 @@ def test_what_is_refused_at_submit_in_one_line(
     assert "task.upstream.commit: commit 0000000000" in refused("b", upstream=unknown)
     said = refused("c", environment="NOPE")
     assert "task.environment:" in said and "has no environments/NOPE/env.py" in said
-    assert "(it has: ARITH, MUTATE, SLEEPY, TWO)" in said
+    assert "(it has: ARITH, MUTATE, SLEEPY, STEPPER, TWO)" in said
     assert "task.actor: environments/ARITH/env.py has no class Other" in refused("d", actor="Other")
     assert "several classes with an evaluate() (One, Two): name the actor" in refused(
         "e", environment="TWO"
@@ -286,6 +333,7 @@ def test_a_staged_tree_that_is_not_the_commit_runs_nothing(
     workdir.mkdir()
     shutil.copy(plugin.LAUNCHER, workdir / "orbit_affinetes.py")
     shutil.copy(plugin.GIT_TREE, workdir / "orbit_git_tree.py")
+    shutil.copy(plugin.BRIDGE, workdir / "orbit_affinetes_bridge.py")
     settings = {
         "upstream_dir": "../upstream",
         "environment": "ARITH",
@@ -318,3 +366,37 @@ def test_a_staged_tree_that_is_not_the_commit_runs_nothing(
     assert f"the staged upstream is not commit {commit}" in done.stdout
     results = (tmp_path / "artifacts" / "raw" / "results.jsonl").read_text().splitlines()
     assert len(results) == 1  # the first launch's one task; the second ran nothing
+
+
+def test_a_bridge_serves_the_environments_methods_to_a_controller_and_logs_every_call(
+    env: dict[str, str], tmp_path: Path, upstream: tuple[Path, str]
+) -> None:
+    (tmp_path / "drive.py").write_text(CONTROLLER)
+    task = {"environment": "STEPPER", "mode": "bridge", "controller": "drive.py", "tasks": None}
+    run = orbit_json(env, "submit", str(spec(tmp_path, upstream, **task)))
+    followed = orbit(env, "logs", run["id"], "--follow", check=False)
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    said = followed.stdout
+    assert "methods ['evaluate', 'reset', 'state', 'step']" in said
+    assert "reset {'position': 2}" in said and "step {'position': 9, 'done': False}" in said
+    assert "back ValueError: cannot step back" in said
+    assert "fly no method 'fly' (there are: evaluate, reset, state, step)" in said
+    assert "state {'position': 9}" in said
+    artifacts = attempt_dir(env, run["id"]) / "artifacts"
+    raw = (artifacts / "raw" / "bridge_events.jsonl").read_text()
+    events = [json.loads(line) for line in raw.splitlines()]
+    assert [e["method"] for e in events] == [
+        "orbit.methods",
+        "reset",
+        "step",
+        "step",
+        "step",
+        "fly",
+        "state",
+    ]
+    assert events[2]["args"] == {"by": 3}
+    assert events[2]["answer"]["result"] == {"position": 5, "done": False}
+    manifest = json.loads((artifacts / "manifests" / "affinetes_swe_blackbox_run.json").read_text())
+    assert manifest["method"] == "bridge" and manifest["counts"] == {"calls": 7, "errors": 2}
+    assert manifest["raw"] == ["raw/bridge_events.jsonl"]
+    assert not list(attempt_dir(env, run["id"]).rglob("affinetes.sock"))  # gone with the run

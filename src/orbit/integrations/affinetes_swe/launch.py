@@ -40,12 +40,15 @@ import traceback
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-if TYPE_CHECKING:  # as mypy reads it
+if TYPE_CHECKING:  # as mypy reads them
+    from orbit.integrations.affinetes_swe import bridge
     from orbit.runtime import git_tree
 else:
     try:  # in the bundle: beside this file
+        import orbit_affinetes_bridge as bridge
         import orbit_git_tree as git_tree
     except ImportError:  # as part of the orbit package
+        from orbit.integrations.affinetes_swe import bridge
         from orbit.runtime import git_tree
 
 SCHEMA = "affinetes_swe_blackbox_run.v1"
@@ -255,16 +258,12 @@ def main() -> int:
     offered = {"model": settings["model"], "base_url": url}
     if key_env:
         offered["api_key"] = os.environ.get(key_env)
-    say(
-        f"orbit affinetes: {settings['environment']} at {record['commit'][:12]}, "
-        f"{len(settings['tasks'])} tasks, {settings['concurrency']} at a time, model "
-        f"{settings['model']} at {shown_url(url)}"
-    )
-    os.makedirs(os.path.join(artifacts, "raw"), exist_ok=True)
-    with open(os.path.join(artifacts, RESULTS), "a", encoding="utf-8") as out:  # 3.8: no (a, b)
-        with open(os.path.join(artifacts, "logging.jsonl"), "a", encoding="utf-8") as progress:
-            tally = Tally(len(settings["tasks"]), progress)
-            cancelled = _run(actor, settings, offered, out, tally)
+    if settings["mode"] == "bridge":
+        folder = os.environ.get("ORBIT_BUNDLE_DIR") or os.getcwd()
+        code, counts, cancelled = bridge.serve(actor, settings, artifacts, folder, as_json)
+        scores = None
+    else:
+        code, counts, scores, cancelled = evaluate(actor, settings, offered, url, record, artifacts)
     changed = git_tree.changed_files(before, git_tree.file_hashes(tree))
     manifest = {
         "schema_version": SCHEMA,
@@ -281,8 +280,8 @@ def main() -> int:
         "task_ids": settings["tasks"],
         "model": settings["model"],
         "endpoint": {**settings["endpoint"], "url": shown_url(url)},
-        "counts": {**tally.counts, "not_run": tally.total - tally.done, "total": tally.total},
-        "score": tally.summary(),
+        "counts": counts,
+        "score": scores,
         "cancelled": cancelled,
         "started_at": started,
         "finished_at": now(),
@@ -291,7 +290,7 @@ def main() -> int:
             "attempt_id": os.environ.get("ORBIT_ATTEMPT_ID") or "manual",
             "bundle_digest": os.environ.get("ORBIT_BUNDLE_DIGEST") or None,
         },
-        "raw": [RESULTS.replace(os.sep, "/")],
+        "raw": [bridge.EVENTS if settings["mode"] == "bridge" else RESULTS],
     }
     os.makedirs(os.path.join(artifacts, "manifests"), exist_ok=True)
     with open(os.path.join(artifacts, MANIFEST), "w", encoding="utf-8") as f:
@@ -299,25 +298,43 @@ def main() -> int:
         f.write("\n")
     if changed:
         shown = ", ".join(changed[:10]) + (
-            f", and {len(changed) - 10} more" if len(changed) > 10 else ""
+            f", and {len(changed) - 10} more" if changed[10:] else ""
         )
         say(f"orbit affinetes: the upstream's files changed during the run: {shown}")
         return 3
-    if cancelled:
-        return 128 + signal.SIGTERM
-    if tally.total_failed:
-        counts = tally.counts
-        say(
-            f"orbit affinetes: {tally.total_failed} of {tally.total} tasks failed "
-            f"({counts['failed']} failed, {counts['timed_out']} timed out)"
-        )
-        return 1
-    mean = tally.summary()["mean"]
+    return code
+
+
+def evaluate(
+    actor: Any,
+    settings: dict[str, Any],
+    offered: dict[str, Any],
+    url: str,
+    record: dict[str, Any],
+    artifacts: str,
+) -> tuple[int, dict[str, int], dict[str, Any], bool]:
+    """evaluate() for every task: (exit code, counts, score summary, cut short by SIGTERM)."""
     say(
-        f"orbit affinetes: {tally.total} tasks done"
-        + (f", mean score {mean:g}" if mean is not None else "")
+        f"orbit affinetes: {settings['environment']} at {record['commit'][:12]}, "
+        f"{len(settings['tasks'])} tasks, {settings['concurrency']} at a time, model "
+        f"{settings['model']} at {shown_url(url)}"
     )
-    return 0
+    os.makedirs(os.path.join(artifacts, "raw"), exist_ok=True)
+    with open(os.path.join(artifacts, RESULTS), "a", encoding="utf-8") as out:  # 3.8: no (a, b)
+        with open(os.path.join(artifacts, "logging.jsonl"), "a", encoding="utf-8") as progress:
+            tally = Tally(len(settings["tasks"]), progress)
+            cancelled = _run(actor, settings, offered, out, tally)
+    counts = {**tally.counts, "not_run": tally.total - tally.done, "total": tally.total}
+    if cancelled:
+        return 128 + signal.SIGTERM, counts, tally.summary(), True
+    if tally.total_failed:
+        said = f"{tally.counts['failed']} failed, {tally.counts['timed_out']} timed out"
+        say(f"orbit affinetes: {tally.total_failed} of {tally.total} tasks failed ({said})")
+        return 1, counts, tally.summary(), False
+    mean = tally.summary()["mean"]
+    said = f", mean score {mean:g}" if mean is not None else ""
+    say(f"orbit affinetes: {tally.total} tasks done{said}")
+    return 0, counts, tally.summary(), False
 
 
 def _run(

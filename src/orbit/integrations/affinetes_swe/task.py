@@ -25,6 +25,7 @@ from orbit.model.task import ShapedTask, StagedPath, Upstream
 
 HERE = Path(__file__).resolve().parent
 LAUNCHER = HERE / "launch.py"
+BRIDGE = HERE / "bridge.py"
 GIT_TREE = HERE.parents[1] / "runtime" / "git_tree.py"
 UPSTREAM_DIR = "upstream"  # under inputs/
 MAX_TASKS = 100_000
@@ -95,7 +96,9 @@ class AffinetesRequest(BaseModel):
     upstream: UpstreamSpec
     environment: str = Field(pattern=NAME, description="a folder under environments/")
     actor: str | None = Field(default=None, pattern=IDENTIFIER, description="default: the one")
-    tasks: list[int | str] | TaskRange = Field(description="task ids, or {range: [first, end]}")
+    tasks: list[int | str] | TaskRange | None = Field(
+        default=None, description="task ids, or {range: [first, end]} (evaluate)"
+    )
     model: str = Field(min_length=1, max_length=512)
     endpoint: Endpoint
     # the name of an env var on the node holding the endpoint's API key (never frozen)
@@ -104,11 +107,16 @@ class AffinetesRequest(BaseModel):
     timeout_s: float = Field(default=1800.0, gt=0, le=7 * 86400, description="per task")
     evaluate_args: dict[str, Any] = Field(default={}, description="to evaluate() unchanged")
     actor_args: dict[str, Any] = Field(default={}, description="to the actor's constructor")
-    mode: Literal["evaluate"] = "evaluate"
+    # evaluate: evaluate() per task; bridge: the actor's methods on a Unix socket to `controller`
+    mode: Literal["evaluate", "bridge"] = "evaluate"
+    controller: str | None = Field(default=None, description="bridge: a Python script")
+    controller_args: list[str] = []
 
     @field_validator("tasks")
     @classmethod
-    def _tasks(cls, value: list[int | str] | TaskRange) -> list[int | str] | TaskRange:
+    def _tasks(
+        cls, value: list[int | str] | TaskRange | None
+    ) -> list[int | str] | TaskRange | None:
         if isinstance(value, list):
             if not value or len(value) > MAX_TASKS:
                 raise ValueError(f"expected 1 to {MAX_TASKS} task ids")
@@ -116,10 +124,20 @@ class AffinetesRequest(BaseModel):
                 raise ValueError("a task id is listed twice")
         return value
 
+    @model_validator(mode="after")
+    def _mode(self) -> AffinetesRequest:
+        if self.mode == "evaluate" and self.tasks is None:
+            raise ValueError("tasks: evaluate needs the task ids (or {range: [first, end]})")
+        if self.mode == "bridge" and self.controller is None:
+            raise ValueError("controller: a bridge needs the script that drives it")
+        if self.mode == "evaluate" and self.controller is not None:
+            raise ValueError("controller: only a bridge (mode: bridge) has one")
+        return self
+
     def task_ids(self) -> list[int | str]:
         if isinstance(self.tasks, TaskRange):
             return list(range(*self.tasks.range))
-        return list(self.tasks)
+        return list(self.tasks or [])
 
 
 class AffinetesTask:
@@ -132,7 +150,7 @@ class AffinetesTask:
         return {f"{SERVICE_LABEL}{service}": "yes"} if service else {}
 
     def shape(self, request: AffinetesRequest, base_dir: Path) -> ShapedTask:
-        settings = {
+        settings: dict[str, Any] = {
             "upstream_dir": f"../{UPSTREAM_DIR}",
             "environment": request.environment,
             "actor": request.actor,
@@ -146,6 +164,18 @@ class AffinetesTask:
             "actor_args": request.actor_args,
             "mode": request.mode,
         }
+        staged = [
+            StagedPath(source=LAUNCHER, dest="workdir/orbit_affinetes.py"),
+            StagedPath(source=BRIDGE, dest="workdir/orbit_affinetes_bridge.py"),
+            StagedPath(source=GIT_TREE, dest="workdir/orbit_git_tree.py"),
+        ]
+        if request.controller is not None:
+            script = base_dir / request.controller
+            if not script.is_file():
+                raise InvalidInput(f"task.controller: no such file: {script}")
+            staged.append(StagedPath(source=script, dest=f"workdir/controller/{script.name}"))
+            settings["controller"] = f"controller/{script.name}"
+            settings["controller_args"] = request.controller_args
         upstream = Upstream(
             repo=request.upstream.repo,  # relative to the spec, as task.sources' are
             commit=request.upstream.commit,
@@ -160,10 +190,7 @@ class AffinetesTask:
                 "PYTHONDONTWRITEBYTECODE": "1",  # nothing written into the upstream's tree
                 "PYTHONUNBUFFERED": "1",
             },
-            staged=(
-                StagedPath(source=LAUNCHER, dest="workdir/orbit_affinetes.py"),
-                StagedPath(source=GIT_TREE, dest="workdir/orbit_git_tree.py"),
-            ),
+            staged=tuple(staged),
             upstreams=(upstream,),
             check_inputs=lambda inputs: check_environment(request, inputs / UPSTREAM_DIR),
         )
