@@ -107,6 +107,27 @@ with socket.socket(socket.AF_UNIX) as s:
     print("state", call("state")["result"])
 """
 
+GUESS = """
+from shared.scoring import perfect  # the repository's own package, as affinetes.core is
+
+
+class GuessActor:
+    async def evaluate(self, task_id, model, base_url, api_key=None):
+        return {"score": perfect(), "api_key": api_key}
+
+
+Actor = GuessActor  # the name upstream's framework looks for
+"""
+
+DEPS = """
+import six
+
+
+class Actor:
+    async def evaluate(self, task_id):
+        return {"score": 1.0, "six": six.__version__}
+"""
+
 TWO = """
 class One:
     async def evaluate(self, task_id): ...
@@ -129,9 +150,14 @@ def upstream(tmp_path: Path) -> tuple[Path, str]:
     """An affinetes-shaped repository and its commit."""
     repo = tmp_path / "affinetes"
     environments = {"ARITH": ARITH, "MUTATE": MUTATE, "SLEEPY": SLEEPY, "STEPPER": STEPPER}
-    for name, text in {**environments, "TWO": TWO}.items():
+    environments.update({"TWO": TWO, "game/GUESS": GUESS, "DEPS": DEPS})
+    for name, text in environments.items():
         (repo / "environments" / name).mkdir(parents=True)
         (repo / "environments" / name / "env.py").write_text(text)
+    (repo / "environments" / "DEPS" / "requirements.txt").write_text("six==1.16.0\n")
+    (repo / "shared").mkdir()
+    (repo / "shared" / "__init__.py").write_text("")
+    (repo / "shared" / "scoring.py").write_text("def perfect():\n    return 1.0\n")
     (repo / "README.md").write_text("# affinetes (shaped)\n")
     git(repo, "init", "-q")
     git(repo, "add", "-A")
@@ -259,7 +285,7 @@ def test_what_is_refused_at_submit_in_one_line(
     assert "task.upstream.commit: commit 0000000000" in refused("b", upstream=unknown)
     said = refused("c", environment="NOPE")
     assert "task.environment:" in said and "has no environments/NOPE/env.py" in said
-    assert "(it has: ARITH, MUTATE, SLEEPY, STEPPER, TWO)" in said
+    assert "(it has: ARITH, DEPS, MUTATE, SLEEPY, STEPPER, TWO, game/GUESS)" in said
     assert "task.actor: environments/ARITH/env.py has no class Other" in refused("d", actor="Other")
     assert "several classes with an evaluate() (One, Two): name the actor" in refused(
         "e", environment="TWO"
@@ -334,6 +360,7 @@ def test_a_staged_tree_that_is_not_the_commit_runs_nothing(
     shutil.copy(plugin.LAUNCHER, workdir / "orbit_affinetes.py")
     shutil.copy(plugin.GIT_TREE, workdir / "orbit_git_tree.py")
     shutil.copy(plugin.BRIDGE, workdir / "orbit_affinetes_bridge.py")
+    shutil.copy(plugin.PYENV, workdir / "orbit_affinetes_env.py")
     settings = {
         "upstream_dir": "../upstream",
         "environment": "ARITH",
@@ -400,3 +427,45 @@ def test_a_bridge_serves_the_environments_methods_to_a_controller_and_logs_every
     assert manifest["method"] == "bridge" and manifest["counts"] == {"calls": 7, "errors": 2}
     assert manifest["raw"] == ["raw/bridge_events.jsonl"]
     assert not list(attempt_dir(env, run["id"]).rglob("affinetes.sock"))  # gone with the run
+
+
+def test_upstreams_own_actor_name_a_nested_environment_and_its_package(
+    env: dict[str, str], tmp_path: Path, upstream: tuple[Path, str]
+) -> None:
+    """As upstream's SWE-INFINITE (`Actor = InfiniteActor`) and game/number_guess (nested,
+    importing affinetes.core from the repository's root)."""
+    task = {"environment": "game/GUESS", "tasks": [1, 2], "evaluate_args": {}}
+    run = orbit_json(env, "submit", str(spec(tmp_path, upstream, **task)))
+    assert orbit(env, "logs", run["id"], "--follow").returncode == 0
+    artifacts = attempt_dir(env, run["id"]) / "artifacts"
+    results = [
+        json.loads(line) for line in (artifacts / "raw" / "results.jsonl").read_text().splitlines()
+    ]
+    assert [r["result"] for r in results] == [{"score": 1.0, "api_key": "EMPTY"}] * 2
+    manifest = json.loads((artifacts / "manifests" / "affinetes_swe_blackbox_run.json").read_text())
+    assert manifest["actor"] == "GuessActor" and manifest["environment"] == "game/GUESS"
+
+
+def test_an_environments_requirements_go_into_a_per_commit_environment_made_once(
+    env: dict[str, str], tmp_path: Path, upstream: tuple[Path, str]
+) -> None:
+    cache = tmp_path / "cache"
+    env = {**env, "ORBIT_AFFINETES_CACHE": str(cache)}  # the node's cache (a local run's env)
+    task = {"environment": "DEPS", "tasks": [1], "evaluate_args": {}, "timeout_s": 60}
+    said = []
+    for name in ("first.yaml", "second.yaml"):
+        run = orbit_json(env, "submit", str(spec(tmp_path, upstream, name, **task)))
+        followed = orbit(env, "logs", run["id"], "--follow", timeout=300)
+        said.append(followed.stdout)
+    commit = upstream[1]
+    made = list(cache.glob(f"{commit[:12]}-*"))
+    assert len([m for m in made if m.is_dir()]) == 1, made
+    assert f"making the environment {made[0]}" in said[0] and "reusing" not in said[0]
+    assert f"reusing the environment {made[0]}" in said[1] and "making" not in said[1]
+    artifacts = attempt_dir(env, run["id"]) / "artifacts"
+    results = (artifacts / "raw" / "results.jsonl").read_text()
+    assert json.loads(results)["result"] == {"score": 1.0, "six": "1.16.0"}
+    assert "six==1.16.0" in (artifacts / "raw" / "python_env.txt").read_text()
+    manifest = json.loads((artifacts / "manifests" / "affinetes_swe_blackbox_run.json").read_text())
+    assert manifest["python_env"]["path"] == str(made[0])
+    assert manifest["python_env"]["commit"] == commit

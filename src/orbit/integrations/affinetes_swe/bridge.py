@@ -136,5 +136,7 @@ def serve(
             loop.close()
             if os.path.exists(path):
                 os.unlink(path)
+            if os.path.basename(os.path.dirname(path)).startswith("orbit-bridge-"):
+                os.rmdir(os.path.dirname(path))  # the private folder made for it
     counts = {"calls": bridge.calls, "errors": bridge.errors}
     return (128 + signal.SIGTERM if code is None else code), counts, code is None

@@ -41,14 +41,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:  # as mypy reads them
-    from orbit.integrations.affinetes_swe import bridge
+    from orbit.integrations.affinetes_swe import bridge, pyenv
     from orbit.runtime import git_tree
 else:
     try:  # in the bundle: beside this file
         import orbit_affinetes_bridge as bridge
+        import orbit_affinetes_env as pyenv
         import orbit_git_tree as git_tree
     except ImportError:  # as part of the orbit package
-        from orbit.integrations.affinetes_swe import bridge
+        from orbit.integrations.affinetes_swe import bridge, pyenv
         from orbit.runtime import git_tree
 
 SCHEMA = "affinetes_swe_blackbox_run.v1"
@@ -113,8 +114,11 @@ def shown_url(url: str) -> str:
 
 
 def load_actor(tree: str, environment: str, name: str | None, args: dict[str, Any]) -> Any:
+    """env.py's actor (`name`; else upstream's own `Actor`, else its one class with an
+    evaluate()), made with `args`. Imports as upstream's container does: env.py's siblings
+    as top-level modules, then the repository's own package (affinetes.core, ...)."""
     folder = os.path.join(tree, "environments", environment)
-    sys.path.insert(0, folder)  # env.py's own siblings, as upstream imports them
+    sys.path[:0] = [folder, tree]
     spec = importlib.util.spec_from_file_location(
         f"affinetes_env_{os.getpid()}", os.path.join(folder, "env.py")
     )
@@ -123,17 +127,19 @@ def load_actor(tree: str, environment: str, name: str | None, args: dict[str, An
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    if name is None and inspect.isclass(getattr(module, "Actor", None)):
+        name = "Actor"  # what upstream's framework makes (`Actor = InfiniteActor` included)
     if name is None:
-        found = [
-            value
+        found = {
+            id(value): value
             for value in vars(module).values()
             if inspect.isclass(value)
             and value.__module__ == module.__name__
             and callable(getattr(value, "evaluate", None))
-        ]
+        }
         if len(found) != 1:
             raise Refused(f"environments/{environment}/env.py has {len(found)} actors: name one")
-        return found[0](**args)
+        return next(iter(found.values()))(**args)
     return getattr(module, name)(**args)
 
 
@@ -238,6 +244,29 @@ async def run_tasks(
     await asyncio.gather(*(one(task_id) for task_id in settings["tasks"]))
 
 
+def enter_environment(
+    tree: str, environment: str, commit: str, artifacts: str
+) -> dict[str, Any] | None:
+    """Where the environment has its own requirements.txt: go on in the per-commit Python
+    environment made for them (this program again, under its python); there, what it is."""
+    requirements = pyenv.requirements_of(tree, environment)
+    if requirements is None:
+        return None
+    folder = os.environ.get("ORBIT_AFFINETES_ENV")
+    if not folder:  # not in it yet
+        folder, made = pyenv.ensure(commit, requirements, say)
+        os.makedirs(os.path.join(artifacts, "raw"), exist_ok=True)
+        with open(os.path.join(artifacts, "raw", "python_env.txt"), "w", encoding="utf-8") as f:
+            f.write(pyenv.freeze(folder))  # what upstream's code will import, as pip says
+        os.environ["ORBIT_AFFINETES_ENV"] = folder
+        python = pyenv.python_of(folder)
+        sys.stdout.flush()
+        os.execv(python, [python, os.path.abspath(sys.argv[0]), *sys.argv[1:]])
+    with open(os.path.join(folder, pyenv.STAMP), encoding="utf-8") as f:
+        made = json.load(f)
+    return {"path": folder, **made, "freeze": "raw/python_env.txt"}
+
+
 def main() -> int:
     settings = json.loads(os.environ["ORBIT_AFFINETES"])
     artifacts = os.environ.get("ORBIT_ARTIFACTS_DIR") or "artifacts"
@@ -248,16 +277,17 @@ def main() -> int:
     try:
         record = upstream_record(inputs)
         checked = check_tree(tree, record)
+        in_env = enter_environment(tree, settings["environment"], record["commit"], artifacts)
         before = git_tree.file_hashes(tree)
         url = endpoint_url(settings["endpoint"])
         actor = load_actor(tree, settings["environment"], settings["actor"], settings["actor_args"])
-    except Refused as exc:
+    except (Refused, pyenv.NotMade) as exc:
         say(f"orbit affinetes: {exc}")
         return 2
     key_env = settings.get("api_key_env")
-    offered = {"model": settings["model"], "base_url": url}
-    if key_env:
-        offered["api_key"] = os.environ.get(key_env)
+    # an OpenAI client refuses no key at all, and a server on the node takes any
+    key = os.environ.get(key_env) if key_env else "EMPTY"
+    offered = {"model": settings["model"], "base_url": url, "api_key": key}
     if settings["mode"] == "bridge":
         folder = os.environ.get("ORBIT_BUNDLE_DIR") or os.getcwd()
         code, counts, cancelled = bridge.serve(actor, settings, artifacts, folder, as_json)
@@ -290,6 +320,7 @@ def main() -> int:
             "attempt_id": os.environ.get("ORBIT_ATTEMPT_ID") or "manual",
             "bundle_digest": os.environ.get("ORBIT_BUNDLE_DIGEST") or None,
         },
+        "python_env": in_env,
         "raw": [bridge.EVENTS if settings["mode"] == "bridge" else RESULTS],
     }
     os.makedirs(os.path.join(artifacts, "manifests"), exist_ok=True)

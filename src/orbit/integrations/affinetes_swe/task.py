@@ -26,10 +26,12 @@ from orbit.model.task import ShapedTask, StagedPath, Upstream
 HERE = Path(__file__).resolve().parent
 LAUNCHER = HERE / "launch.py"
 BRIDGE = HERE / "bridge.py"
+PYENV = HERE / "pyenv.py"
 GIT_TREE = HERE.parents[1] / "runtime" / "git_tree.py"
 UPSTREAM_DIR = "upstream"  # under inputs/
 MAX_TASKS = 100_000
-NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+SEGMENT = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
+NAME = rf"^{SEGMENT}(/{SEGMENT})?$"  # environments/NAME or environments/GROUP/NAME
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 
@@ -94,8 +96,10 @@ class AffinetesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     upstream: UpstreamSpec
-    environment: str = Field(pattern=NAME, description="a folder under environments/")
-    actor: str | None = Field(default=None, pattern=IDENTIFIER, description="default: the one")
+    environment: str = Field(pattern=NAME, description="under environments/: NAME or GROUP/NAME")
+    actor: str | None = Field(
+        default=None, pattern=IDENTIFIER, description="default: Actor, else the one there is"
+    )
     tasks: list[int | str] | TaskRange | None = Field(
         default=None, description="task ids, or {range: [first, end]} (evaluate)"
     )
@@ -167,6 +171,7 @@ class AffinetesTask:
         staged = [
             StagedPath(source=LAUNCHER, dest="workdir/orbit_affinetes.py"),
             StagedPath(source=BRIDGE, dest="workdir/orbit_affinetes_bridge.py"),
+            StagedPath(source=PYENV, dest="workdir/orbit_affinetes_env.py"),
             StagedPath(source=GIT_TREE, dest="workdir/orbit_git_tree.py"),
         ]
         if request.controller is not None:
@@ -201,11 +206,8 @@ def check_environment(request: AffinetesRequest, tree: Path) -> None:
     env_py = tree / "environments" / request.environment / "env.py"
     if not env_py.is_file():
         folder = tree / "environments"
-        have = (
-            sorted(p.name for p in folder.iterdir() if (p / "env.py").is_file())
-            if folder.is_dir()
-            else []
-        )
+        found = [*folder.glob("*/env.py"), *folder.glob("*/*/env.py")]
+        have = sorted(p.parent.relative_to(folder).as_posix() for p in found)
         raise InvalidInput(
             f"task.environment: commit {request.upstream.commit[:12]} has no "
             f"environments/{request.environment}/env.py (it has: {', '.join(have) or 'none'})"
@@ -217,18 +219,30 @@ def check_environment(request: AffinetesRequest, tree: Path) -> None:
     actors = [
         node.name for node in module.body if isinstance(node, ast.ClassDef) and _evaluates(node)
     ]
+    names = actors + _aliases(module, actors)  # `Actor = InfiniteActor`, upstream's own name
     if request.actor is not None:
-        if request.actor not in actors:
+        if request.actor not in names:
             raise InvalidInput(
                 f"task.actor: environments/{request.environment}/env.py has no class "
-                f"{request.actor} with an evaluate() (it has: {', '.join(actors) or 'none'})"
+                f"{request.actor} with an evaluate() (it has: {', '.join(names) or 'none'})"
             )
-    elif len(actors) != 1:
+    elif "Actor" not in names and len(actors) != 1:
         raise InvalidInput(
             f"task.actor: environments/{request.environment}/env.py has "
             f"{'no class' if not actors else 'several classes'} with an evaluate()"
             f"{' (' + ', '.join(actors) + ')' if actors else ''}: name the actor"
         )
+
+
+def _aliases(module: ast.Module, actors: list[str]) -> list[str]:
+    """Module-level names bound to one of `actors` (`Actor = InfiniteActor`)."""
+    found = []
+    for node in module.body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Name):
+            continue
+        if node.value.id in actors:
+            found += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return found
 
 
 def _evaluates(node: ast.ClassDef) -> bool:
