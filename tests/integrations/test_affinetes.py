@@ -469,3 +469,32 @@ def test_an_environments_requirements_go_into_a_per_commit_environment_made_once
     manifest = json.loads((artifacts / "manifests" / "affinetes_swe_blackbox_run.json").read_text())
     assert manifest["python_env"]["path"] == str(made[0])
     assert manifest["python_env"]["commit"] == commit
+
+
+def test_an_upstream_named_by_url_is_mirrored_once_and_fetched_for_a_new_commit(
+    env: dict[str, str], tmp_path: Path, upstream: tuple[Path, str]
+) -> None:
+    repo, first = upstream
+    url = f"file://{repo}"
+    task = {"upstream": {"repo": url, "commit": first}, "tasks": [5], "evaluate_args": {}}
+    run = orbit_json(env, "submit", str(spec(tmp_path, upstream, "one.yaml", **task)))
+    assert orbit(env, "logs", run["id"], "--follow").returncode == 0
+    manifest_path = attempt_dir(env, run["id"]) / "artifacts" / "manifests"
+    manifest = json.loads((manifest_path / "affinetes_swe_blackbox_run.json").read_text())
+    assert manifest["upstream"]["repo"] == url and manifest["upstream"]["commit"] == first
+    mirrors = list((Path(env["ORBIT_HOME"]) / "upstreams").glob("*.git"))
+    assert len(mirrors) == 1
+    # a commit made upstream since: the mirror fetches it
+    (repo / "README.md").write_text("# affinetes, later\n")
+    git(repo, "commit", "-qam", "later")
+    later = git(repo, "rev-parse", "HEAD")
+    task["upstream"] = {"repo": url, "commit": later}
+    run = orbit_json(env, "submit", str(spec(tmp_path, upstream, "two.yaml", **task)))
+    assert orbit(env, "logs", run["id"], "--follow").returncode == 0
+    assert list((Path(env["ORBIT_HOME"]) / "upstreams").glob("*.git")) == mirrors
+    # one that cannot be had: one line, the URL's secret never shown
+    task["upstream"] = {"repo": "https://orbit:s3cret@127.0.0.1:9/affinetes.git", "commit": later}
+    done = orbit(env, "submit", str(spec(tmp_path, upstream, "three.yaml", **task)), check=False)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "task.upstream.repo: git clone https://127.0.0.1:9/affinetes.git failed" in done.stderr
+    assert "s3cret" not in done.stderr

@@ -43,7 +43,10 @@ class SourceSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    repo: str = Field(min_length=1, description="a git checkout: absolute, or relative to the spec")
+    repo: str = Field(
+        min_length=1,
+        description="a git checkout (absolute, or relative to the spec) or a URL to mirror",
+    )
     ref: str = Field(description="the exact 40-character commit to stage")
     path: str = Field(description="where to stage the commit's tree, relative to inputs/")
 
@@ -237,16 +240,23 @@ def stage_source(
     `allow_dirty`, which applies the tracked changes (`git diff <ref>`, so commit + diff is
     exactly what is staged) and records them. Untracked files are never staged. An
     `upstream` (the field that names it, as task.upstream) is never staged dirty."""
+    from orbit.core.execution import git_mirrors
+
     field = upstream or f"task.sources.{index}"
     ref = f"{field}.commit" if upstream else f"{field}.ref"
-    top = _checkout(spec, base_dir, f"{field}.repo")
     commit = spec.ref
+    url = git_mirrors.is_url(spec.repo)
+    if url:  # a bare mirror of ORBIT's own: nothing in it is uncommitted
+        top = git_mirrors.mirror(spec.repo, commit, f"{field}.repo")
+    else:
+        top = _checkout(spec, base_dir, f"{field}.repo")
+    where = git_mirrors.shown(spec.repo) if url else str(top)
     kind = _git(top, "cat-file", "-t", commit)
     if kind.returncode != 0:
-        raise InvalidInput(f"{ref}: commit {commit} not found in {top}")
+        raise InvalidInput(f"{ref}: commit {commit} not found in {where}")
     if kind.stdout.strip() != b"commit":
         raise InvalidInput(f"{ref}: {commit} is a {kind.stdout.decode().strip()}, not a commit")
-    changed, untracked = _status(top, f"{field}.repo")
+    changed, untracked = ([], []) if url else _status(top, f"{field}.repo")
     dirty_paths = sorted(changed + untracked)
     if dirty_paths and (upstream or not allow_dirty):
         what = (
@@ -275,7 +285,7 @@ def stage_source(
             raise InvalidInput(
                 f"{field}.repo: the changes in {top} do not apply to {commit}: {why}"
             )
-    origin = _origin_url(top)
+    origin = git_mirrors.shown(spec.repo) if url else _origin_url(top)
     tree = _checked(top, "rev-parse", f"{commit}^{{tree}}", where=ref)
     provenance: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,

@@ -38,7 +38,10 @@ IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 class UpstreamSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    repo: str = Field(min_length=1, description="a git checkout: absolute, or relative to the spec")
+    repo: str = Field(
+        min_length=1,
+        description="a git checkout (absolute, or relative to the spec) or a URL to mirror",
+    )
     commit: str = Field(description="the exact 40-character commit")
 
     @field_validator("commit")
