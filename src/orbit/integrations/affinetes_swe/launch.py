@@ -225,7 +225,7 @@ async def run_tasks(
             try:
                 result = await asyncio.wait_for(actor.evaluate(**args), timeout)
                 record.update(status="ok", result=as_json(result))
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not the builtin before 3.11
                 record.update(status="timed_out", error=f"no result within {timeout:g} s")
             except Exception as exc:  # that task's failure, told as upstream raised it
                 record.update(
