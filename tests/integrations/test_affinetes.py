@@ -128,6 +128,14 @@ class Actor:
         return {"score": 1.0, "six": six.__version__}
 """
 
+SPIN = """
+class Actor:
+    async def evaluate(self, task_id):
+        while task_id == 2:  # synchronous code that never awaits: no timeout can cancel it
+            pass
+        return {"score": 1.0}
+"""
+
 TWO = """
 class One:
     async def evaluate(self, task_id): ...
@@ -150,7 +158,7 @@ def upstream(tmp_path: Path) -> tuple[Path, str]:
     """An affinetes-shaped repository and its commit."""
     repo = tmp_path / "affinetes"
     environments = {"ARITH": ARITH, "MUTATE": MUTATE, "SLEEPY": SLEEPY, "STEPPER": STEPPER}
-    environments.update({"TWO": TWO, "game/GUESS": GUESS, "DEPS": DEPS})
+    environments.update({"TWO": TWO, "game/GUESS": GUESS, "DEPS": DEPS, "SPIN": SPIN})
     for name, text in environments.items():
         (repo / "environments" / name).mkdir(parents=True)
         (repo / "environments" / name / "env.py").write_text(text)
@@ -285,7 +293,7 @@ def test_what_is_refused_at_submit_in_one_line(
     assert "task.upstream.commit: commit 0000000000" in refused("b", upstream=unknown)
     said = refused("c", environment="NOPE")
     assert "task.environment:" in said and "has no environments/NOPE/env.py" in said
-    assert "(it has: ARITH, DEPS, MUTATE, SLEEPY, STEPPER, TWO, game/GUESS)" in said
+    assert "(it has: ARITH, DEPS, MUTATE, SLEEPY, SPIN, STEPPER, TWO, game/GUESS)" in said
     assert "task.actor: environments/ARITH/env.py has no class Other" in refused("d", actor="Other")
     assert "several classes with an evaluate() (One, Two): name the actor" in refused(
         "e", environment="TWO"
@@ -458,8 +466,8 @@ def test_an_environments_requirements_go_into_a_per_commit_environment_made_once
         followed = orbit(env, "logs", run["id"], "--follow", timeout=300)
         said.append(followed.stdout)
     commit = upstream[1]
-    made = list(cache.glob(f"{commit[:12]}-*"))
-    assert len([m for m in made if m.is_dir()]) == 1, made
+    made = [m for m in cache.glob(f"{commit[:12]}-*") if m.is_dir()]  # not its .lock
+    assert len(made) == 1, made
     assert f"making the environment {made[0]}" in said[0] and "reusing" not in said[0]
     assert f"reusing the environment {made[0]}" in said[1] and "making" not in said[1]
     artifacts = attempt_dir(env, run["id"]) / "artifacts"
@@ -498,3 +506,21 @@ def test_an_upstream_named_by_url_is_mirrored_once_and_fetched_for_a_new_commit(
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "task.upstream.repo: git clone https://127.0.0.1:9/affinetes.git failed" in done.stderr
     assert "s3cret" not in done.stderr
+
+
+def test_a_task_stuck_in_synchronous_code_is_timed_out_and_the_run_ends(
+    env: dict[str, str], tmp_path: Path, upstream: tuple[Path, str]
+) -> None:
+    task = {"environment": "SPIN", "tasks": [1, 2, 3], "concurrency": 1, "timeout_s": 1}
+    run = orbit_json(env, "submit", str(spec(tmp_path, upstream, **{**task, "evaluate_args": {}})))
+    followed = orbit(env, "logs", run["id"], "--follow", check=False, timeout=120)
+    assert followed.returncode == 1
+    assert "task 2: timed_out, stuck in synchronous code" in followed.stdout
+    artifacts = attempt_dir(env, run["id"]) / "artifacts"
+    results = [
+        json.loads(line) for line in (artifacts / "raw" / "results.jsonl").read_text().splitlines()
+    ]
+    assert [(r["task_id"], r["status"]) for r in results] == [(1, "ok"), (2, "timed_out")]
+    assert "synchronous code" in results[1]["error"] and results[1]["seconds"] >= 11
+    manifest = json.loads((artifacts / "manifests" / "affinetes_swe_blackbox_run.json").read_text())
+    assert manifest["counts"] == {"ok": 1, "failed": 0, "timed_out": 1, "not_run": 1, "total": 3}

@@ -35,6 +35,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
@@ -210,8 +211,63 @@ class Tally:
         }
 
 
+class Stuck:
+    """The watchdog for a task stuck in synchronous code, which asyncio's timeout cannot stop
+    (it acts only where the task awaits): once a task is BLOCKED_S past its timeout_s while the
+    event loop has not run for BLOCKED_S, the tasks under way are recorded as timed out, the
+    manifest is written, and the process ends (exit 1): nothing else could stop that code."""
+
+    BLOCKED_S = 10.0
+
+    def __init__(self, finish: Any) -> None:
+        self.finish, self.lock = finish, threading.Lock()
+        self.inflight: dict[Any, tuple[float, dict[str, Any], float]] = {}
+        self.beat = time.monotonic()
+
+    async def beating(self) -> None:
+        while True:
+            self.beat = time.monotonic()
+            await asyncio.sleep(1)
+
+    def watch(self, out: Any, tally: Tally) -> None:
+        threading.Thread(target=self._watch, args=(out, tally), daemon=True).start()
+
+    def _watch(self, out: Any, tally: Tally) -> None:
+        while True:
+            time.sleep(1)
+            at = time.monotonic()
+            late = [t for t, (deadline, _, _) in list(self.inflight.items()) if at > deadline]
+            if late and at - self.beat > self.BLOCKED_S:
+                self._give_up(out, tally)
+
+    def _give_up(self, out: Any, tally: Tally) -> None:
+        self.lock.acquire()  # kept until the process ends: the loop's thread writes no more
+        for task_id, (_, record, began) in list(self.inflight.items()):
+            record.update(
+                status="timed_out",
+                error="still running past timeout_s in synchronous code, which cannot be "
+                "interrupted: the run was stopped",
+                finished_at=now(),
+                seconds=round(time.monotonic() - began, 3),
+            )
+            out.write(json.dumps(record, default=repr) + "\n")
+            out.flush()
+            tally.add(record)
+            say(f"task {task_id}: timed_out, stuck in synchronous code")
+        say("orbit affinetes: a task ran past its timeout in synchronous code: the run stops")
+        counts = {**tally.counts, "not_run": tally.total - tally.done, "total": tally.total}
+        code = self.finish(counts, tally.summary())
+        sys.stdout.flush()
+        os._exit(code)
+
+
 async def run_tasks(
-    actor: Any, settings: dict[str, Any], offered: dict[str, Any], out: Any, tally: Tally
+    actor: Any,
+    settings: dict[str, Any],
+    offered: dict[str, Any],
+    out: Any,
+    tally: Tally,
+    stuck: Stuck,
 ) -> None:
     gate = asyncio.Semaphore(int(settings["concurrency"]))
     timeout = float(settings["timeout_s"])
@@ -219,6 +275,7 @@ async def run_tasks(
     async def one(task_id: Any) -> None:
         async with gate:
             started, record = time.monotonic(), {"task_id": task_id, "started_at": now()}
+            stuck.inflight[task_id] = (started + timeout + stuck.BLOCKED_S, record, started)
             args = call_args(
                 actor.evaluate, {**offered, "task_id": task_id}, settings["evaluate_args"]
             )
@@ -234,14 +291,21 @@ async def run_tasks(
                     traceback=traceback.format_exc(limit=20),
                 )
             record.update(finished_at=now(), seconds=round(time.monotonic() - started, 3))
-            out.write(json.dumps(record, default=repr) + "\n")
-            out.flush()
-            tally.add(record)
+            with stuck.lock:
+                stuck.inflight.pop(task_id, None)
+                out.write(json.dumps(record, default=repr) + "\n")
+                out.flush()
+                tally.add(record)
             score = score_of(record.get("result"))
             said = f"score {score:g}" if score is not None else record.get("error") or "no score"
             say(f"task {task_id}: {record['status']}, {said} ({record['seconds']:g} s)")
 
-    await asyncio.gather(*(one(task_id) for task_id in settings["tasks"]))
+    beating = asyncio.ensure_future(stuck.beating())
+    stuck.watch(out, tally)
+    try:
+        await asyncio.gather(*(one(task_id) for task_id in settings["tasks"]))
+    finally:
+        beating.cancel()
 
 
 def enter_environment(
@@ -288,52 +352,59 @@ def main() -> int:
     # an OpenAI client refuses no key at all, and a server on the node takes any
     key = os.environ.get(key_env) if key_env else "EMPTY"
     offered = {"model": settings["model"], "base_url": url, "api_key": key}
+
+    def finish(code: int, counts: dict[str, int], scores: Any, cancelled: bool) -> int:
+        """The tree checked again, the manifest written: the run's exit."""
+        changed = git_tree.changed_files(before, git_tree.file_hashes(tree))
+        manifest = {
+            "schema_version": SCHEMA,
+            "upstream": {
+                "repo": record.get("origin_url") or record.get("repo"),
+                "commit": record["commit"],
+                "tree": record.get("tree"),
+                "tree_checked": checked,
+                "changed_during_run": list(changed),
+            },
+            "environment": settings["environment"],
+            "actor": type(actor).__name__,
+            "method": settings["mode"],
+            "task_ids": settings["tasks"],
+            "model": settings["model"],
+            "endpoint": {**settings["endpoint"], "url": shown_url(url)},
+            "counts": counts,
+            "score": scores,
+            "cancelled": cancelled,
+            "started_at": started,
+            "finished_at": now(),
+            "orbit": {
+                "run_id": os.environ.get("ORBIT_RUN_ID") or "manual",
+                "attempt_id": os.environ.get("ORBIT_ATTEMPT_ID") or "manual",
+                "bundle_digest": os.environ.get("ORBIT_BUNDLE_DIGEST") or None,
+            },
+            "python_env": in_env,
+            "raw": [bridge.EVENTS if settings["mode"] == "bridge" else RESULTS],
+        }
+        os.makedirs(os.path.join(artifacts, "manifests"), exist_ok=True)
+        with open(os.path.join(artifacts, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.write("\n")
+        if changed:
+            shown = ", ".join(changed[:10]) + (
+                f", and {len(changed) - 10} more" if changed[10:] else ""
+            )
+            say(f"orbit affinetes: the upstream's files changed during the run: {shown}")
+            return 3
+        return code
+
     if settings["mode"] == "bridge":
         folder = os.environ.get("ORBIT_BUNDLE_DIR") or os.getcwd()
         code, counts, cancelled = bridge.serve(actor, settings, artifacts, folder, as_json)
-        scores = None
-    else:
-        code, counts, scores, cancelled = evaluate(actor, settings, offered, url, record, artifacts)
-    changed = git_tree.changed_files(before, git_tree.file_hashes(tree))
-    manifest = {
-        "schema_version": SCHEMA,
-        "upstream": {
-            "repo": record.get("origin_url") or record.get("repo"),
-            "commit": record["commit"],
-            "tree": record.get("tree"),
-            "tree_checked": checked,
-            "changed_during_run": list(changed),
-        },
-        "environment": settings["environment"],
-        "actor": type(actor).__name__,
-        "method": settings["mode"],
-        "task_ids": settings["tasks"],
-        "model": settings["model"],
-        "endpoint": {**settings["endpoint"], "url": shown_url(url)},
-        "counts": counts,
-        "score": scores,
-        "cancelled": cancelled,
-        "started_at": started,
-        "finished_at": now(),
-        "orbit": {
-            "run_id": os.environ.get("ORBIT_RUN_ID") or "manual",
-            "attempt_id": os.environ.get("ORBIT_ATTEMPT_ID") or "manual",
-            "bundle_digest": os.environ.get("ORBIT_BUNDLE_DIGEST") or None,
-        },
-        "python_env": in_env,
-        "raw": [bridge.EVENTS if settings["mode"] == "bridge" else RESULTS],
-    }
-    os.makedirs(os.path.join(artifacts, "manifests"), exist_ok=True)
-    with open(os.path.join(artifacts, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
-        f.write("\n")
-    if changed:
-        shown = ", ".join(changed[:10]) + (
-            f", and {len(changed) - 10} more" if changed[10:] else ""
-        )
-        say(f"orbit affinetes: the upstream's files changed during the run: {shown}")
-        return 3
-    return code
+        return finish(code, counts, None, cancelled)
+    stuck = Stuck(lambda counts, scores: finish(1, counts, scores, False))
+    code, counts, scores, cancelled = evaluate(
+        actor, settings, offered, url, record, artifacts, stuck
+    )
+    return finish(code, counts, scores, cancelled)
 
 
 def evaluate(
@@ -343,6 +414,7 @@ def evaluate(
     url: str,
     record: dict[str, Any],
     artifacts: str,
+    stuck: Stuck,
 ) -> tuple[int, dict[str, int], dict[str, Any], bool]:
     """evaluate() for every task: (exit code, counts, score summary, cut short by SIGTERM)."""
     say(
@@ -354,7 +426,7 @@ def evaluate(
     with open(os.path.join(artifacts, RESULTS), "a", encoding="utf-8") as out:  # 3.8: no (a, b)
         with open(os.path.join(artifacts, "logging.jsonl"), "a", encoding="utf-8") as progress:
             tally = Tally(len(settings["tasks"]), progress)
-            cancelled = _run(actor, settings, offered, out, tally)
+            cancelled = _run(actor, settings, offered, out, tally, stuck)
     counts = {**tally.counts, "not_run": tally.total - tally.done, "total": tally.total}
     if cancelled:
         return 128 + signal.SIGTERM, counts, tally.summary(), True
@@ -369,11 +441,16 @@ def evaluate(
 
 
 def _run(
-    actor: Any, settings: dict[str, Any], offered: dict[str, Any], out: Any, tally: Tally
+    actor: Any,
+    settings: dict[str, Any],
+    offered: dict[str, Any],
+    out: Any,
+    tally: Tally,
+    stuck: Stuck,
 ) -> bool:
     """Run the tasks; True when SIGTERM cut them short."""
     loop = asyncio.new_event_loop()
-    work = loop.create_task(run_tasks(actor, settings, offered, out, tally))
+    work = loop.create_task(run_tasks(actor, settings, offered, out, tally, stuck))
     stopped = []
 
     def stop() -> None:
