@@ -474,6 +474,9 @@ def test_an_environments_requirements_go_into_a_per_commit_environment_made_once
     results = (artifacts / "raw" / "results.jsonl").read_text()
     assert json.loads(results)["result"] == {"score": 1.0, "six": "1.16.0"}
     assert "six==1.16.0" in (artifacts / "raw" / "python_env.txt").read_text()
+    precheck = json.loads((artifacts / "raw" / "python_env-precheck.json").read_text())
+    assert precheck["python"]["executable"].startswith(str(made[0]))  # the environment's own
+    assert "six==1.16.0" in (artifacts / "raw" / "python_env-precheck.log").read_text()
     manifest = json.loads((artifacts / "manifests" / "affinetes_swe_blackbox_run.json").read_text())
     assert manifest["python_env"]["path"] == str(made[0])
     assert manifest["python_env"]["commit"] == commit

@@ -328,7 +328,33 @@ def enter_environment(
         os.execv(python, [python, os.path.abspath(sys.argv[0]), *sys.argv[1:]])
     with open(os.path.join(folder, pyenv.STAMP), encoding="utf-8") as f:
         made = json.load(f)
-    return {"path": folder, **made, "freeze": "raw/python_env.txt"}
+    return {"path": folder, **made, "freeze": "raw/python_env.txt", **precheck_here(artifacts)}
+
+
+def precheck_here(artifacts: str) -> dict[str, str]:
+    """The bundle's own precheck, run again in this interpreter (the per-commit environment):
+    what upstream's code loads, recorded as the precheck records the task's interpreter, in
+    raw/python_env-precheck.json and .log (the wrapper's own, of python3, stays as it is)."""
+    bundle = os.environ.get("ORBIT_BUNDLE_DIR")
+    if not bundle:
+        return {}
+    try:
+        sys.path.insert(0, os.path.join(bundle, "scripts"))
+        import orbit_precheck  # type: ignore[import-not-found]
+
+        with open(os.path.join(bundle, "job.json"), encoding="utf-8") as f:
+            report, _ = orbit_precheck.run(json.load(f), os.path.join(bundle, "inputs"))
+        base = os.path.join(artifacts, "raw", "python_env-precheck")
+        with open(base + ".json", "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2, sort_keys=True)
+        with open(base + ".log", "w", encoding="utf-8") as f:
+            f.write(orbit_precheck.human(report))
+    except Exception as exc:  # a record, never what stops the run
+        say(f"orbit affinetes: the environment's precheck could not run: {exc}")
+        return {}
+    finally:
+        sys.path.remove(os.path.join(bundle, "scripts"))
+    return {"precheck": "raw/python_env-precheck.log"}
 
 
 def main() -> int:
