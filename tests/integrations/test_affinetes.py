@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.agents import AgentProc, wait_online
 from tests.helpers import eventually, orbit, orbit_json, sqlite_env, write_spec
 from tests.orbit_server import Server
 
@@ -527,3 +529,40 @@ def test_a_task_stuck_in_synchronous_code_is_timed_out_and_the_run_ends(
     assert "synchronous code" in results[1]["error"] and results[1]["seconds"] >= 11
     manifest = json.loads((artifacts / "manifests" / "affinetes_swe_blackbox_run.json").read_text())
     assert manifest["counts"] == {"ok": 1, "failed": 0, "timed_out": 1, "not_run": 1, "total": 3}
+
+
+def test_an_endpoint_by_service_goes_to_the_node_that_advertises_it(
+    orbit_server: Server,
+    start_agent: Callable[..., AgentProc],
+    tmp_path: Path,
+    upstream: tuple[Path, str],
+) -> None:
+    """On an agent pool: placed on the node advertising the model server, its URL given to
+    evaluate() (the service's URL and the endpoint's path); one nobody advertises refused."""
+    start_agent(orbit_server, "plain", max_tasks=2)
+    start_agent(orbit_server, "served", max_tasks=2, extra=["--service", "vllm=http://127.0.0.1:9"])
+    wait_online(orbit_server, "plain", "served")
+    env = orbit_server.env()
+    task = {"endpoint": {"service": "vllm"}, "tasks": [1, 2], "timeout_s": 30}
+    path = spec(tmp_path, upstream, "pool.yaml", **task)
+    pool = path.read_text().replace("template: local", "template: pool")
+    path.write_text(pool)
+    run = orbit_json(env, "submit", str(path))
+    followed = orbit(env, "logs", run["id"], "--follow", timeout=120)
+    assert "2 tasks done, mean score 0.15" in followed.stdout
+    status = orbit_json(env, "status", run["id"])
+    assert status["attempts"][-1]["handle"]["target"] == "served"
+    dest = tmp_path / "collected"
+    orbit(env, "collect", run["id"], "--dest", str(dest))
+    results = [
+        json.loads(line) for line in (dest / "raw" / "results.jsonl").read_text().splitlines()
+    ]
+    assert {r["result"]["base_url"] for r in results} == {"http://127.0.0.1:9/v1"}
+    manifest = json.loads((dest / "manifests" / "affinetes_swe_blackbox_run.json").read_text())
+    assert manifest["endpoint"]["service"] == "vllm"
+    elsewhere = tmp_path / "nobody.yaml"
+    elsewhere.write_text(pool.replace("service: vllm", "service: sglang"))
+    refused = orbit(env, "submit", str(elsewhere), check=False)
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        "orbit: error: task.endpoint.service: no registered node advertises sglang"
+    ), refused.stderr
