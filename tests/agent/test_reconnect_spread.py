@@ -83,6 +83,9 @@ def test_two_hundred_agents_come_back_spread_out_after_a_restart(
         f"without jitter: {busiest_window(burst)}, over {burst[-1]:.2f}s"
     )
     print(said)
-    assert busiest_window(burst) >= AGENTS * 9 // 10, said  # the measure sees a burst as one
+    # the measure sees a burst as one (most of it: 178 of 200 came in one half second while
+    # CI's 2 cores ran at a load of 10, the rest a few tenths later)
+    assert busiest_window(burst) >= AGENTS * 3 // 4, said
+    assert busiest_window(burst) >= 2 * busiest_window(spread), said
     assert busiest_window(spread) <= AGENTS // 2, said  # at most half in any half second
     assert spread[-1] >= 2.0 > burst[-1], said  # over seconds, not all at once
