@@ -371,6 +371,7 @@ def test_a_staged_tree_that_is_not_the_commit_runs_nothing(
     shutil.copy(plugin.GIT_TREE, workdir / "orbit_git_tree.py")
     shutil.copy(plugin.BRIDGE, workdir / "orbit_affinetes_bridge.py")
     shutil.copy(plugin.PYENV, workdir / "orbit_affinetes_env.py")
+    shutil.copy(plugin.EVALUATING, workdir / "orbit_affinetes_evaluate.py")
     settings = {
         "upstream_dir": "../upstream",
         "environment": "ARITH",

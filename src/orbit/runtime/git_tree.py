@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from typing import Any
 
 SKIP = ("__pycache__",)  # what Python writes beside imported modules, never part of a commit
 
@@ -34,27 +35,61 @@ def _blob(path: str) -> bytes:
     return digest.digest()
 
 
-def _tree(folder: str, submodules: dict[str, str], rel: str) -> bytes | None:
-    """The tree id of `folder` (`rel` from the top), None for a folder git would not hold."""
+MODES = {"f": b"100644", "x": b"100755", "link": b"120000"}  # file_hashes' kinds, as git's
+
+
+def file_hashes(folder: str) -> dict[str, str]:
+    """path -> kind and git blob id ("f:ID", "x:ID" executable, "link:ID" of its target) of
+    every file and link under `folder`, links never followed: the tree id is made of these
+    (tree_of), and two listings say which files changed (changed_files)."""
+    found: dict[str, str] = {}
+
+    def walk(path: str, rel: str) -> None:
+        for name in os.listdir(path):
+            if name == ".git" or name in SKIP:
+                continue
+            full, child = os.path.join(path, name), f"{rel}/{name}" if rel else name
+            info = os.lstat(full)
+            if stat.S_ISLNK(info.st_mode):
+                found[child] = "link:" + _object(b"blob", os.fsencode(os.readlink(full))).hex()
+            elif stat.S_ISDIR(info.st_mode):
+                walk(full, child)
+            elif stat.S_ISREG(info.st_mode):
+                kind = "x" if info.st_mode & stat.S_IXUSR else "f"
+                found[child] = f"{kind}:{_blob(full).hex()}"
+
+    walk(folder, "")
+    return found
+
+
+def tree_of(hashes: dict[str, str], submodules: dict[str, str] | None = None) -> str:
+    """The tree id (hex) of the files `hashes` lists (file_hashes); `submodules`: path from
+    the top -> its commit (hex)."""
+    root: dict[str, Any] = {}
+    leaves = [
+        (p, (MODES[v.partition(":")[0]], bytes.fromhex(v.partition(":")[2])))
+        for p, v in hashes.items()
+    ]
+    leaves += [(p, (b"160000", bytes.fromhex(c))) for p, c in (submodules or {}).items()]
+    for rel, leaf in leaves:
+        *folders, name = rel.split("/")
+        node = root
+        for folder in folders:
+            node = node.setdefault(folder, {})
+        node[name] = leaf
+    return (_tree(root) or _object(b"tree", b"")).hex()
+
+
+def _tree(node: dict[str, Any]) -> bytes | None:
+    """A folder's tree id from its entries; None for a folder git would not hold (empty)."""
     entries = []
-    for name in os.listdir(folder):
-        if name == ".git" or name in SKIP:
-            continue
-        path = os.path.join(folder, name)
-        child = f"{rel}/{name}" if rel else name
-        info = os.lstat(path)
-        if child in submodules:
-            entries.append((name, b"160000", bytes.fromhex(submodules[child])))  # not a folder
-        elif stat.S_ISLNK(info.st_mode):
-            target = os.fsencode(os.readlink(path))
-            entries.append((name, b"120000", _object(b"blob", target)))
-        elif stat.S_ISDIR(info.st_mode):
-            sub = _tree(path, submodules, child)
+    for name, child in node.items():
+        if isinstance(child, dict):
+            sub = _tree(child)
             if sub is not None:
-                entries.append((name + "/", b"40000", sub))
-        elif stat.S_ISREG(info.st_mode):
-            mode = b"100755" if info.st_mode & stat.S_IXUSR else b"100644"
-            entries.append((name, mode, _blob(path)))
+                entries.append((name + "/", b"40000", sub))  # a folder sorts as NAME/
+        else:
+            entries.append((name, *child))
     if not entries:
         return None
     entries.sort(key=lambda e: os.fsencode(e[0]))
@@ -65,30 +100,11 @@ def _tree(folder: str, submodules: dict[str, str], rel: str) -> bytes | None:
 
 
 def tree_id(folder: str, submodules: dict[str, str] | None = None) -> str:
-    """The tree id (hex) of `folder`; `submodules`: path from the top -> its commit (hex)."""
-    found = _tree(folder, submodules or {}, "")
-    return (found or _object(b"tree", b"")).hex()
+    """The tree id (hex) of `folder` as it is on disk."""
+    return tree_of(file_hashes(folder), submodules)
 
 
 def changed_files(before: dict[str, str], after: dict[str, str]) -> tuple[str, ...]:
     """The paths whose content differs between two `file_hashes` listings (added, removed or
     changed), sorted."""
     return tuple(sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p)))
-
-
-def file_hashes(folder: str) -> dict[str, str]:
-    """path -> git blob id (and mode) of every file and link under `folder`: to say which ones
-    changed when the tree id did."""
-    found = {}
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if d != ".git" and d not in SKIP]
-        for name in names:
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, folder).replace(os.sep, "/")
-            info = os.lstat(path)
-            if stat.S_ISLNK(info.st_mode):
-                found[rel] = "link:" + _object(b"blob", os.fsencode(os.readlink(path))).hex()
-            elif stat.S_ISREG(info.st_mode):
-                mode = "x" if info.st_mode & stat.S_IXUSR else "f"
-                found[rel] = f"{mode}:{_blob(path).hex()}"
-    return found

@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 LAUNCHER = HERE / "launch.py"
 BRIDGE = HERE / "bridge.py"
 PYENV = HERE / "pyenv.py"
+EVALUATING = HERE / "evaluating.py"
 GIT_TREE = HERE.parents[1] / "runtime" / "git_tree.py"
 UPSTREAM_DIR = "upstream"  # under inputs/
 MAX_TASKS = 100_000
@@ -175,6 +176,7 @@ class AffinetesTask:
             StagedPath(source=LAUNCHER, dest="workdir/orbit_affinetes.py"),
             StagedPath(source=BRIDGE, dest="workdir/orbit_affinetes_bridge.py"),
             StagedPath(source=PYENV, dest="workdir/orbit_affinetes_env.py"),
+            StagedPath(source=EVALUATING, dest="workdir/orbit_affinetes_evaluate.py"),
             StagedPath(source=GIT_TREE, dest="workdir/orbit_git_tree.py"),
         ]
         if request.controller is not None:
