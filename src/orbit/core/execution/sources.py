@@ -21,10 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orbit.core.execution import git_mirrors
 from orbit.core.execution.provenance import MANIFEST_DIR as MANIFEST_DIR
 from orbit.core.execution.provenance import is_dirty as is_dirty
 from orbit.core.execution.provenance import read_provenance as read_provenance
@@ -133,10 +133,7 @@ def _toplevel(folder: Path) -> tuple[Path | None, str]:
 def _origin_url(top: Path) -> str | None:
     """remote.origin.url without any user or token in it."""
     url = _git(top, "config", "--get", "remote.origin.url").stdout.decode().strip()
-    parts = urlsplit(url)
-    if parts.scheme and "@" in parts.netloc:
-        parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
-    return urlunsplit(parts) if url else None
+    return git_mirrors.shown(url) if url else None
 
 
 def _status(top: Path, where: str) -> tuple[list[str], list[str]]:
@@ -240,8 +237,6 @@ def stage_source(
     `allow_dirty`, which applies the tracked changes (`git diff <ref>`, so commit + diff is
     exactly what is staged) and records them. Untracked files are never staged. An
     `upstream` (the field that names it, as task.upstream) is never staged dirty."""
-    from orbit.core.execution import git_mirrors
-
     field = upstream or f"task.sources.{index}"
     ref = f"{field}.commit" if upstream else f"{field}.ref"
     commit = spec.ref
