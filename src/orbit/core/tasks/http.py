@@ -32,6 +32,20 @@ def loopback(host: str) -> bool:
         return False
 
 
+def on_the_node(url: str, shape: str) -> str:
+    """`url` if it is an http(s) URL of a server on the node itself; else ValueError saying
+    so (`shape`: what such a URL looks like)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected {shape}, got {url!r}")
+    if not loopback(parts.hostname):
+        raise ValueError(
+            f"the model server must run on the node itself (127.0.0.1, localhost, ::1); "
+            f"got {parts.hostname}"
+        )
+    return url
+
+
 class HttpRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,17 +71,7 @@ class HttpRequest(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"expected http://HOST:PORT/PATH, got {value!r}")
-        if not loopback(parts.hostname):
-            raise ValueError(
-                f"the model server must run on the node itself (127.0.0.1, localhost, ::1); "
-                f"got {parts.hostname}"
-            )
-        return value
+        return None if value is None else on_the_node(value, "http://HOST:PORT/PATH")
 
     @field_validator("headers")
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orbit.core.tasks.http import loopback
+from orbit.core.tasks.http import on_the_node
 from orbit.model.errors import InvalidInput
 from orbit.model.nodes import SERVICE_LABEL
 from orbit.model.task import ShapedTask, StagedPath, Upstream
@@ -78,16 +78,7 @@ class Endpoint(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, value: str | None) -> str | None:
-        from urllib.parse import urlsplit
-
-        if value is None:
-            return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"expected http://HOST:PORT/v1, got {value!r}")
-        if not loopback(parts.hostname):
-            raise ValueError(f"the model server must run on the node itself; got {parts.hostname}")
-        return value
+        return None if value is None else on_the_node(value, "http://HOST:PORT/v1")
 
     @model_validator(mode="after")
     def _one(self) -> Endpoint:
