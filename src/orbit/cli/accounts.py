@@ -132,6 +132,26 @@ def whoami(as_json: bool = JSON) -> None:
         console.print(f"{user.name} ({user.role.value}) at {settings().server}")
 
 
+def ui() -> None:
+    """Print a one-time link that signs you in to the server's web console.
+
+    The link works once, within two minutes, and signs the browser in with the token this
+    CLI uses (its role and expiry apply). Or open the console's address (URL/ui/) and paste
+    the token.
+    """
+    from orbit.client.remote import RemoteControl
+    from orbit.model.errors import InvalidInput
+
+    control = service()
+    if not isinstance(control, RemoteControl):
+        raise InvalidInput(
+            "the web console is served by `orbit server`: log in to one first "
+            "(orbit login URL), or start one"
+        )
+    console.print("Open this link within 2 minutes (it works once):")
+    print(control.sign_in_link())
+
+
 def _user_row(user: UserRecord) -> list[str]:
     return [user.name, user.role.value, f"{user.created_at:%Y-%m-%d %H:%M}", user.created_by]
 

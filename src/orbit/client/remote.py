@@ -277,6 +277,10 @@ class RemoteControl:
     def whoami(self) -> UserRecord | None:
         return self.session.get(UserRecord, "/whoami")
 
+    def sign_in_link(self) -> str:
+        """A link that signs this token in to the server's web console, once, for 2 minutes."""
+        return self.url + str(self.session.send("POST", "/ui/links").json()["path"])
+
     def list_users(self) -> list[UserRecord]:
         return self.session.get_list(UserRecord, "/users")
 

@@ -1,6 +1,7 @@
-"""The server as an ASGI app: /api/v1 (the routes package, one router per resource),
-/healthz, /metrics and /openapi.json, with problem-details errors, request size limits, limits
-on failed authentications, and the reconcile, scheduler and gc loops running beside it."""
+"""The server as an ASGI app: /api/v1 (the routes package, one router per resource), the web
+console under /ui/ (the ui package), /healthz, /metrics and /openapi.json, with problem-details
+errors, request size limits, limits on failed authentications, and the reconcile, scheduler and
+gc loops running beside it."""
 
 from __future__ import annotations
 
@@ -118,6 +119,9 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         if scheduler is not None:
             scheduler.poke()
 
+    from orbit.server.ui import install_console
+
+    install_console(app, service)
     gateway = Gateway(service, settings, ended, config.reconcile_every_s)
     app.include_router(make_agent_router(gateway, mailbox, beats))
 
@@ -154,6 +158,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         agent_bytes=config.limits.agent_bytes,
     )
     guard = AuthGuard(config.auth_failures, metrics, app.router.routes)
+    app.state.auth_guard = guard  # the console's sign-in form counts its refusals too
     app.add_middleware(RequireToken, service=service, guard=guard)  # before BodyLimit reads
     app.add_middleware(Timed, metrics=metrics)
     return app

@@ -130,6 +130,9 @@ class RequireToken:
         if scope["path"].startswith(AGENT_PREFIX):
             await self.agent(scope, receive, send)
             return
+        if scope["path"] == "/ui" or scope["path"].startswith("/ui/"):
+            await self.console(scope, receive, send)
+            return
         who = partial(user_state, self.service, Request(scope))
         if await self.identify(scope, receive, send, "user", who):
             await self.app(scope, receive, send)
@@ -156,6 +159,7 @@ class RequireToken:
         send: Send,
         kind: str,
         who: Callable[[], dict[str, object]],
+        refuse: Callable[[AuthFailed], ASGIApp] | None = None,
     ) -> bool:
         """Who is calling, found by `who` (in a worker thread: it reads the store) and kept in
         the request's state; or the answer that refuses it (401, or 503 when the store
@@ -167,13 +171,36 @@ class RequireToken:
             found = await anyio.to_thread.run_sync(who)
         except AuthFailed as exc:
             self.guard.failed(scope, kind, exc.reason)
-            await problem(401, str(exc), "Unauthorized")(scope, receive, send)
+            answer = problem(401, str(exc), "Unauthorized") if refuse is None else refuse(exc)
+            await answer(scope, receive, send)
             return False
         except StoreError as exc:
             await store_failed(exc)(scope, receive, send)
             return False
         scope.setdefault("state", {}).update(found)
         return True
+
+    async def console(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A console request: its session cookie (or a bearer header). Without either, a page
+        sends the browser to the sign-in form; the sign-in form and the console's own files
+        need none."""
+        from orbit.server.ui.session import console_state, is_open, to_sign_in
+
+        path = scope["path"]
+        if path == "/ui" or is_open(path):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        who = partial(console_state, self.service, request)
+        refuse = None
+        if scope["method"] == "GET" and not request.headers.get("authorization"):
+            query = scope.get("query_string", b"").decode("latin-1")
+
+            def refuse(exc: AuthFailed) -> ASGIApp:
+                return to_sign_in(path, query, None if exc.reason == MISSING else str(exc))
+
+        if await self.identify(scope, receive, send, "console", who, refuse):
+            await self.app(scope, receive, send)
 
     async def agent(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An agent's request: its node credential (registering needs none: its join token

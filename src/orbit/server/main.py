@@ -103,6 +103,12 @@ def serve(settings: Settings, config: ServerConfig) -> None:
         config.port,
         service.store.url.split("@")[-1],
     )
+    log.info(
+        "web console: %s://%s:%d/ui/ (sign in with a token, or run `orbit ui` for a link)",
+        "https" if tls else "http",
+        "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host,
+        config.port,
+    )
     uvicorn.run(
         app,
         host=config.host,

@@ -7,6 +7,7 @@ of that page only."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from orbit.model.errors import InvalidInput, NotFound
@@ -102,12 +103,17 @@ def ambiguous(ref: str, matches: list[str]) -> InvalidInput:
 @dataclass(frozen=True)
 class RunFilter:
     """Which runs a listing takes: an experiment's, in some states (of their current
-    attempt), submitted by a user, on a node (see runs_filter)."""
+    attempt), submitted by a user, on a node, of a template, whose id or experiment holds a
+    text; `before`: only those listed after a run (its created_at and id), for the next page
+    of a listing newest first (see runs_filter)."""
 
     experiment_id: str | None = None
     states: set[RunState] | None = None
     user: str | None = None
     node: str | None = None
+    template_id: str | None = None
+    text: str | None = None
+    before: tuple[datetime, str] | None = None
 
     def but(self, **changes: Any) -> RunFilter:
         return replace(self, **changes)
@@ -119,6 +125,9 @@ class RunFilter:
             "states": self.states,
             "user": self.user,
             "node": self.node,
+            "template_id": self.template_id,
+            "text": self.text,
+            "before": self.before,
         }
 
 
@@ -127,15 +136,33 @@ def runs_filter(
     states: set[RunState] | None,
     user: str | None = None,
     node: str | None = None,
+    template_id: str | None = None,
+    text: str | None = None,
+    before: tuple[datetime, str] | None = None,
 ) -> tuple[str, dict[str, object]]:
     """The joins and WHERE clause shared by list_runs and count_runs (runs are `r`). `states`
     filters on each run's current attempt, its highest number; `user` on who submitted it
     (ix_runs_created_by_created_at); `node` on where its current attempt is: an agent node by
     name or id (attempts.node_id, any rank of a gang), or a host, cluster or pinned node by
-    name (ix_attempts_target)."""
+    name (ix_attempts_target); `text` on a run id or experiment name holding it (any case);
+    `before`: runs after that one in the order newest first (created_at DESC, id)."""
     clauses: list[str] = []
     params: dict[str, object] = {"experiment_id": experiment_id, "user": user, "node": node}
     joins = ""
+    if template_id is not None:
+        clauses.append("r.template_id = :template_id")
+        params["template_id"] = template_id
+    if text:
+        clauses.append(
+            "(lower(r.id) LIKE :text ESCAPE '\\' OR r.experiment_id IN (SELECT x.id FROM "
+            "experiments x WHERE lower(x.name) LIKE :text ESCAPE '\\'))"
+        )
+        params["text"] = "%" + like_prefix(text.lower())
+    if before is not None:
+        clauses.append(
+            "(r.created_at < :before_at OR (r.created_at = :before_at AND r.id > :before_id))"
+        )
+        params.update(before_at=before[0], before_id=before[1])
     if experiment_id is not None:
         clauses.append("r.experiment_id = :experiment_id")
     if user is not None:

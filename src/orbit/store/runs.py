@@ -104,10 +104,15 @@ class Runs(Part):
         limit: int | None = None,
         user: str | None = None,
         node: str | None = None,
+        template_id: str | None = None,
+        text: str | None = None,
+        before: tuple[datetime, str] | None = None,
     ) -> list[RunRecord]:
         """Newest first. `states` and `node` filter on each run's current attempt, `user` on
-        who submitted it."""
-        condition, params = runs_filter(experiment_id, states, user, node)
+        who submitted it (the others: see runs_filter)."""
+        condition, params = runs_filter(
+            experiment_id, states, user, node, template_id, text, before
+        )
         page = " LIMIT :limit" if limit is not None else ""
         with self._read() as tx:
             rows = tx.all(
@@ -123,12 +128,24 @@ class Runs(Part):
         states: set[RunState] | None = None,
         user: str | None = None,
         node: str | None = None,
+        template_id: str | None = None,
+        text: str | None = None,
+        before: tuple[datetime, str] | None = None,
     ) -> int:
         """How many runs `list_runs` would list with the same filters and no limit."""
-        condition, params = runs_filter(experiment_id, states, user, node)
+        condition, params = runs_filter(
+            experiment_id, states, user, node, template_id, text, before
+        )
         with self._read() as tx:
             count = tx.scalar(f"SELECT count(*) FROM runs r{condition}", params)
         return int(count or 0)
+
+    def change_stamp(self) -> str:
+        """What changes whenever any run's attempt moves or a run is made: the newest attempt
+        update (the console's live parts ask once a second, for all who listen)."""
+        with self._read() as tx:
+            newest = tx.scalar("SELECT max(updated_at) FROM attempts")
+        return str(newest or "")
 
     def select_runs(
         self,

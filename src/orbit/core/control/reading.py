@@ -58,15 +58,19 @@ class Reading(ServicePart):
         user: str | None = None,
         node: str | None = None,
         mine: bool = False,
+        template: str | None = None,
+        text: str | None = None,
+        before: tuple[datetime, str] | None = None,
     ) -> RunPage:
         """`list_runs` as views, with how many runs match in all. `user`: runs that user
         submitted (`mine`: the caller's own); `node`: runs whose current attempt is on that
-        node, host or cluster."""
+        node, host or cluster; `template`, `text` (in a run's id or experiment's name) and
+        `before` (the page after that run: its created_at and id) as the console asks."""
         if mine and user is not None:
             raise InvalidInput("--mine and --user: give one of them")
         experiment_id = self.store.experiments.get_experiment(experiment).id if experiment else None
-        found = RunFilter(experiment_id, states, self.actor if mine else user, node)
-        runs = self._list_runs(found, limit)
+        found = RunFilter(experiment_id, states, self.actor if mine else user, node, template, text)
+        runs = self._list_runs(found.but(before=before), limit)
         total = self.store.runs.count_runs(**found.query())
         waits = self.waits_of(runs)
         views = tuple(self._view(r, wait=waits.get(r.current.id)) for r in runs)
@@ -140,6 +144,33 @@ class Reading(ServicePart):
             return latest_progress(backend.tail_files(found.handle, PROGRESS_GLOB, TAIL_BYTES))
         except Unreachable:  # the run shows as host_unreachable; progress waits for the host
             return None
+
+    def charts(self, ref: str, attempt: int | None = None) -> dict[str, Any]:
+        """What a run's charts draw (orbit.forensics.series): its attempt's GPUs over the
+        NVML audit's last hour or so, and its loss over steps; empty where the attempt has no
+        folder yet or its host does not answer now."""
+        from orbit.forensics.series import (
+            LOSS_TAIL_BYTES,
+            NVML_FILE,
+            NVML_TAIL_BYTES,
+            gpu_series,
+            loss_series,
+        )
+
+        found = attempt_of(self.store.runs.get_run(ref), attempt)
+        charts: dict[str, Any] = {"gpus": {}, "unavailable": None, "loss": [[], []]}
+        if found.handle is None:
+            return charts
+        backend = self.execution.backend(found.backend_key)
+        try:
+            nvml = backend.tail_files(found.handle, NVML_FILE, NVML_TAIL_BYTES)
+            logged = backend.tail_files(found.handle, PROGRESS_GLOB, LOSS_TAIL_BYTES)
+        except Unreachable:
+            return charts
+        charts.update(gpu_series(b"".join(nvml.values())))
+        if logged:
+            charts["loss"] = loss_series(logged[sorted(logged)[0]])
+        return charts
 
     def evidence(self, ref: str, attempt: int | None = None) -> Evidence:
         """The files a post-mortem reads, from wherever the attempt ran (job.json from the

@@ -123,6 +123,7 @@ class CoreControlService:
         self.run_view = reading.run_view
         self.waits_of = reading.waits_of
         self.progress = reading.progress
+        self.charts = reading.charts
         self.evidence = reading.evidence
         self.inspect_run = reading.inspect_run
         self.diff_runs = reading.diff_runs

@@ -1,0 +1,117 @@
+"""What a run's charts draw, from the files it leaves: each GPU's utilization, memory, power and
+temperature over time from the NVML audit (artifacts/nvml-audit.jsonl, one line per GPU per
+second), and the loss over steps from logging.jsonl. Long series are cut to at most `points`
+by averaging equal spans of time, so a day of samples costs a page a few kilobytes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from orbit.forensics.progress import _number, _step
+
+NVML_FILE = "artifacts/nvml-audit.jsonl"
+NVML_TAIL_BYTES = 8 * 1024 * 1024  # about an hour of 8 GPUs at one line each a second
+LOSS_TAIL_BYTES = 2 * 1024 * 1024
+POINTS = 600  # a chart's width in points: enough for a laptop screen
+GPU_FIELDS = {
+    "util": "util_gpu",
+    "mem_gib": "mem_used_mib",
+    "power_w": "power_w",
+    "temp_c": "temp_c",
+}
+
+
+def _lines(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of a file's lines; a torn first or last line (a tail) is skipped."""
+    found = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            found.append(record)
+    return found
+
+
+def _time(text: Any) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def downsample(xs: list[float], columns: list[list[float | None]], points: int) -> list[list[Any]]:
+    """[xs, *columns] cut to at most `points` rows: each row the mean of one equal span of x
+    (a span with no value in a column stays None there, a gap in the chart)."""
+    if len(xs) <= points:
+        return [xs, *columns]
+    start, span = xs[0], (xs[-1] - xs[0]) / points or 1.0
+    out_x: list[float] = []
+    out_cols: list[list[float | None]] = [[] for _ in columns]
+    bucket: list[int] = []
+    current = 0
+
+    def flush() -> None:
+        if not bucket:
+            return
+        out_x.append(sum(xs[i] for i in bucket) / len(bucket))
+        for col, out in zip(columns, out_cols, strict=True):
+            values = [v for v in (col[i] for i in bucket) if v is not None]
+            out.append(round(sum(values) / len(values), 3) if values else None)
+        bucket.clear()
+
+    for i, x in enumerate(xs):
+        index = min(int((x - start) / span), points - 1)
+        if index != current:
+            flush()
+            current = index
+        bucket.append(i)
+    flush()
+    return [out_x, *out_cols]
+
+
+def gpu_series(data: bytes, points: int = POINTS) -> dict[str, Any]:
+    """Per GPU index: [times (epoch s), util %, memory GiB, power W, temperature C], cut to
+    `points`; and why there is none when the audit says NVML was unavailable."""
+    by_gpu: dict[int, list[dict[str, Any]]] = {}
+    unavailable = None
+    for record in _lines(data):
+        if record.get("nvml") == "unavailable":
+            unavailable = str(record.get("reason") or "NVML unavailable")
+            continue
+        index = record.get("index")
+        if isinstance(index, int) and not isinstance(index, bool):
+            by_gpu.setdefault(index, []).append(record)
+    gpus: dict[str, Any] = {}
+    for index, records in sorted(by_gpu.items()):
+        rows = [(t, r) for r in records if (t := _time(r.get("ts"))) is not None]
+        rows.sort(key=lambda row: row[0])
+        xs = [t for t, _ in rows]
+        columns: list[list[float | None]] = []
+        for name, key in GPU_FIELDS.items():
+            values = [_number(r.get(key)) for _, r in rows]
+            if name == "mem_gib":
+                values = [None if v is None else round(v / 1024, 3) for v in values]
+            columns.append(values)
+        gpus[str(index)] = {
+            "name": str(records[-1].get("name") or f"GPU {index}"),
+            "data": downsample(xs, columns, points),
+        }
+    return {"gpus": gpus, "unavailable": None if gpus else unavailable}
+
+
+def loss_series(data: bytes, points: int = POINTS) -> list[list[Any]]:
+    """[steps, losses] from logging.jsonl lines that say both, cut to `points`."""
+    pairs: dict[int, float] = {}
+    for record in _lines(data):
+        step, _ = _step(record)
+        loss = _number(record.get("loss", record.get("train_loss")))
+        if step is not None and loss is not None:
+            pairs[step] = loss
+    steps = sorted(pairs)
+    return downsample([float(s) for s in steps], [[pairs[s] for s in steps]], points)

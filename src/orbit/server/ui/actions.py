@@ -1,0 +1,231 @@
+"""What the console does, as form posts: sign in (a token, or a one-time link) and out, and the
+buttons (cancel, retry, replay with overrides, a node's drain / cordon / uncordon / max tasks, a
+token made or revoked). Each post must carry the session's CSRF token; each is checked against
+the caller's role exactly as its API route is, by the same control service calls."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import RedirectResponse, Response
+
+from orbit.core.control.service import CoreControlService
+from orbit.model.errors import Forbidden, InvalidInput
+from orbit.model.overrides import parse_overrides
+from orbit.model.spec import parse_sets
+from orbit.server.auth_failures import AuthFailed
+from orbit.server.routes.common import api_router, me
+from orbit.server.ui.common import console_router, context, error_page
+from orbit.server.ui.render import page
+from orbit.server.ui.session import (
+    CSRF_FIELD,
+    CSRF_HEADER,
+    LOGIN_CSRF,
+    PREFIX,
+    SignInLinks,
+    check_token,
+    end_session,
+    safe_next,
+    start_session,
+)
+
+
+async def csrf_checked(request: Request) -> dict[str, Any]:
+    """The form's fields, once its CSRF token is the session's (a bearer header needs none)."""
+    form = dict(await request.form())
+    expected = getattr(request.state, "csrf", None)
+    if expected is not None:
+        given = str(form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER, ""))
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise Forbidden("this form's CSRF token is missing or stale: reload the page")
+    return {k: str(v) for k, v in form.items()}
+
+
+def back(to: str, notice: str) -> Response:
+    from urllib.parse import quote
+
+    joiner = "&" if "?" in to else "?"
+    return RedirectResponse(f"{to}{joiner}notice={quote(notice)}", status_code=303)
+
+
+def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRouter:
+    router = console_router()
+
+    @router.get("/login")
+    def login_form(request: Request, next: str | None = None, why: str | None = None) -> Response:
+        nonce = secrets.token_urlsafe(16)
+        response = page("login.html", next=safe_next(next), why=why, csrf=nonce, nav=(), section="")
+        secure = request.url.scheme == "https"
+        response.set_cookie(
+            LOGIN_CSRF, nonce, path=f"{PREFIX}/login", httponly=True, samesite="strict",
+            secure=secure,
+        )  # fmt: skip
+        return response
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        form = dict(await request.form())
+        nonce = request.cookies.get(LOGIN_CSRF, "")
+        if not nonce or not hmac.compare_digest(str(form.get(CSRF_FIELD, "")), nonce):
+            return _login_again(form, "the sign-in form was stale: try again", 403)
+        secret = str(form.get("token", "")).strip()
+        try:
+            _, token = check_token(service, secret)
+        except AuthFailed as exc:
+            request.app.state.auth_guard.failed(request.scope, "console", exc.reason)
+            return _login_again(form, str(exc), 401)
+        response = RedirectResponse(safe_next(str(form.get("next", ""))), status_code=303)
+        start_session(response, secret, token, request.url.scheme == "https")
+        response.delete_cookie(LOGIN_CSRF, path=f"{PREFIX}/login")
+        return response
+
+    @router.get("/login/{code}")
+    def sign_in_link(request: Request, code: str) -> Response:
+        secret = links.take(code)
+        if secret is None:
+            why = "that sign-in link was used already or has expired: run `orbit ui` again"
+            return RedirectResponse(f"{PREFIX}/login?why={why}", status_code=303)
+        try:
+            _, token = check_token(service, secret)
+        except AuthFailed as exc:
+            return RedirectResponse(f"{PREFIX}/login?why={exc}", status_code=303)
+        response = RedirectResponse(f"{PREFIX}/", status_code=303)
+        start_session(response, secret, token, request.url.scheme == "https")
+        return response
+
+    @router.post("/logout")
+    async def logout(request: Request, who: me) -> Response:
+        await csrf_checked(request)
+        response = RedirectResponse(f"{PREFIX}/login?why=signed+out", status_code=303)
+        end_session(response)
+        return response
+
+    @router.post("/runs/{ref}/{action}")
+    async def run_action(request: Request, who: me, ref: str, action: str) -> Response:
+        try:
+            form = await csrf_checked(request)
+            done = await _run_action(who, ref, action, form)
+        except (Forbidden, InvalidInput) as exc:
+            status = 403 if isinstance(exc, Forbidden) else 400
+            return error_page(request, who, status, str(exc))
+        return back(f"{PREFIX}/runs/{done[0]}", done[1])
+
+    @router.post("/nodes/{name}/set")
+    async def node_set(request: Request, who: me, name: str) -> Response:
+        try:
+            form = await csrf_checked(request)
+            who.require("admin")
+            change = _node_change(form)
+            with who.acting() as acting:
+                node = acting.set_node(name, **change)
+        except (Forbidden, InvalidInput) as exc:
+            status = 403 if isinstance(exc, Forbidden) else 400
+            return error_page(request, who, status, str(exc))
+        return back(f"{PREFIX}/nodes/{node.name}", f"{node.name}: saved")
+
+    @router.post("/admin/tokens")
+    async def token_made(request: Request, who: me) -> Response:
+        try:
+            form = await csrf_checked(request)
+            user = form.get("user") or who.user.name
+            if user != who.user.name:
+                who.require("admin")
+            not_after = who.token.expires_at if who.token is not None else None
+            with who.acting() as acting:
+                made = acting.create_token(
+                    user, form.get("name") or None, form.get("expires") or None,
+                    not_after=not_after,
+                )  # fmt: skip
+        except (Forbidden, InvalidInput) as exc:
+            status = 403 if isinstance(exc, Forbidden) else 400
+            return error_page(request, who, status, str(exc))
+        response = page("token_made.html", **context(request, who, "admin", made=made))
+        response.headers["Cache-Control"] = "no-store"  # shown this once: never kept
+        return response
+
+    @router.post("/admin/tokens/{token_id}/revoke")
+    async def token_revoke(request: Request, who: me, token_id: str) -> Response:
+        try:
+            await csrf_checked(request)
+            if service.store.users.get_token(token_id).user != who.user.name:
+                who.require("admin")
+            with who.acting() as acting:
+                acting.revoke_token(token_id)
+        except (Forbidden, InvalidInput) as exc:
+            status = 403 if isinstance(exc, Forbidden) else 400
+            return error_page(request, who, status, str(exc))
+        return back(f"{PREFIX}/admin", f"token {token_id} revoked")
+
+    return router
+
+
+def make_link_route(links: SignInLinks) -> APIRouter:
+    """POST /api/v1/ui/links: a one-time sign-in link for the caller's own token (`orbit ui`)."""
+    router = api_router()
+
+    @router.post("/ui/links", tags=["accounts"], response_model=dict[str, str])
+    def sign_in_link(request: Request, who: me) -> dict[str, str]:
+        """A path that signs the caller in to the console once, within two minutes."""
+        secret = request.headers.get("authorization", "").partition(" ")[2].strip()
+        return {"path": f"{PREFIX}/login/{links.make(secret)}"}
+
+    return router
+
+
+async def _run_action(who: Any, ref: str, action: str, form: dict[str, str]) -> tuple[str, str]:
+    import anyio
+
+    def act() -> tuple[str, str]:
+        with who.acting() as acting:
+            run = acting.get_run(ref)
+            who.require_run(run)
+            if action == "cancel":
+                acting.ask_to_cancel(run.id, 0)
+                return run.id, "cancel asked: the task has its grace period to stop"
+            overrides = parse_overrides(parse_sets(_sets(form.get("set", ""))), "--set")
+            if action == "retry":
+                who.require_placement(run.template_id, run.request.placement.kind)
+                acting.retry_run(run.id, overrides)
+                return run.id, "retried: a new attempt"
+            if action == "replay":
+                who.require("submit")
+                who.require_placement(run.template_id, run.request.placement.kind)
+                new = acting.replay_run(run.id, overrides)
+                return new.id, f"replay of {run.id}"
+        raise InvalidInput(f"unknown action '{action}' (cancel, retry or replay)")
+
+    return await anyio.to_thread.run_sync(act)
+
+
+def _sets(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _node_change(form: dict[str, str]) -> dict[str, Any]:
+    what = form.get("do", "")
+    reason = form.get("reason") or None
+    if what == "drain":
+        return {"max_tasks": 0, "reason": reason}
+    if what == "cordon":
+        return {"cordon": True, "reason": reason}
+    if what == "uncordon":
+        return {"cordon": False}
+    if what == "max_tasks":
+        value = form.get("max_tasks", "")
+        if not value.isdigit():
+            raise InvalidInput(f"max tasks must be a whole number, not '{value}'")
+        return {"max_tasks": int(value)}
+    raise InvalidInput(f"unknown node change '{what}' (drain, cordon, uncordon or max_tasks)")
+
+
+def _login_again(form: dict[str, Any], why: str, status: int) -> Response:
+    nonce = secrets.token_urlsafe(16)
+    response = page(
+        "login.html", status, next=safe_next(str(form.get("next", ""))), why=why, csrf=nonce,
+        nav=(), section="",
+    )  # fmt: skip
+    response.set_cookie(LOGIN_CSRF, nonce, path=f"{PREFIX}/login", httponly=True, samesite="strict")
+    return response

@@ -1,0 +1,191 @@
+"""The console's pages about the fleet and the team: nodes (and SSH hosts and Slurm clusters
+beside them), one node's facts and attempts, fair share (GPUs in use against quota, per user and
+experiment, as CSV too), the audit trail with its chain's check, and the admin's users and
+tokens. Reads go through the control service, acting for the caller."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from orbit.core.control.service import CoreControlService
+from orbit.model.models import RunState
+from orbit.server.routes.common import me
+from orbit.server.ui.common import BadQuery, console_router, context, guarded, whole
+from orbit.server.ui.render import page
+
+ACTIVE = {RunState.PROVISIONING, RunState.STARTING, RunState.RUNNING}
+
+
+def make_fleet_pages(service: CoreControlService) -> APIRouter:
+    router = console_router()
+
+    @router.get("/nodes")
+    @guarded
+    def nodes(request: Request, who: me) -> Response:
+        with who.acting() as acting:
+            found = acting.list_nodes()
+            hosts = acting.list_hosts()
+            clusters = acting.list_clusters()
+        now = datetime.now(UTC)
+        rows = [{"node": n, "condition": n.condition(now), "gpus": _gpus(n.info)} for n in found]
+        return page(
+            "nodes.html",
+            **context(request, who, "nodes", rows=rows, hosts=hosts, clusters=clusters),
+        )
+
+    @router.get("/nodes/{name}")
+    @guarded
+    def node(request: Request, who: me, name: str) -> Response:
+        with who.acting() as acting:
+            found = acting.get_node(name)
+            runs = acting.run_page(node=found.name, limit=50)
+        return page(
+            "node.html",
+            **context(
+                request,
+                who,
+                "nodes",
+                node=found,
+                condition=found.condition(datetime.now(UTC)),
+                gpus=_gpus(found.info),
+                runs=runs,
+            ),
+        )
+
+    @router.get("/fair-share")
+    @guarded
+    def fair_share(request: Request, who: me) -> Response:
+        rows, quotas = _shares(who)
+        if request.query_params.get("format") == "csv":
+            return _csv(rows)
+        values = context(request, who, "fair-share", rows=rows, quotas=quotas)
+        return page("fair_share.html", **values)
+
+    @router.get("/audit")
+    @guarded
+    def audit(request: Request, who: me) -> Response:
+        q = request.query_params
+        error = None
+        try:
+            limit = whole(q.get("limit"), "limit", default=200, high=5000)
+        except BadQuery as exc:
+            error, limit = str(exc), 200
+        run = q.get("run") or None
+        actor, action = q.get("actor") or None, q.get("action") or None
+        with who.acting() as acting:
+            events = acting.audit(run=run, limit=limit)
+            check = acting.verify_audit() if q.get("verify") == "1" else None
+        events = [
+            e
+            for e in reversed(events)
+            if (actor is None or e.actor == actor) and (action is None or e.action == action)
+        ]
+        if q.get("format") == "jsonl":
+            body = "".join(e.model_dump_json() + "\n" for e in events)
+            return Response(
+                body,
+                media_type="application/x-ndjson",
+                headers={"Content-Disposition": 'attachment; filename="orbit-audit.jsonl"'},
+            )
+        return page(
+            "audit.html",
+            **context(
+                request,
+                who,
+                "audit",
+                events=events,
+                check=check,
+                error=error,
+                run=run or "",
+                actor=actor or "",
+                action=action or "",
+            ),
+        )
+
+    @router.get("/admin")
+    @guarded
+    def admin(request: Request, who: me) -> Response:
+        who.require("admin")
+        with who.acting() as acting:
+            users = acting.list_users()
+            tokens = acting.list_tokens()
+            joins = acting.list_join_tokens()
+            quotas = acting.list_quotas()
+        return page(
+            "admin.html",
+            **context(
+                request, who, "admin", users=users, tokens=tokens, joins=joins, quotas=quotas
+            ),
+        )
+
+    return router
+
+
+def _gpus(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """A node's GPUs as its agent reports them (model, memory, utilization now if known)."""
+    found = info.get("accelerators") or []
+    return [g for g in found if isinstance(g, dict)]
+
+
+def _shares(who: Any) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Per user: GPUs held by their runs that run now, their quota, and their share of all
+    GPUs held (the dominant share, as the scheduler's fair share counts GPUs)."""
+    with who.acting() as acting:
+        running = acting.run_page(states=ACTIVE, limit=10_000)
+        quotas = acting.list_quotas()
+    held: dict[tuple[str, str], int] = {}
+    runs: dict[tuple[str, str], int] = {}
+    for view in running.runs:
+        run = view.run
+        gpus = _asked_gpus(run.request) * max(1, len(run.current.gang_nodes) or 1)
+        for key in (("user", run.created_by), ("experiment", run.experiment_name)):
+            held[key] = held.get(key, 0) + gpus
+            runs[key] = runs.get(key, 0) + 1
+    limits = {(q.scope, q.name): q for q in quotas}
+    total = sum(v for (scope, _), v in held.items() if scope == "user") or 0
+    rows = []
+    for key in sorted(set(held) | set(limits)):
+        quota = limits.get(key)
+        rows.append(
+            {
+                "scope": key[0],
+                "name": key[1],
+                "gpus": held.get(key, 0),
+                "runs": runs.get(key, 0),
+                "quota": quota.gpus if quota else None,
+                "weight": quota.weight if quota else 1.0,
+                "share": (held.get(key, 0) / total) if total else 0.0,
+            }
+        )
+    return rows, quotas
+
+
+def _asked_gpus(request: Any) -> int:
+    """The GPUs a run asks for on each node (`gpu_count`, or the count of the compact form)."""
+    resources = request.resources
+    if isinstance(resources.gpu, int):
+        return resources.gpu
+    if isinstance(resources.gpu, str):
+        from orbit.scheduler.resources import parse_gpu
+
+        return parse_gpu(resources.gpu).count
+    return int(resources.gpu_count)
+
+
+def _csv(rows: list[dict[str, Any]]) -> Response:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=["scope", "name", "gpus", "runs", "quota", "weight"])
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: row[k] for k in writer.fieldnames})
+    return Response(
+        out.getvalue(),
+        media_type="text/csv",
+        headers={"Content-Disposition": 'attachment; filename="orbit-fair-share.csv"'},
+    )

@@ -1,0 +1,170 @@
+"""The console's live parts, over Server-Sent Events: `changed` when any run's state moved (one
+reader of the store for every open console, once a second, however many listen), a run's log
+followed from its last lines (each event's id is the byte offset after it, so a dropped
+connection resumes where it was), the charts' data, and a whole log to download."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response
+
+from orbit.core.control.service import CoreControlService
+from orbit.model.errors import InvalidInput, OrbitError
+from orbit.model.layers import LogLayer
+from orbit.server.routes.common import me
+from orbit.server.ui.common import console_router, guarded
+
+TAIL_LINES = 500  # a log opens with its last lines; the whole is a download
+FOLLOW_S = 25.0  # a stream ends after this long: the browser comes back (proxies drop idle ones)
+CHANGES_EVERY_S = 1.0
+KEEPALIVE_S = 15.0
+SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+class Changes:
+    """The store's change stamp (the newest attempt's update), read once a second by one task
+    while anyone listens; each listener waits for it to differ from the one it saw."""
+
+    def __init__(self, service: CoreControlService) -> None:
+        self.service = service
+        self.stamp: str = ""
+        self.read_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def current(self) -> str:
+        async with self._lock:
+            if time.monotonic() - self.read_at >= CHANGES_EVERY_S:
+                self.stamp = await anyio.to_thread.run_sync(self.service.store.runs.change_stamp)
+                self.read_at = time.monotonic()
+            return self.stamp
+
+    async def events(self, request: Request) -> AsyncIterator[bytes]:
+        seen = await self.current()
+        began, last_sent = time.monotonic(), time.monotonic()
+        yield b"retry: 2000\n\n"
+        while time.monotonic() - began < FOLLOW_S and not await request.is_disconnected():
+            await asyncio.sleep(CHANGES_EVERY_S)
+            now = await self.current()
+            if now != seen:
+                seen, last_sent = now, time.monotonic()
+                yield b"event: changed\ndata: 1\n\n"
+            elif time.monotonic() - last_sent > KEEPALIVE_S:
+                last_sent = time.monotonic()
+                yield b": still here\n\n"
+
+
+def make_live_pages(service: CoreControlService) -> APIRouter:
+    router = console_router()
+    changes = Changes(service)
+
+    @router.get("/events")
+    async def events(request: Request, who: me) -> StreamingResponse:
+        return StreamingResponse(
+            changes.events(request), media_type="text/event-stream", headers=SSE
+        )
+
+    @router.get("/runs/{ref}/charts.json")
+    @guarded
+    def charts(request: Request, who: me, ref: str) -> Response:
+        with who.acting() as acting:
+            found = acting.charts(ref)
+            view = acting.run_view(ref, refresh=False)
+        found["state"] = view.run.state.value
+        found["progress"] = view.progress.model_dump(mode="json") if view.progress else None
+        return JSONResponse(found, headers={"Cache-Control": "no-store"})
+
+    @router.get("/runs/{ref}/logs/{layer}/stream")
+    @guarded
+    def follow(request: Request, who: me, ref: str, layer: str) -> Response:
+        """The log from `Last-Event-ID` (a resume), or else its last lines, then followed."""
+        chosen = _layer(layer)
+        resume = request.headers.get("last-event-id", "")
+        with who.acting() as acting:
+            run = acting.get_run(ref)
+            if resume.isdigit():
+                offset, attempt = int(resume), run.current.number
+            else:
+                place = acting.find_log_start(run.id, chosen, lines=TAIL_LINES)
+                offset, attempt = place.offset, place.attempt
+        return StreamingResponse(
+            _follow(service, run.id, chosen, offset, attempt),
+            media_type="text/event-stream",
+            headers=SSE,
+        )
+
+    @router.get("/runs/{ref}/logs/{layer}/download")
+    @guarded
+    def download(request: Request, who: me, ref: str, layer: str) -> Response:
+        chosen = _layer(layer)
+        run = service.get_run(ref)
+        name = f"{run.id}-{chosen.value}.log"
+        return StreamingResponse(
+            _whole(service, run.id, chosen),
+            media_type="text/plain; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+
+    return router
+
+
+def _layer(text: str) -> LogLayer:
+    try:
+        return LogLayer(text)
+    except ValueError:
+        names = ", ".join(layer.value for layer in LogLayer)
+        raise InvalidInput(f"log layer must be one of {names}, not '{text}'") from None
+
+
+async def _follow(
+    service: CoreControlService, run_id: str, layer: LogLayer, offset: int, attempt: int
+) -> AsyncIterator[bytes]:
+    """Events of the log's text from `offset`, while the attempt runs (at most FOLLOW_S)."""
+    yield b"retry: 1000\n\n"
+    began = time.monotonic()
+    while True:
+        read = functools.partial(service.read_log, run_id, layer, offset, attempt)
+        try:
+            chunk = await anyio.to_thread.run_sync(read)
+        except OrbitError as exc:
+            yield _event("problem", json.dumps({"message": str(exc)}))
+            return
+        data = chunk.data
+        if data:
+            # whole lines only (a line cut in two would show as two): the rest comes next time
+            cut = data.rfind(b"\n") + 1 if not chunk.ended else len(data)
+            if cut:
+                offset += cut
+                yield _event("log", data[:cut].decode("utf-8", "replace"), str(offset))
+        if chunk.ended and not data:
+            yield _event("end", json.dumps({"offset": offset}), str(offset))
+            return
+        if time.monotonic() - began > FOLLOW_S:
+            return
+        await asyncio.sleep(0.5 if not data else 0.1)
+
+
+async def _whole(service: CoreControlService, run_id: str, layer: LogLayer) -> AsyncIterator[bytes]:
+    offset = 0
+    while True:
+        read = functools.partial(service.read_log, run_id, layer, offset)
+        chunk = await anyio.to_thread.run_sync(read)
+        if not chunk.data:
+            return
+        offset = chunk.offset
+        yield chunk.data
+
+
+def _event(kind: str, data: str, event_id: str | None = None) -> bytes:
+    lines = [f"event: {kind}"]
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    lines += [f"data: {line}" for line in data.split("\n")]
+    return ("\n".join(lines) + "\n\n").encode()

@@ -1,0 +1,264 @@
+"""The web console as a browser's requests see it, against a real `orbit server` on both stores:
+sign-in (token form, one-time link, sign-out, a revoked token's session), every page and
+fragment, roles (buttons and refusals as on the API), CSRF, escaping, 404s and bad queries."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orbit.server.ui import STATIC
+from tests.helpers import eventually, orbit, orbit_json, write_spec
+from tests.orbit_server import Server
+
+EVIL = "<script>alert(1)</script>"
+
+
+def session(server: Server, token: str) -> httpx.Client:
+    """A browser-like client signed in through the form."""
+    client = httpx.Client(base_url=server.url, timeout=30)
+    form = client.get("/ui/login")
+    assert form.status_code == 200
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert csrf is not None
+    answer = client.post(
+        "/ui/login", data={"csrf": csrf.group(1), "token": token, "next": "/ui/runs"}
+    )
+    assert answer.status_code == 303, answer.text
+    assert answer.headers["location"] == "/ui/runs"
+    return client
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+    assert found is not None, html[:500]
+    return found.group(1)
+
+
+def token_for(server: Server, user: str, role: str) -> str:
+    admin = server.env()
+    orbit(admin, "users", "add", user, "--role", role)
+    return str(orbit_json(admin, "tokens", "create", "--user", user)["token"])
+
+
+@pytest.fixture
+def people(orbit_server: Server) -> dict[str, str]:
+    return {
+        "admin": orbit_server.admin_token,
+        "ann": token_for(orbit_server, "ann", "member"),
+        "vic": token_for(orbit_server, "vic", "viewer"),
+    }
+
+
+def test_nothing_is_reachable_without_a_session_but_the_sign_in_form_and_files(
+    orbit_server: Server,
+) -> None:
+    plain = httpx.Client(base_url=orbit_server.url, timeout=30)
+    for path in ("/ui/", "/ui/runs", "/ui/runs/run-x", "/ui/nodes", "/ui/admin", "/ui/events"):
+        answer = plain.get(path)
+        assert answer.status_code == 303, (path, answer.status_code)
+        assert answer.headers["location"].startswith("/ui/login?next=")
+    assert plain.post("/ui/runs/run-x/cancel").status_code == 401
+    assert plain.get("/ui/login").status_code == 200
+    # the vendored files are served as pinned (VENDORED.md names each digest)
+    listed = (STATIC / "vendor" / "VENDORED.md").read_text()
+    for name in ("htmx.min.js", "sse.js", "uPlot.iife.min.js", "uPlot.min.css"):
+        body = plain.get(f"/ui/static/vendor/{name}")
+        assert body.status_code == 200
+        assert hashlib.sha256(body.content).hexdigest() in listed, name
+    # a bad cookie is refused and sent back to sign in, saying why
+    plain.cookies.set("orbit_session", "not-a-token", path="/ui")
+    again = plain.get("/ui/runs")
+    assert again.status_code == 303 and "why=" in again.headers["location"]
+    # the server said where the console is when it started
+    assert f"{orbit_server.url}/ui/" in orbit_server.output()
+
+
+def test_sign_in_sets_a_safe_cookie_and_refuses_a_stale_form_or_a_bad_token(
+    orbit_server: Server,
+) -> None:
+    client = httpx.Client(base_url=orbit_server.url, timeout=30)
+    client.get("/ui/login")
+    stale = client.post("/ui/login", data={"csrf": "forged", "token": orbit_server.admin_token})
+    assert stale.status_code == 403 and "stale" in stale.text
+    form = client.get("/ui/login?next=//evil.example/")
+    bad = client.post("/ui/login", data={"csrf": csrf_in_form(form.text), "token": "nope"})
+    assert bad.status_code == 401 and "not accepted" in bad.text
+    form = client.get("/ui/login?next=//evil.example/")
+    good = client.post(
+        "/ui/login",
+        data={
+            "csrf": csrf_in_form(form.text),
+            "token": orbit_server.admin_token,
+            "next": "//evil.example/",
+        },
+    )
+    assert good.status_code == 303 and good.headers["location"] == "/ui/"  # never elsewhere
+    cookie = next(
+        v for k, v in good.headers.multi_items() if k == "set-cookie" and "orbit_session" in v
+    )
+    assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "Path=/ui" in cookie
+    assert "Max-Age=" in cookie
+    assert client.get("/ui/").status_code == 200
+
+
+def csrf_in_form(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found is not None
+    return found.group(1)
+
+
+def test_every_page_answers_for_a_signed_in_user_and_a_bearer_header(
+    orbit_server: Server, people: dict[str, str], tmp_path: Path
+) -> None:
+    env = orbit_server.env()
+    run = orbit_json(env, "submit", str(write_spec(tmp_path)), "--wait")["id"]
+    browser = session(orbit_server, people["admin"])
+    pages = [
+        "/ui/",
+        "/ui/runs",
+        "/ui/runs/rows",
+        f"/ui/runs/{run}",
+        f"/ui/runs/{run}/decision",
+        f"/ui/runs/{run}/charts.json",
+        "/ui/queue",
+        "/ui/nodes",
+        "/ui/fair-share",
+        "/ui/fair-share?format=csv",
+        "/ui/audit",
+        "/ui/audit?verify=1",
+        "/ui/audit?format=jsonl",
+        "/ui/admin",
+    ]
+    for path in pages:
+        answer = browser.get(path)
+        assert answer.status_code == 200, (path, answer.text[:300])
+    assert run in browser.get("/ui/runs").text
+    assert "the chain holds" in browser.get("/ui/audit?verify=1").text
+    assert "scope,name,gpus" in browser.get("/ui/fair-share?format=csv").text
+    bearer = orbit_server.client(people["vic"])
+    assert bearer.get(f"/ui/runs/{run}").status_code == 200
+    assert bearer.get("/ui/admin").status_code == 403  # a viewer's, as on the API
+
+
+def test_run_text_is_escaped_and_the_log_streams_from_its_end(
+    orbit_server: Server, people: dict[str, str], tmp_path: Path
+) -> None:
+    env = orbit_server.env()
+    command = f"for i in $(seq 1 600); do echo line-$i; done; echo '{EVIL}'"
+    spec = write_spec(tmp_path, task={"command": command})
+    run = orbit_json(env, "submit", str(spec), "--wait")["id"]
+    browser = session(orbit_server, people["admin"])
+    page = browser.get(f"/ui/runs/{run}").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and EVIL not in page  # its command
+    echoed = browser.get("/ui/runs", params={"q": EVIL, "user": '"><b>x'}).text
+    assert EVIL not in echoed and '"><b>x' not in echoed
+    with browser.stream("GET", f"/ui/runs/{run}/logs/training/stream") as stream:
+        body = "".join(stream.iter_text())
+    assert "event: end" in body
+    assert EVIL in body  # as text in an event: the page puts it in with textContent
+    # the last 500 lines (499 of the loop's and the script line), not the log from its start
+    tail_only = "data: line-600\n" in body and "data: line-102\n" in body
+    assert tail_only and "data: line-101\n" not in body, "the stream is not the log's tail"
+    offsets = re.findall(r"^id: (\d+)$", body, re.M)
+    assert offsets, body[:300]
+    # a dropped connection resumes from the last event's id: nothing again, only the end
+    resumed = browser.get(
+        f"/ui/runs/{run}/logs/training/stream", headers={"Last-Event-ID": offsets[-1]}
+    ).text
+    assert "line-600" not in resumed and "event: end" in resumed
+    whole = browser.get(f"/ui/runs/{run}/logs/training/download")
+    assert whole.text.startswith("line-1\n") and EVIL in whole.text
+    assert "attachment" in whole.headers["content-disposition"]
+    rows = browser.get("/ui/runs?q=" + run[4:12]).text
+    assert run in rows
+
+
+def test_unknown_ids_and_bad_queries_say_so_in_one_line(
+    orbit_server: Server, people: dict[str, str]
+) -> None:
+    browser = session(orbit_server, people["admin"])
+    missing = browser.get("/ui/runs/run-doesnotexist")
+    assert missing.status_code == 404 and "unknown run" in missing.text
+    node = browser.get("/ui/nodes/no-such-node")
+    assert node.status_code == 404 and "no-such-node" in node.text
+    for query, says in (
+        ("state=sleeping", "state must be one of"),
+        ("limit=lots", "limit must be a whole number"),
+        ("before=yesterday", "before must be"),
+        ("experiment=nope", "nope"),
+    ):
+        answer = browser.get(f"/ui/runs?{query}")
+        assert answer.status_code == 200 and says in answer.text, query
+    assert browser.get("/ui/runs/x/logs/bogus/stream").status_code in (400, 404)
+
+
+def test_roles_buttons_csrf_and_a_revoked_token(
+    orbit_server: Server, people: dict[str, str], tmp_path: Path
+) -> None:
+    ann_env = orbit_server.env(people["ann"])
+    spec = write_spec(tmp_path, task={"command": "sleep 60"})
+    admin_env = orbit_server.env()
+    run = orbit_json(admin_env, "submit", str(spec))["id"]
+    viewer = session(orbit_server, people["vic"])
+    page = viewer.get(f"/ui/runs/{run}").text
+    assert 'id="cancel"' not in page and "Replay" not in page
+    refused = viewer.post(f"/ui/runs/{run}/cancel", data={"csrf": csrf_of(page)})
+    assert refused.status_code == 403 and "may not" in refused.text
+    member = session(orbit_server, people["ann"])
+    page = member.get(f"/ui/runs/{run}").text
+    assert 'id="cancel"' not in page  # the admin's run, not ann's
+    admin = session(orbit_server, people["admin"])
+    page = admin.get(f"/ui/runs/{run}").text
+    assert 'id="cancel"' in page
+    forged = admin.post(f"/ui/runs/{run}/cancel", data={"csrf": "0" * 64})
+    assert forged.status_code == 403 and "CSRF" in forged.text
+    assert admin.post(f"/ui/runs/{run}/cancel").status_code == 403
+    done = admin.post(f"/ui/runs/{run}/cancel", data={"csrf": csrf_of(page)})
+    assert done.status_code == 303, done.text
+    eventually(lambda: orbit_json(admin_env, "status", run)["state"] == "terminated", 60)
+    # a token revoked: its session ends at the next request
+    token_id = next(t["id"] for t in orbit_json(admin_env, "tokens", "list") if t["user"] == "ann")
+    orbit(admin_env, "tokens", "revoke", token_id)
+    assert member.get("/ui/runs").status_code == 303
+    del ann_env
+
+
+def test_a_one_time_link_signs_in_once(orbit_server: Server, people: dict[str, str]) -> None:
+    proc = orbit(orbit_server.env(people["ann"]), "ui")
+    link = proc.stdout.strip().splitlines()[-1]
+    assert link.startswith(f"{orbit_server.url}/ui/login/"), proc.stdout
+    browser = httpx.Client(timeout=30)
+    first = browser.get(link)
+    assert first.status_code == 303 and first.headers["location"] == "/ui/"
+    assert browser.get(f"{orbit_server.url}/ui/").status_code == 200
+    again = httpx.get(link, timeout=30)
+    assert again.status_code == 303 and "used+already" in again.headers["location"].replace(
+        "%20", "+"
+    )
+    # signing out ends the session here
+    page = browser.get(f"{orbit_server.url}/ui/").text
+    out = browser.post(f"{orbit_server.url}/ui/logout", data={"csrf": csrf_of(page)})
+    assert out.status_code == 303
+    assert browser.get(f"{orbit_server.url}/ui/").status_code == 303
+
+
+def test_the_live_runs_stream_says_when_something_changed(
+    orbit_server: Server, people: dict[str, str], tmp_path: Path
+) -> None:
+    browser = session(orbit_server, people["admin"])
+    seen: list[str] = []
+    began = time.monotonic()
+    with browser.stream("GET", "/ui/events", timeout=40) as stream:
+        for line in stream.iter_lines():
+            seen.append(line)
+            if len(seen) == 1:  # the stream is open: now a run is made
+                orbit(orbit_server.env(), "submit", str(write_spec(tmp_path)))
+            if line == "event: changed" or time.monotonic() - began > 30:
+                break
+    assert "event: changed" in seen, seen
