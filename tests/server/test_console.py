@@ -17,6 +17,12 @@ from tests.helpers import eventually, orbit, orbit_json, write_spec
 from tests.orbit_server import Server
 
 EVIL = "<script>alert(1)</script>"
+# a 1x1 PNG, as printf writes it in a shell
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d4944415478da63f8cfc0f01f0005000201a5dd1d6a0000000049454e44ae426082"
+)
+PNG_SHELL = "".join(f"\\x{b:02x}" for b in PNG)
 
 
 def session(server: Server, token: str) -> httpx.Client:
@@ -150,7 +156,13 @@ def test_run_text_is_escaped_and_the_log_streams_from_its_end(
     orbit_server: Server, people: dict[str, str], tmp_path: Path
 ) -> None:
     env = orbit_server.env()
-    command = f"for i in $(seq 1 600); do echo line-$i; done; echo '{EVIL}'"
+    command = (
+        f"for i in $(seq 1 600); do echo line-$i; done; echo '{EVIL}'; "
+        "mkdir -p $ORBIT_ARTIFACTS_DIR/previews; "
+        f"echo '{EVIL}' > $ORBIT_ARTIFACTS_DIR/previews/note.txt; "
+        f"printf '{PNG_SHELL}' > $ORBIT_ARTIFACTS_DIR/previews/dot.png; "
+        f"echo '{EVIL}' > $ORBIT_ARTIFACTS_DIR/previews/evil.svg"
+    )
     spec = write_spec(tmp_path, task={"command": command})
     run = orbit_json(env, "submit", str(spec), "--wait")["id"]
     browser = session(orbit_server, people["admin"])
@@ -177,6 +189,34 @@ def test_run_text_is_escaped_and_the_log_streams_from_its_end(
     assert "attachment" in whole.headers["content-disposition"]
     rows = browser.get("/ui/runs?q=" + run[4:12]).text
     assert run in rows
+    # older lines on demand: whole lines ending where the tail began
+    start = int(re.search(r"event: start\ndata: (\d+)", body).group(1))  # type: ignore[union-attr]
+    earlier = browser.get(f"/ui/runs/{run}/logs/training/older", params={"offset": start}).json()
+    assert earlier["text"].endswith("line-101\n") and earlier["offset"] < start
+    assert earlier["text"].startswith("line-")  # a whole first line
+    # previews: text as text, an image as an image, anything else not served
+    previews = browser.get(f"/ui/runs/{run}/previews").text
+    assert "&lt;script&gt;" in previews and EVIL not in previews
+    image = browser.get(f"/ui/runs/{run}/previews/dot.png")
+    assert image.status_code == 200 and image.headers["content-type"] == "image/png"
+    assert image.headers["x-content-type-options"] == "nosniff"
+    assert image.content.startswith(b"\x89PNG")
+    assert browser.get(f"/ui/runs/{run}/previews/evil.svg").status_code == 404
+    # artifacts: the sealed manifest's, each a download; nothing it does not list
+    listed = browser.get(f"/ui/runs/{run}/artifacts").text
+    assert "previews/note.txt" in listed and "training.log" in listed
+    note = browser.get(f"/ui/runs/{run}/artifacts/previews/note.txt")
+    assert note.status_code == 200 and note.text == EVIL + "\n"
+    assert "attachment" in note.headers["content-disposition"]
+    for sneaky in ("../runtime/status.json", "previews/../../job.json", "nope.bin"):
+        # (a client folds `..` away: that asks for another page, which no GET answers)
+        assert browser.get(f"/ui/runs/{run}/artifacts/{sneaky}").status_code in (404, 405)
+    raw = browser.get(f"/ui/runs/{run}/artifacts/previews%2F..%2F..%2Fjob.json")
+    assert raw.status_code == 404 and "no sealed artifact" in raw.text
+    # the diff with another run
+    other = orbit_json(env, "submit", str(write_spec(tmp_path, name="b.yaml")), "--wait")["id"]
+    diff = browser.get(f"/ui/runs/{run}/diff", params={"other": other}).text
+    assert "task.command" in diff or "command" in diff
 
 
 def test_unknown_ids_and_bad_queries_say_so_in_one_line(
@@ -262,3 +302,36 @@ def test_the_live_runs_stream_says_when_something_changed(
             if line == "event: changed" or time.monotonic() - began > 30:
                 break
     assert "event: changed" in seen, seen
+
+
+def test_the_admin_page_makes_tokens_once_join_tokens_and_quotas(
+    orbit_server: Server, people: dict[str, str]
+) -> None:
+    admin = session(orbit_server, people["admin"])
+    csrf = csrf_of(admin.get("/ui/admin").text)
+    made = admin.post("/ui/admin/tokens", data={"csrf": csrf, "user": "ann", "name": "laptop"})
+    assert made.status_code == 200 and made.headers["cache-control"] == "no-store"
+    token = re.search(r'id="new-token">([^<]+)<', made.text).group(1)  # type: ignore[union-attr]
+    assert orbit_json(orbit_server.env(token), "whoami")["name"] == "ann"
+    assert token not in admin.get("/ui/admin").text  # never shown again
+    joined = admin.post("/ui/admin/join-tokens", data={"csrf": csrf, "labels": "rack=a"})
+    assert joined.status_code == 200 and "Join token" in joined.text
+    assert "rack=a" in admin.get("/ui/admin").text
+    bad = admin.post("/ui/admin/join-tokens", data={"csrf": csrf, "labels": "rack"})
+    assert bad.status_code == 400 and "labels: expected key=value" in bad.text
+    quota = admin.post(
+        "/ui/admin/quotas", data={"csrf": csrf, "scope": "user", "name": "ann", "gpus": "4"}
+    )
+    assert quota.status_code == 303
+    assert orbit_json(orbit_server.env(), "quotas", "list")[0]["gpus"] == 4
+    odd = admin.post(
+        "/ui/admin/quotas", data={"csrf": csrf, "scope": "user", "name": "ann", "gpus": "lots"}
+    )
+    assert odd.status_code == 400 and "gpus must be a number" in odd.text
+    gone = admin.post("/ui/admin/quotas/user/ann/remove", data={"csrf": csrf})
+    assert gone.status_code == 303 and orbit_json(orbit_server.env(), "quotas", "list") == []
+    member = session(orbit_server, people["ann"])
+    mine = csrf_of(member.get("/ui/runs").text)
+    refused = member.post("/ui/admin/join-tokens", data={"csrf": mine})
+    assert refused.status_code == 403
+    assert member.get("/ui/admin").status_code == 403

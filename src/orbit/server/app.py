@@ -121,7 +121,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
 
     from orbit.server.ui import install_console
 
-    install_console(app, service)
+    install_console(app, service, beats)
     gateway = Gateway(service, settings, ended, config.reconcile_every_s)
     app.include_router(make_agent_router(gateway, mailbox, beats))
 

@@ -6,6 +6,7 @@ orbit.store.attempt_states."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from orbit.model.errors import InvalidInput, NotFound
 from orbit.model.models import ExecutionRequest, RunState, TaskSubmission
@@ -25,7 +26,7 @@ from orbit.store.run_queries import (
     run_records,
     runs_filter,
 )
-from orbit.store.sql import Tx
+from orbit.store.sql import Tx, read_json, read_time
 from orbit.store.submit_keys import SubmitKey, remember
 
 
@@ -146,6 +147,30 @@ class Runs(Part):
         with self._read() as tx:
             newest = tx.scalar("SELECT max(updated_at) FROM attempts")
         return str(newest or "")
+
+    def gpu_time(self, since: datetime, until: datetime) -> list[tuple[str, str, Any, Any, Any]]:
+        """(user, experiment, request, started_at, finished_at) of every attempt that ran at
+        some time between `since` and `until` (a gang's once, by its rank 0): what GPU-hours
+        per user and experiment are counted from (the console's fair share)."""
+        with self._read() as tx:
+            rows = tx.all(
+                "SELECT r.created_by, e.name, r.request, a.started_at, a.finished_at "
+                "FROM attempts a JOIN runs r ON r.id = a.run_id "
+                "JOIN experiments e ON e.id = r.experiment_id "
+                "WHERE a.gang_of IS NULL AND a.started_at IS NOT NULL AND a.started_at < :until "
+                "AND (a.finished_at IS NULL OR a.finished_at > :since)",
+                {"since": since, "until": until},
+            )
+        return [
+            (
+                row["created_by"],
+                row["name"],
+                read_json(row["request"]),
+                read_time(row["started_at"]),
+                read_time(row["finished_at"]),
+            )
+            for row in rows
+        ]
 
     def select_runs(
         self,

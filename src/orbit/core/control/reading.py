@@ -145,33 +145,6 @@ class Reading(ServicePart):
         except Unreachable:  # the run shows as host_unreachable; progress waits for the host
             return None
 
-    def charts(self, ref: str, attempt: int | None = None) -> dict[str, Any]:
-        """What a run's charts draw (orbit.forensics.series): its attempt's GPUs over the
-        NVML audit's last hour or so, and its loss over steps; empty where the attempt has no
-        folder yet or its host does not answer now."""
-        from orbit.forensics.series import (
-            LOSS_TAIL_BYTES,
-            NVML_FILE,
-            NVML_TAIL_BYTES,
-            gpu_series,
-            loss_series,
-        )
-
-        found = attempt_of(self.store.runs.get_run(ref), attempt)
-        charts: dict[str, Any] = {"gpus": {}, "unavailable": None, "loss": [[], []]}
-        if found.handle is None:
-            return charts
-        backend = self.execution.backend(found.backend_key)
-        try:
-            nvml = backend.tail_files(found.handle, NVML_FILE, NVML_TAIL_BYTES)
-            logged = backend.tail_files(found.handle, PROGRESS_GLOB, LOSS_TAIL_BYTES)
-        except Unreachable:
-            return charts
-        charts.update(gpu_series(b"".join(nvml.values())))
-        if logged:
-            charts["loss"] = loss_series(logged[sorted(logged)[0]])
-        return charts
-
     def evidence(self, ref: str, attempt: int | None = None) -> Evidence:
         """The files a post-mortem reads, from wherever the attempt ran (job.json from the
         bundle cache when the attempt never started)."""

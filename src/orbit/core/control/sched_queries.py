@@ -5,7 +5,7 @@ set: admin settings), and a scheduler config tried on recorded history."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from orbit.core.control.base import ServicePart
@@ -14,6 +14,7 @@ from orbit.core.control.views import Explanation, QueueEntry, QuotaView, Simulat
 from orbit.model.errors import InvalidInput, NotFound
 from orbit.scheduler.codec import dumps, pass_in
 from orbit.scheduler.config import config_from_dict
+from orbit.scheduler.gpu_hours import GpuHours
 from orbit.scheduler.ordering import schedule
 from orbit.scheduler.plugins import site_checks
 from orbit.store.scheduling import unpack
@@ -127,3 +128,12 @@ class SchedulerQueries(ServicePart):
             preempted_differently=sorted(preempted),
             unchanged=same,
         )
+
+    def gpu_hours(self, since: datetime, until: datetime, steps: int = 24) -> GpuHours:
+        """GPU-hours per user and experiment over [since, until), and per user in `steps`
+        equal steps of it (orbit.scheduler.gpu_hours)."""
+        from orbit.scheduler.gpu_hours import gpu_hours
+
+        if not since < until:
+            raise InvalidInput("the period's start must come before its end")
+        return gpu_hours(self.store.runs.gpu_time(since, until), since, until, steps)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from orbit.core.control.accounts import Accounts
 from orbit.core.control.actions import RunActions
+from orbit.core.control.attempt_files import AttemptFiles
 from orbit.core.control.base import ServiceConfig, Shared, acting_as, current_actor
 from orbit.core.control.bulk import BulkActions
 from orbit.core.control.clusters import Clusters
@@ -109,6 +110,7 @@ class CoreControlService:
         parts.scheduling = self._scheduling = scheduling = Scheduling(shared, parts)
         parts.actions = actions = RunActions(shared, parts)
         reading = Reading(shared, parts)
+        files = AttemptFiles(shared, parts)
         submitting = Submitting(shared, parts)
         bulk = BulkActions(shared, parts)
         storage = Storage(shared, parts)
@@ -123,10 +125,15 @@ class CoreControlService:
         self.run_view = reading.run_view
         self.waits_of = reading.waits_of
         self.progress = reading.progress
-        self.charts = reading.charts
         self.evidence = reading.evidence
         self.inspect_run = reading.inspect_run
         self.diff_runs = reading.diff_runs
+        # what the console reads of an attempt's folder (attempt_files.py)
+        self.charts = files.charts
+        self.artifacts = files.artifacts
+        self.artifact = files.artifact
+        self.previews = files.previews
+        self.log_before = files.log_before
         self.read_log = reading.read_log
         self.stream_log = reading.stream_log
         self.find_log_start = reading.find_log_start
@@ -159,6 +166,7 @@ class CoreControlService:
         self.set_quota = sched_queries.set_quota
         self.remove_quota = sched_queries.remove_quota
         self.simulate = sched_queries.simulate
+        self.gpu_hours = sched_queries.gpu_hours
         # pin, delete, gc, usage (storage.py)
         self.run_storage = storage.run_storage
         self.pin_run = storage.pin_run

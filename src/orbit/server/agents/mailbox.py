@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
+from collections import deque
 from datetime import UTC, datetime
 
 from orbit.core.control.service import CoreControlService
@@ -16,6 +18,9 @@ log = logging.getLogger("orbit.server.agents")
 
 WATCH_EVERY_S = 0.5  # how often queues other processes filled are looked for
 FLUSH_EVERY_S = 1.0  # how often gathered heartbeats are written
+HISTORY_S = 3600.0  # how far back a node's GPU utilization is kept (the console's sparkline)
+HISTORY_EVERY_S = 10.0  # at most one sample a node this often
+HISTORY_SAMPLES = int(HISTORY_S / HISTORY_EVERY_S) + 1
 
 
 class Mailbox:
@@ -66,8 +71,10 @@ class Heartbeats:
     def __init__(self, service: CoreControlService) -> None:
         self.service = service
         self.pending: dict[str, datetime] = {}
-        # each node's GPU utilization as its last heartbeat said (in memory: for /metrics)
+        # each node's GPU utilization as its last heartbeat said (in memory: for /metrics),
+        # and over the last hour (the console's sparklines; a restart starts them afresh)
         self.utilization: dict[str, dict[int, float]] = {}
+        self.history: dict[str, deque[tuple[float, dict[int, float]]]] = {}
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agent-heartbeats", daemon=True)
@@ -85,10 +92,21 @@ class Heartbeats:
             self.pending[node_id] = datetime.now(UTC)
             if utilization is not None:
                 self.utilization[node_id] = utilization
+                now = time.time()
+                past = self.history.setdefault(node_id, deque(maxlen=HISTORY_SAMPLES))
+                if not past or now - past[-1][0] >= HISTORY_EVERY_S:
+                    past.append((now, utilization))
+                while past and past[0][0] < now - HISTORY_S:
+                    past.popleft()
 
     def last_utilization(self) -> dict[str, dict[int, float]]:
         with self.lock:
             return dict(self.utilization)
+
+    def utilization_history(self, node_id: str) -> list[tuple[float, dict[int, float]]]:
+        """(epoch s, GPU index -> utilization %) over the last hour, oldest first."""
+        with self.lock:
+            return list(self.history.get(node_id, ()))
 
     def flush(self) -> None:
         with self.lock:

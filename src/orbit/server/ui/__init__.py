@@ -12,13 +12,16 @@ from fastapi import APIRouter, FastAPI
 from starlette.staticfiles import StaticFiles
 
 from orbit.core.control.service import CoreControlService
+from orbit.server.agents.mailbox import Heartbeats
 
 STATIC = Path(__file__).parent / "static"
 
 
-def install_console(app: FastAPI, service: CoreControlService) -> None:
+def install_console(app: FastAPI, service: CoreControlService, beats: Heartbeats) -> None:
     """The console's routes, its files, and POST /api/v1/ui/links (`orbit ui`)."""
     from orbit.server.ui.actions import make_action_pages, make_link_route
+    from orbit.server.ui.admin import make_admin_pages
+    from orbit.server.ui.files import make_file_pages
     from orbit.server.ui.fleet import make_fleet_pages
     from orbit.server.ui.live import make_live_pages
     from orbit.server.ui.runs import make_runs_pages
@@ -28,8 +31,10 @@ def install_console(app: FastAPI, service: CoreControlService) -> None:
     routers: list[APIRouter] = [
         make_link_route(links),
         make_action_pages(service, links),
+        make_admin_pages(service),
         make_live_pages(service),
-        make_fleet_pages(service),
+        make_file_pages(service),
+        make_fleet_pages(service, beats),
         make_runs_pages(service),
     ]
     for router in routers:

@@ -1,7 +1,8 @@
 """What the console does, as form posts: sign in (a token, or a one-time link) and out, and the
-buttons (cancel, retry, replay with overrides, a node's drain / cordon / uncordon / max tasks, a
-token made or revoked). Each post must carry the session's CSRF token; each is checked against
-the caller's role exactly as its API route is, by the same control service calls."""
+buttons (cancel, retry, replay with overrides, a node's drain / cordon / uncordon / max tasks;
+the admin page's are admin.py's). Each post must carry the session's CSRF token; each is
+checked against the caller's role exactly as its API route is, by the same control service
+calls."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from orbit.model.overrides import parse_overrides
 from orbit.model.spec import parse_sets
 from orbit.server.auth_failures import AuthFailed
 from orbit.server.routes.common import api_router, me
-from orbit.server.ui.common import console_router, context, error_page
+from orbit.server.ui.common import console_router, error_page
 from orbit.server.ui.render import page
 from orbit.server.ui.session import (
     CSRF_FIELD,
@@ -42,6 +43,10 @@ async def csrf_checked(request: Request) -> dict[str, Any]:
         if not hmac.compare_digest(given.encode(), expected.encode()):
             raise Forbidden("this form's CSRF token is missing or stale: reload the page")
     return {k: str(v) for k, v in form.items()}
+
+
+def refused(request: Request, who: Any, exc: Forbidden | InvalidInput) -> Response:
+    return error_page(request, who, 403 if isinstance(exc, Forbidden) else 400, str(exc))
 
 
 def back(to: str, notice: str) -> Response:
@@ -109,8 +114,7 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
             form = await csrf_checked(request)
             done = await _run_action(who, ref, action, form)
         except (Forbidden, InvalidInput) as exc:
-            status = 403 if isinstance(exc, Forbidden) else 400
-            return error_page(request, who, status, str(exc))
+            return refused(request, who, exc)
         return back(f"{PREFIX}/runs/{done[0]}", done[1])
 
     @router.post("/nodes/{name}/set")
@@ -122,42 +126,8 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
             with who.acting() as acting:
                 node = acting.set_node(name, **change)
         except (Forbidden, InvalidInput) as exc:
-            status = 403 if isinstance(exc, Forbidden) else 400
-            return error_page(request, who, status, str(exc))
+            return refused(request, who, exc)
         return back(f"{PREFIX}/nodes/{node.name}", f"{node.name}: saved")
-
-    @router.post("/admin/tokens")
-    async def token_made(request: Request, who: me) -> Response:
-        try:
-            form = await csrf_checked(request)
-            user = form.get("user") or who.user.name
-            if user != who.user.name:
-                who.require("admin")
-            not_after = who.token.expires_at if who.token is not None else None
-            with who.acting() as acting:
-                made = acting.create_token(
-                    user, form.get("name") or None, form.get("expires") or None,
-                    not_after=not_after,
-                )  # fmt: skip
-        except (Forbidden, InvalidInput) as exc:
-            status = 403 if isinstance(exc, Forbidden) else 400
-            return error_page(request, who, status, str(exc))
-        response = page("token_made.html", **context(request, who, "admin", made=made))
-        response.headers["Cache-Control"] = "no-store"  # shown this once: never kept
-        return response
-
-    @router.post("/admin/tokens/{token_id}/revoke")
-    async def token_revoke(request: Request, who: me, token_id: str) -> Response:
-        try:
-            await csrf_checked(request)
-            if service.store.users.get_token(token_id).user != who.user.name:
-                who.require("admin")
-            with who.acting() as acting:
-                acting.revoke_token(token_id)
-        except (Forbidden, InvalidInput) as exc:
-            status = 403 if isinstance(exc, Forbidden) else 400
-            return error_page(request, who, status, str(exc))
-        return back(f"{PREFIX}/admin", f"token {token_id} revoked")
 
     return router
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,6 +15,8 @@ from starlette.responses import Response
 
 from orbit.core.control.service import CoreControlService
 from orbit.model.models import RunState
+from orbit.scheduler.gpu_hours import GpuHours
+from orbit.server.agents.mailbox import Heartbeats
 from orbit.server.routes.common import me
 from orbit.server.ui.common import BadQuery, console_router, context, guarded, whole
 from orbit.server.ui.render import page
@@ -22,7 +24,7 @@ from orbit.server.ui.render import page
 ACTIVE = {RunState.PROVISIONING, RunState.STARTING, RunState.RUNNING}
 
 
-def make_fleet_pages(service: CoreControlService) -> APIRouter:
+def make_fleet_pages(service: CoreControlService, beats: Heartbeats) -> APIRouter:
     router = console_router()
 
     @router.get("/nodes")
@@ -32,8 +34,17 @@ def make_fleet_pages(service: CoreControlService) -> APIRouter:
             found = acting.list_nodes()
             hosts = acting.list_hosts()
             clusters = acting.list_clusters()
-        now = datetime.now(UTC)
-        rows = [{"node": n, "condition": n.condition(now), "gpus": _gpus(n.info)} for n in found]
+        now, util = datetime.now(UTC), beats.last_utilization()
+        rows = [
+            {
+                "node": n,
+                "condition": n.condition(now),
+                "gpus": _gpus(n.info),
+                "util": util.get(n.id, {}),
+                "spark": _spark(beats.utilization_history(n.id)),
+            }
+            for n in found
+        ]
         return page(
             "nodes.html",
             **context(request, who, "nodes", rows=rows, hosts=hosts, clusters=clusters),
@@ -54,6 +65,8 @@ def make_fleet_pages(service: CoreControlService) -> APIRouter:
                 node=found,
                 condition=found.condition(datetime.now(UTC)),
                 gpus=_gpus(found.info),
+                util=beats.last_utilization().get(found.id, {}),
+                spark=_spark(beats.utilization_history(found.id)),
                 runs=runs,
             ),
         )
@@ -61,10 +74,29 @@ def make_fleet_pages(service: CoreControlService) -> APIRouter:
     @router.get("/fair-share")
     @guarded
     def fair_share(request: Request, who: me) -> Response:
-        rows, quotas = _shares(who)
+        error = None
+        try:
+            days = whole(request.query_params.get("days"), "days", default=7, high=366)
+        except BadQuery as exc:
+            error, days = str(exc), 7
+        until = datetime.now(UTC)
+        with who.acting() as acting:
+            hours = acting.gpu_hours(until - timedelta(days=days), until, steps=min(days * 4, 60))
+        rows, quotas = _shares(who, hours)
         if request.query_params.get("format") == "csv":
             return _csv(rows)
-        values = context(request, who, "fair-share", rows=rows, quotas=quotas)
+        chart = [hours.steps, *hours.per_step.values()]
+        values = context(
+            request,
+            who,
+            "fair-share",
+            rows=rows,
+            quotas=quotas,
+            days=days,
+            error=error,
+            chart=chart,
+            chart_users=list(hours.per_step),
+        )
         return page("fair_share.html", **values)
 
     @router.get("/audit")
@@ -133,9 +165,17 @@ def _gpus(info: dict[str, Any]) -> list[dict[str, Any]]:
     return [g for g in found if isinstance(g, dict)]
 
 
-def _shares(who: Any) -> tuple[list[dict[str, Any]], list[Any]]:
-    """Per user: GPUs held by their runs that run now, their quota, and their share of all
-    GPUs held (the dominant share, as the scheduler's fair share counts GPUs)."""
+def _spark(history: list[tuple[float, dict[int, float]]]) -> list[list[float | None]]:
+    """[times, mean GPU utilization %] over the last hour, for a sparkline."""
+    times = [t for t, _ in history]
+    means = [round(sum(u.values()) / len(u), 1) if u else None for _, u in history]
+    return [times, means]  # type: ignore[list-item]
+
+
+def _shares(who: Any, hours: GpuHours) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Per user and experiment: GPUs held by their runs that run now, their quota, their
+    share of all GPUs held (the dominant share, as the scheduler's fair share counts GPUs),
+    and their GPU-hours over the period."""
     with who.acting() as acting:
         running = acting.run_page(states=ACTIVE, limit=10_000)
         quotas = acting.list_quotas()
@@ -150,7 +190,8 @@ def _shares(who: Any) -> tuple[list[dict[str, Any]], list[Any]]:
     limits = {(q.scope, q.name): q for q in quotas}
     total = sum(v for (scope, _), v in held.items() if scope == "user") or 0
     rows = []
-    for key in sorted(set(held) | set(limits)):
+    spent = {("user", u) for u in hours.users} | {("experiment", e) for e in hours.experiments}
+    for key in sorted(set(held) | set(limits) | spent):
         quota = limits.get(key)
         rows.append(
             {
@@ -161,6 +202,9 @@ def _shares(who: Any) -> tuple[list[dict[str, Any]], list[Any]]:
                 "quota": quota.gpus if quota else None,
                 "weight": quota.weight if quota else 1.0,
                 "share": (held.get(key, 0) / total) if total else 0.0,
+                "gpu_hours": round(
+                    (hours.users if key[0] == "user" else hours.experiments).get(key[1], 0.0), 2
+                ),
             }
         )
     return rows, quotas
@@ -180,7 +224,8 @@ def _asked_gpus(request: Any) -> int:
 
 def _csv(rows: list[dict[str, Any]]) -> Response:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=["scope", "name", "gpus", "runs", "quota", "weight"])
+    fields = ["scope", "name", "gpus", "runs", "quota", "weight", "gpu_hours"]
+    writer = csv.DictWriter(out, fieldnames=fields)
     writer.writeheader()
     for row in rows:
         writer.writerow({k: row[k] for k in writer.fieldnames})

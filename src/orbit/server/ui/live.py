@@ -75,17 +75,18 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
     @guarded
     def charts(request: Request, who: me, ref: str) -> Response:
         with who.acting() as acting:
-            found = acting.charts(ref)
-            view = acting.run_view(ref, refresh=False)
-        found["state"] = view.run.state.value
-        found["progress"] = view.progress.model_dump(mode="json") if view.progress else None
+            run = acting.get_run(ref)
+            found = acting.charts(run.id)
+            progress = acting.progress(run)
+        found["state"] = run.state.value
+        found["progress"] = progress.model_dump(mode="json") if progress else None
         return JSONResponse(found, headers={"Cache-Control": "no-store"})
 
     @router.get("/runs/{ref}/logs/{layer}/stream")
     @guarded
     def follow(request: Request, who: me, ref: str, layer: str) -> Response:
         """The log from `Last-Event-ID` (a resume), or else its last lines, then followed."""
-        chosen = _layer(layer)
+        chosen = layer_named(layer)
         resume = request.headers.get("last-event-id", "")
         with who.acting() as acting:
             run = acting.get_run(ref)
@@ -103,7 +104,7 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
     @router.get("/runs/{ref}/logs/{layer}/download")
     @guarded
     def download(request: Request, who: me, ref: str, layer: str) -> Response:
-        chosen = _layer(layer)
+        chosen = layer_named(layer)
         run = service.get_run(ref)
         name = f"{run.id}-{chosen.value}.log"
         return StreamingResponse(
@@ -115,7 +116,7 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
     return router
 
 
-def _layer(text: str) -> LogLayer:
+def layer_named(text: str) -> LogLayer:
     try:
         return LogLayer(text)
     except ValueError:
@@ -126,8 +127,9 @@ def _layer(text: str) -> LogLayer:
 async def _follow(
     service: CoreControlService, run_id: str, layer: LogLayer, offset: int, attempt: int
 ) -> AsyncIterator[bytes]:
-    """Events of the log's text from `offset`, while the attempt runs (at most FOLLOW_S)."""
-    yield b"retry: 1000\n\n"
+    """Events of the log's text from `offset`, while the attempt runs (at most FOLLOW_S): first
+    `start`, the offset they begin at (the page asks for older lines before it)."""
+    yield b"retry: 1000\n\n" + _event("start", str(offset))
     began = time.monotonic()
     while True:
         read = functools.partial(service.read_log, run_id, layer, offset, attempt)

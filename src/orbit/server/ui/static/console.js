@@ -9,8 +9,11 @@
   const status = document.getElementById("log-status");
   const search = document.getElementById("log-search");
   const download = document.getElementById("log-download");
+  const older = document.getElementById("log-older");
   let source = null;
   let lines = [];
+  let layerNow = null;
+  let start = null; // the byte offset the lines shown begin at (null: not known yet)
 
   function show() {
     const term = search.value.trim().toLowerCase();
@@ -23,16 +26,26 @@
   function follow(layer) {
     if (source) source.close();
     lines = [];
+    start = null;
+    layerNow = layer;
+    older.hidden = true;
     log.textContent = "";
     download.href = `/ui/runs/${run}/logs/${layer}/download`;
     status.textContent = "connecting…";
     source = new EventSource(`/ui/runs/${run}/logs/${layer}/stream`);
     source.addEventListener("log", (e) => {
       const text = e.data.endsWith("\n") ? e.data.slice(0, -1) : e.data;
+
       lines.push(...text.split("\n"));
       if (lines.length > 20000) lines = lines.slice(-20000);
       status.textContent = "following";
       show();
+    });
+    source.addEventListener("start", (e) => {
+      if (start === null) {
+        start = Number(e.data);
+        older.hidden = start <= 0;
+      }
     });
     source.addEventListener("end", () => {
       status.textContent = "the attempt has ended: this is all of it";
@@ -52,6 +65,20 @@
     });
   });
   search.addEventListener("input", show);
+  older.addEventListener("click", async () => {
+    if (start === null || start <= 0) return;
+    const r = await fetch(`/ui/runs/${run}/logs/${layerNow}/older?offset=${start}`, { credentials: "same-origin" });
+    if (!r.ok) return;
+    const found = await r.json();
+    const text = found.text.endsWith("\n") ? found.text.slice(0, -1) : found.text;
+    if (text) lines = text.split("\n").concat(lines);
+    start = found.offset;
+    older.hidden = start <= 0;
+    const term = search.value.trim().toLowerCase();
+    const shown = term ? lines.filter((l) => l.toLowerCase().includes(term)) : lines;
+    log.textContent = shown.join("\n");
+    log.scrollTop = 0;
+  });
   follow(log.dataset.firstLayer);
 
   // charts: uPlot over /ui/runs/RUN/charts.json, redrawn every 5 s while the run goes
@@ -77,6 +104,22 @@
       found = await r.json();
     } catch (e) { return; }
     draw("chart-loss", found.loss, ["loss"], false);
+    const progress = document.getElementById("progress");
+    if (found.progress && progress) {
+      const p = found.progress;
+      progress.textContent = "";
+      if (p.max_steps && p.step !== null) {
+        const bar = document.createElement("progress");
+        bar.max = p.max_steps;
+        bar.value = p.step;
+        progress.append(bar, " ");
+      }
+      const words = [];
+      if (p.step !== null) words.push(`step ${p.step}` + (p.max_steps ? `/${p.max_steps}` : ""));
+      if (p.loss !== null) words.push(`loss ${p.loss}`);
+      if (p.score !== null && p.score !== undefined) words.push(`mean score ${p.score}`);
+      progress.append(words.join(", "));
+    }
     const gpus = Object.keys(found.gpus);
     const note = document.getElementById("charts-note");
     note.textContent = found.unavailable ? `No GPU samples: ${found.unavailable}` : "";
@@ -93,4 +136,39 @@
     setTimeout(charts, 5000);
   }
   charts();
+})();
+
+// sparklines: a node's mean GPU utilization over the last hour (data-series: [times, values])
+(function () {
+  "use strict";
+  document.querySelectorAll(".spark").forEach((box) => {
+    const data = JSON.parse(box.dataset.series || "[[],[]]");
+    box.dataset.points = String(data[0].length);
+    if (data[0].length < 2) { box.textContent = "no history yet"; return; }
+    const wide = box.classList.contains("wide");
+    new uPlot({
+      width: wide ? 600 : 160, height: wide ? 120 : 36,
+      legend: { show: false }, cursor: { show: wide },
+      axes: wide ? [{}, {}] : [{ show: false }, { show: false }],
+      scales: { y: { range: [0, 100] } },
+      series: [{}, { stroke: "#0b6bcb", width: 1.5, fill: "rgba(11,107,203,0.12)" }],
+    }, data, box);
+  });
+})();
+
+// fair share: GPU-hours per user in each step of the period
+(function () {
+  "use strict";
+  const box = document.getElementById("chart-share");
+  if (!box) return;
+  const data = JSON.parse(box.dataset.series || "[[]]");
+  const users = JSON.parse(box.dataset.labels || "[]");
+  box.dataset.points = String(data[0].length);
+  if (users.length === 0) { box.textContent = "no GPU-hours in this period"; return; }
+  const palette = ["#0b6bcb", "#c6282b", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#1b7c83", "#6e7781"];
+  const bars = uPlot.paths && uPlot.paths.bars ? uPlot.paths.bars({ size: [0.8, 40] }) : undefined;
+  new uPlot({
+    width: Math.max(320, Math.min(900, box.clientWidth || 700)), height: 220,
+    series: [{}].concat(users.map((u, i) => ({ label: u, stroke: palette[i % 8], fill: palette[i % 8] + "55", paths: bars }))),
+  }, data, box);
 })();

@@ -1,0 +1,131 @@
+"""What the console reads of an attempt's folder, wherever it ran: its charts' data (the NVML
+audit and logging.jsonl, cut to a screen's width by orbit.forensics.series), its sealed
+artifacts (the manifest's paths, sizes and sha256) and one of them, the previews the task
+writes as they arrive (artifacts/previews/), and a log's bytes before an offset (the page shows
+a log's end first and older parts on demand)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orbit.core.control.base import ServicePart, attempt_of
+from orbit.forensics.progress import PROGRESS_GLOB
+from orbit.model.errors import InvalidInput, NotFound, Unreachable
+from orbit.model.layers import LogLayer
+from orbit.model.records import AttemptRecord
+
+MANIFEST = "artifacts/manifest.json"
+PREVIEWS = "artifacts/previews/*"
+PREVIEW_BYTES = 2 * 1024 * 1024  # a preview larger than this is not shown (collect it)
+ARTIFACT_BYTES = 64 * 1024 * 1024  # the most one artifact download reads (more: orbit collect)
+EARLIER_BYTES = 64 * 1024  # what one "older" step of a log brings
+
+
+class AttemptFiles(ServicePart):
+    def _attempt(self, ref: str, attempt: int | None) -> AttemptRecord:
+        return attempt_of(self.store.runs.get_run(ref), attempt)
+
+    def charts(self, ref: str, attempt: int | None = None) -> dict[str, Any]:
+        """Its attempt's GPUs over the NVML audit's last hour or so, and its loss over steps;
+        empty where the attempt has no folder yet or its host does not answer now."""
+        from orbit.forensics.series import (
+            LOSS_TAIL_BYTES,
+            NVML_FILE,
+            NVML_TAIL_BYTES,
+            gpu_series,
+            loss_series,
+        )
+
+        found = self._attempt(ref, attempt)
+        charts: dict[str, Any] = {"gpus": {}, "unavailable": None, "loss": [[], []]}
+        if found.handle is None:
+            return charts
+        backend = self.execution.backend(found.backend_key)
+        try:
+            nvml = backend.tail_files(found.handle, NVML_FILE, NVML_TAIL_BYTES)
+            logged = backend.tail_files(found.handle, PROGRESS_GLOB, LOSS_TAIL_BYTES)
+        except Unreachable:
+            return charts
+        charts.update(gpu_series(b"".join(nvml.values())))
+        if logged:
+            charts["loss"] = loss_series(logged[sorted(logged)[0]])
+        return charts
+
+    def artifacts(self, ref: str, attempt: int | None = None) -> list[dict[str, Any]] | None:
+        """The sealed manifest's entries (path, size, sha256), or None before the attempt has
+        sealed one (it does when it ends) or while its host does not answer."""
+        found = self._attempt(ref, attempt)
+        if found.handle is None:
+            return None
+        try:
+            raw = self.execution.backend(found.backend_key).read_file(found.handle, MANIFEST)
+        except Unreachable:
+            return None
+        try:
+            entries = json.loads(raw or b"null")
+        except ValueError:
+            return None
+        if isinstance(entries, dict):
+            entries = entries.get("files", entries.get("entries"))
+        if not isinstance(entries, list):
+            return None
+        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)]
+
+    def artifact(self, ref: str, path: str, attempt: int | None = None) -> bytes:
+        """One artifact the manifest lists, whole (at most ARTIFACT_BYTES)."""
+        listed = {e["path"]: e for e in self.artifacts(ref, attempt) or []}
+        entry = listed.get(path)
+        if entry is None:
+            raise NotFound(f"run {ref} has no sealed artifact '{path}'")
+        if int(entry.get("size") or 0) > ARTIFACT_BYTES:
+            raise InvalidInput(
+                f"'{path}' is {entry['size']:,} bytes, more than a page downloads: "
+                f"orbit collect {ref}"
+            )
+        found = self._attempt(ref, attempt)
+        assert found.handle is not None
+        data = self.execution.backend(found.backend_key).read_file(
+            found.handle, f"artifacts/{path}"
+        )
+        if data is None:
+            raise NotFound(f"'{path}' is no longer where run {ref} ran: orbit collect {ref}")
+        return data
+
+    def previews(self, ref: str, attempt: int | None = None) -> dict[str, bytes]:
+        """artifacts/previews/NAME -> its content, for each preview small enough to show."""
+        found = self._attempt(ref, attempt)
+        if found.handle is None:
+            return {}
+        backend = self.execution.backend(found.backend_key)
+        try:
+            tails = backend.tail_files(found.handle, PREVIEWS, PREVIEW_BYTES + 1)
+        except Unreachable:
+            return {}
+        return {
+            name.rsplit("/", 1)[-1]: data
+            for name, data in sorted(tails.items())
+            if len(data) <= PREVIEW_BYTES
+        }
+
+    def log_before(
+        self, ref: str, layer: LogLayer, offset: int, attempt: int | None = None
+    ) -> tuple[bytes, int]:
+        """The whole lines of a log that end at `offset`, about EARLIER_BYTES of them, and the
+        offset they start at (0: the log's start)."""
+        found = self._attempt(ref, attempt)
+        start = max(0, offset - EARLIER_BYTES)
+        data = b""
+        if found.handle is None:
+            return data, 0
+        backend = self.execution.backend(found.backend_key)
+        while len(data) < offset - start:
+            chunk, _ = backend.read_log(found.handle, layer, start + len(data))
+            if not chunk:
+                break
+            data += chunk
+        data = data[: offset - start]
+        if start > 0:  # the first line is cut: it comes whole with the next step back
+            cut = data.find(b"\n") + 1
+            start, data = start + cut, data[cut:]
+        return data, start
