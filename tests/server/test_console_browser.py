@@ -2,7 +2,8 @@
 server` and a real agent. Signs in with a token, sees a submitted run appear and advance without
 a reload, watches its log lines arrive live, sees the GPU chart drawn with points, opens the
 queue and a waiting run's decision, cancels a run as its owner, and finds no cancel button as a
-viewer. Each page's screenshot is saved under the test's temp dir (the README's comes from here).
+viewer. Each page's screenshot is saved under the test's temp dir; with ORBIT_UI_SHOTS=docs they
+are copied to docs/console-NAME.png too, which is how the README's docs/console-run.png is made.
 
 The GPU samples: no GPU exists here, so the task writes the NVML audit lines itself, with the
 values of the H100 recording (tests/data/nvml/h100-recording.json: GPU 0 at 100 %, 80 GiB,
@@ -65,7 +66,7 @@ def shot(page: Any, folder: Path, name: str) -> None:
     page.screenshot(path=str(path), full_page=True)
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(SHOTS) / path.name)
+        shutil.copy(path, Path(SHOTS) / f"console-{path.name}")
 
 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
