@@ -474,7 +474,9 @@ class Consoles:
 
     async def fetch(self, client: httpx.AsyncClient, path: str) -> None:
         try:
+            start = time.perf_counter()
             response = await client.get(path)
+            self.stats["get_ms"] += round((time.perf_counter() - start) * 1000)
             self.stats[f"get_{response.status_code}"] += 1
             self.stats["get_bytes"] += response.num_bytes_downloaded
         except httpx.HTTPError as exc:
@@ -485,7 +487,9 @@ class Consoles:
         await asyncio.sleep(self.rng.random() * CHARTS_EVERY_S)
         while not self.stop.is_set():
             try:
+                start = time.perf_counter()
                 response = await client.get(f"/ui/runs/{self.run_id}/charts.json")
+                self.stats["charts_ms"] += round((time.perf_counter() - start) * 1000)
                 self.stats[f"charts_{response.status_code}"] += 1
                 self.stats["charts_bytes"] += response.num_bytes_downloaded
                 if response.status_code == 200 and response.json().get("state") in TERMINAL:
@@ -540,10 +544,19 @@ def consoles_process(
         raise
 
 
+def run_state(server: Server, run_id: str) -> str:
+    """The run's current attempt's state ("unknown" while the server does not answer)."""
+    try:
+        state: str = get_run(server, run_id)["attempts"][-1]["state"]
+    except httpx.HTTPError:
+        return "unknown"
+    return state
+
+
 def wait_state(server: Server, run_id: str, states: set[str], timeout_s: float = 120) -> str:
     deadline = time.monotonic() + timeout_s
     while True:
-        state: str = get_run(server, run_id)["attempts"][-1]["state"]
+        state = run_state(server, run_id)
         if state in states or time.monotonic() > deadline:
             return state
         time.sleep(0.5)
@@ -580,7 +593,7 @@ def measure_consoles(
         counts.update({k: v for k, v in after.items() if k.endswith("_open")})  # open now
         figures: dict[str, Any] = {**idle_figures, "client_cpu_pct": client_cpu, "counts": counts}
         figures["threads"] = server.process.num_threads()
-        figures["state"] = get_run(server, run_id)["attempts"][-1]["state"]
+        figures["state"] = run_state(server, run_id)
         result[name] = figures
         say(f"consoles {name}: {figures}")
 
@@ -610,7 +623,7 @@ def cancel(server: Server, run_id: str) -> None:
             json={},
             timeout=60,
         )
-    if wait_state(server, run_id, TERMINAL, timeout_s=30) not in TERMINAL:
+    if wait_state(server, run_id, TERMINAL, timeout_s=180) not in TERMINAL:
         raise RuntimeError(f"{run_id} did not end once cancelled: stop it by hand")
 
 

@@ -140,10 +140,13 @@ def test_the_console_in_a_real_browser(
     shot(viewer, shots, "nodes")
 
     # the owner cancels both, by the button
-    for ref in (run, waiting):
+    for ref in (waiting, run):
         page.goto(f"{orbit_server.url}/ui/runs/{ref}")
         page.click("#cancel")
         page.wait_for_url(f"**/ui/runs/{ref}?notice=*")
+    # the page open on the running one sees it end, state and attempts, without a reload
+    eventually(lambda: page.locator("#run-state").inner_text() == "terminated", timeout=60)
+    assert "terminated" in page.locator("#attempts").inner_text()
     for ref in (run, waiting):
         state = eventually(
             lambda ref=ref: orbit_json(admin_env, "status", ref)["state"] == "terminated", 60

@@ -100,6 +100,14 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
             ),
         )
 
+    @router.get("/runs/{ref}/summary")
+    @guarded
+    def summary(request: Request, who: me, ref: str) -> Response:
+        """The run's state and attempts alone: what the page swaps in when something moved."""
+        with who.acting() as acting:
+            run = acting.get_run(ref)
+        return page("_run_summary.html", run=run)
+
     @router.get("/runs/{ref}/decision")
     @guarded
     def decision(request: Request, who: me, ref: str, replay: str | None = None) -> Response:
