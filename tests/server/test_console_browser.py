@@ -124,6 +124,8 @@ def test_the_console_in_a_real_browser(
     waiting = orbit_json(admin_env, "submit", str(spec))["id"]
     page.goto(f"{orbit_server.url}/ui/queue")
     eventually(lambda: page.reload() or page.locator(f"a:has-text('{waiting}')").count(), 30)
+    queued = page.locator(f"tr:has(a:has-text('{waiting}'))").inner_text()
+    assert "admin" in queued and "normal" in queued  # who, and the tier
     shot(page, shots, "queue")
     page.click(f"a:has-text('{waiting}')")
     page.wait_for_url(f"**/ui/runs/{waiting}/decision")

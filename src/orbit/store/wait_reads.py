@@ -29,9 +29,9 @@ class WaitReads(Part):
                     found[row["run_id"]] = row
         return found
 
-    def pool_not_launched(self) -> list[tuple[AttemptRecord, str]]:
+    def pool_not_launched(self) -> list[tuple[AttemptRecord, str, str]]:
         """Every agent-pool attempt (a gang's leader) not launched yet, oldest first, with
-        its run's tier (the request's priority)."""
+        its run's tier (the request's priority) and who submitted it."""
         with self._read() as tx:
             rows = tx.all(
                 f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE state = :prepared "
@@ -40,9 +40,17 @@ class WaitReads(Part):
                 {"prepared": RunState.PREPARED.value},
             )
             tiers: dict[str, str] = {}
+            users: dict[str, str] = {}
             run_ids = sorted({r["run_id"] for r in rows})
             for start in range(0, len(run_ids), CHUNK):
                 marks, params = expand("r", run_ids[start : start + CHUNK])
-                for run in tx.all(f"SELECT id, request FROM runs WHERE id IN ({marks})", params):
+                found = tx.all(
+                    f"SELECT id, request, created_by FROM runs WHERE id IN ({marks})", params
+                )
+                for run in found:
                     tiers[run["id"]] = stored_request(run["request"]).priority
-        return [(attempt_record(r), tiers.get(r["run_id"], "normal")) for r in rows]
+                    users[run["id"]] = run["created_by"]
+        return [
+            (attempt_record(r), tiers.get(r["run_id"], "normal"), users.get(r["run_id"], ""))
+            for r in rows
+        ]

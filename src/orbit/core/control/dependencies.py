@@ -130,6 +130,7 @@ class DependencyGate(ServicePart):
             out.append(
                 QueueEntry(
                     run=row["run_id"],
+                    user=row["created_by"],
                     tier=row["request"].priority,
                     position=None,
                     outcome="held",

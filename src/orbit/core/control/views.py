@@ -126,6 +126,7 @@ class Explanation(Record):
 class QueueEntry(Record):
     run: str
     tier: str
+    user: str = ""  # who submitted it
     position: int | None  # in its pass; none for one no pass has placed in the queue yet
     # waiting | preempting, or (not in a pass's queue) backoff | placed | due | held (on its
     # dependencies: `after:`)

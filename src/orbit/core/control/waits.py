@@ -92,10 +92,10 @@ def queue_entries(store: Store) -> list[QueueEntry]:
     then the others (in a retry's backoff, placed and not started, due a pass), oldest
     first; each with what it waits for now and how long it has waited."""
     pending = store.waits.pool_not_launched()
-    decisions = store.waits.decisions_of(sorted({a.run_id for a, _ in pending}))
+    decisions = store.waits.decisions_of(sorted({a.run_id for a, _, _ in pending}))
     at = datetime.now(UTC)
     entries = []
-    for attempt, tier in pending:
+    for attempt, tier, user in pending:
         if attempt.held:
             continue  # held on its dependencies: listed with them (held_in_queue)
         decision = _own(decisions.get(attempt.run_id), attempt)
@@ -106,6 +106,7 @@ def queue_entries(store: Store) -> list[QueueEntry]:
         entries.append(
             QueueEntry(
                 run=attempt.run_id,
+                user=user,
                 tier=decision["tier"] if decision is not None else tier,
                 position=int(decision["position"]) if queued and decision else None,
                 outcome=decision["outcome"] if queued and decision else wait.kind,
