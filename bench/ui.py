@@ -589,7 +589,7 @@ def measure_consoles(
         idle_figures = idle(server.process, sz.window_s)
         after = ask("count")
         client_cpu = round(100 * (cpu_s(client_ps) - client0) / sz.window_s, 1)
-        counts = {k: v - before.get(k, 0) for k, v in after.items() if not k.endswith("_open")}
+        counts = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         counts.update({k: v for k, v in after.items() if k.endswith("_open")})  # open now
         figures: dict[str, Any] = {**idle_figures, "client_cpu_pct": client_cpu, "counts": counts}
         figures["threads"] = server.process.num_threads()

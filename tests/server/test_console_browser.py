@@ -93,6 +93,8 @@ def test_the_console_in_a_real_browser(
     row = page.locator(f"tr[data-run='{run}']")
     row.wait_for(timeout=20_000)
     page.locator(f"tr[data-run='{run}'] .state.go").wait_for(timeout=30_000)
+    # its progress too, as its steps are logged (the rows are swapped in when runs move)
+    page.locator(f"tr[data-run='{run}'] progress").wait_for(timeout=30_000)
     shot(page, shots, "runs")
 
     # its page: log lines arrive live (as text), the GPU and loss charts draw points

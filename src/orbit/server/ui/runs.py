@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from orbit.core.control.service import CoreControlService
+from orbit.core.control.views import RunPage
 from orbit.model.errors import NotFound
 from orbit.model.layers import LogLayer
 from orbit.model.models import RunState
@@ -167,6 +168,7 @@ def _listing(service: CoreControlService, request: Request, who: Any) -> dict[st
         except NotFound as exc:  # an experiment that does not exist: no runs, and why
             error = str(exc)
             found = acting.run_page(limit=0)
+        found = _with_progress(acting, found)
     next_link = None
     if len(found.runs) == limit and found.runs:
         last = found.runs[-1].run
@@ -184,6 +186,22 @@ def _listing(service: CoreControlService, request: Request, who: Any) -> dict[st
         "query": query,
         "states": [s.value for s in RunState],
     }
+
+
+# where a run's files are read on this machine (an agent pool's mirror, a local run): its
+# progress costs a file read, so a listing shows it; elsewhere (SSH, Slurm) the run's page does
+NEAR = ("agent_pool", "local")
+
+
+def _with_progress(acting: Any, found: RunPage) -> RunPage:
+    """The page, with the progress of each of its running runs whose files are near."""
+    views = []
+    for view in found.runs:
+        run = view.run
+        if run.state is RunState.RUNNING and run.current.backend_key.startswith(NEAR):
+            view = view.model_copy(update={"progress": acting.progress(run)})
+        views.append(view)
+    return found.model_copy(update={"runs": tuple(views)})
 
 
 def _cursor(text: str | None) -> tuple[datetime, str] | None:
