@@ -89,6 +89,9 @@ def test_the_wheel_carries_complete_metadata(installed: Path) -> None:
     assert "orbit/py.typed" in files
     assert any(f.endswith("licenses/LICENSE") for f in files)
     assert "orbit/runtime/wrapper.py" in files  # the runtime that travels inside bundles
+    # the console's pages and its vendored files, which `orbit server` serves from the package
+    assert "orbit/server/ui/templates/run.html" in files
+    assert "orbit/server/ui/static/vendor/htmx.min.js" in files
 
 
 def _metadata(venv: Path) -> Message:
