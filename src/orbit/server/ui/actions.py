@@ -25,11 +25,14 @@ from orbit.server.ui.session import (
     CSRF_FIELD,
     CSRF_HEADER,
     LOGIN_CSRF,
+    NOTICE,
     PREFIX,
     SignInLinks,
     check_token,
     end_session,
+    notice_of,
     safe_next,
+    say_next,
     start_session,
 )
 
@@ -50,19 +53,20 @@ def refused(request: Request, who: Any, exc: Forbidden | InvalidInput) -> Respon
 
 
 def back(to: str, notice: str) -> Response:
-    from urllib.parse import quote
-
-    joiner = "&" if "?" in to else "?"
-    return RedirectResponse(f"{to}{joiner}notice={quote(notice)}", status_code=303)
+    """To the page `to`, which then says `notice`."""
+    return say_next(RedirectResponse(to, status_code=303), notice, to)
 
 
 def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRouter:
     router = console_router()
 
     @router.get("/login")
-    def login_form(request: Request, next: str | None = None, why: str | None = None) -> Response:
+    def login_form(request: Request, next: str | None = None) -> Response:
         nonce = secrets.token_urlsafe(16)
+        why = notice_of(request)
         response = page("login.html", next=safe_next(next), why=why, csrf=nonce, nav=(), section="")
+        if why:
+            response.delete_cookie(NOTICE, path=f"{PREFIX}/login")
         secure = request.url.scheme == "https"
         response.set_cookie(
             LOGIN_CSRF, nonce, path=f"{PREFIX}/login", httponly=True, samesite="strict",
@@ -92,11 +96,11 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
         secret = links.take(code)
         if secret is None:
             why = "that sign-in link was used already or has expired: run `orbit ui` again"
-            return RedirectResponse(f"{PREFIX}/login?why={why}", status_code=303)
+            return to_login(why)
         try:
             _, token = check_token(service, secret)
         except AuthFailed as exc:
-            return RedirectResponse(f"{PREFIX}/login?why={exc}", status_code=303)
+            return to_login(str(exc))
         response = RedirectResponse(f"{PREFIX}/", status_code=303)
         start_session(response, secret, token, request.url.scheme == "https")
         return response
@@ -104,7 +108,7 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
     @router.post("/logout")
     async def logout(request: Request, who: me) -> Response:
         await csrf_checked(request)
-        response = RedirectResponse(f"{PREFIX}/login?why=signed+out", status_code=303)
+        response = to_login("signed out")
         end_session(response)
         return response
 
@@ -189,6 +193,10 @@ def _node_change(form: dict[str, str]) -> dict[str, Any]:
             raise InvalidInput(f"max tasks must be a whole number, not '{value}'")
         return {"max_tasks": int(value)}
     raise InvalidInput(f"unknown node change '{what}' (drain, cordon, uncordon or max_tasks)")
+
+
+def to_login(why: str) -> Response:
+    return say_next(RedirectResponse(f"{PREFIX}/login", status_code=303), why, f"{PREFIX}/login")
 
 
 def _login_again(form: dict[str, Any], why: str, status: int) -> Response:

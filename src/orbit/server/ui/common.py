@@ -15,7 +15,7 @@ from orbit.model.auth import Role
 from orbit.model.errors import Forbidden, InvalidInput, NotFound, OrbitError
 from orbit.server.auth import Caller
 from orbit.server.ui.render import page
-from orbit.server.ui.session import PREFIX
+from orbit.server.ui.session import PREFIX, notice_of
 
 P = ParamSpec("P")
 NAV = (
@@ -46,7 +46,7 @@ def context(request: Request, who: Caller, section: str, **values: Any) -> dict[
         "csrf": getattr(request.state, "csrf", None) or "",
         "nav": NAV,
         "section": section,
-        "notice": request.query_params.get("notice"),
+        "notice": notice_of(request),
         **values,
     }
 

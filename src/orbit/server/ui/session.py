@@ -70,13 +70,30 @@ def check_token(service: CoreControlService, secret: str) -> tuple[UserRecord, T
     return found
 
 
+NOTICE = "orbit_notice"  # a line the next page shows once (a cookie: no other site can set it)
+NOTICE_S = 15
+
+
+def say_next(response: Response, line: str, path: str) -> Response:
+    """`line` on the page at `path`, when the browser comes to it next (in the next seconds).
+    Not in the URL: a link from elsewhere cannot make the console say anything."""
+    response.set_cookie(NOTICE, quote(line[:300]), max_age=NOTICE_S, path=path, httponly=True,
+                        samesite="strict")  # fmt: skip
+    return response
+
+
 def to_sign_in(path: str, query: str, why: str | None) -> Response:
     """A console page asked for without a session: to the sign-in form, which comes back here."""
     target = path + (f"?{query}" if query else "")
-    where = f"{PREFIX}/login?next={quote(target, safe='')}"
-    if why:
-        where += f"&why={quote(why, safe='')}"
-    return RedirectResponse(where, status_code=303)
+    response = RedirectResponse(f"{PREFIX}/login?next={quote(target, safe='')}", status_code=303)
+    return say_next(response, why, f"{PREFIX}/login") if why else response
+
+
+def notice_of(request: Request) -> str | None:
+    from urllib.parse import unquote
+
+    found = request.cookies.get(NOTICE)
+    return unquote(found) if found else None
 
 
 def start_session(response: Response, secret: str, token: TokenRecord, secure: bool) -> None:
