@@ -337,3 +337,31 @@ def test_the_admin_page_makes_tokens_once_join_tokens_and_quotas(
     refused = member.post("/ui/admin/join-tokens", data={"csrf": mine})
     assert refused.status_code == 403
     assert member.get("/ui/admin").status_code == 403
+
+
+def test_nodes_show_their_gpus_labels_and_health_and_the_overview_what_needs_a_look(
+    orbit_server: Server, people: dict[str, str]
+) -> None:
+    from tests.server.test_nodes_admin import INFO, join
+
+    token = orbit_json(orbit_server.env(), "nodes", "join-token", "create")["token"]
+    sick = {**INFO, "accelerators": [{**INFO["accelerators"][0], "healthy": False,
+                                      "problem": "XID 79: <fell off the bus>"}]}  # fmt: skip
+    node = join(orbit_server, token, "gpu-sick", info=sick, labels={"rack": "a"})
+    node.heartbeat()
+    browser = session(orbit_server, people["vic"])
+    listed = browser.get("/ui/nodes").text
+    assert "gpu-sick" in listed and "rack=a" in listed
+    assert "XID 79: &lt;fell off the bus&gt;" in listed
+    page = browser.get("/ui/nodes/gpu-sick").text
+    assert "NVIDIA H100 80GB HBM3" in page and "Drain" not in page  # a viewer's: no buttons
+    overview = browser.get("/ui/").text
+    assert "Needs a look" in overview and "GPU 0: XID 79" in overview
+    admin = session(orbit_server, people["admin"])
+    page = admin.get("/ui/nodes/gpu-sick").text
+    drained = admin.post(
+        "/ui/nodes/gpu-sick/set", data={"csrf": csrf_of(page), "do": "drain", "reason": "xid"}
+    )
+    assert drained.status_code == 303
+    assert orbit_json(orbit_server.env(), "nodes", "show", "gpu-sick")["max_tasks"] == 0
+    node.close()

@@ -38,13 +38,19 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
     def overview(request: Request, who: me) -> Response:
         with who.acting() as acting:
             running = acting.run_page(states={RunState.RUNNING}, limit=10)
+            failed = acting.run_page(states={RunState.FAILED}, limit=5)
             waiting = acting.queue()
             nodes = acting.list_nodes()
         now = _now()
         conditions: dict[str, int] = {}
+        attention = []  # nodes a person should look at: gone silent, or a GPU unwell
         for node in nodes:
             word = node.condition(now).split(" ")[0]
             conditions[word] = conditions.get(word, 0) + 1
+            sick = [g for g in node.info.get("accelerators") or [] if not g.get("healthy", True)]
+            if word in ("offline", "revoked") or sick:
+                why = word if not sick else f"GPU {sick[0].get('index')}: {sick[0].get('problem')}"
+                attention.append((node.name, why))
         return page(
             "overview.html",
             **context(
@@ -52,6 +58,8 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
                 who,
                 "overview",
                 running=running,
+                failed=failed,
+                attention=attention,
                 waiting=waiting[:10],
                 waiting_total=len(waiting),
                 conditions=sorted(conditions.items()),
