@@ -94,6 +94,12 @@ def authenticate(service: CoreControlService, request: Request) -> tuple[UserRec
         )
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthFailed("the Authorization header must be `Bearer <token>`", MALFORMED)
+    return check_token(service, token)
+
+
+def check_token(service: CoreControlService, token: str) -> tuple[UserRecord, TokenRecord]:
+    """The user and token `token` is, looked up by its hash; AuthFailed if it is not one the
+    store accepts now (a bearer header's, or a console session's)."""
     hashed, now = token_hash(token.strip()), datetime.now(UTC)
     found = service.store.users.authenticate(hashed, now)
     if found is None:

@@ -17,6 +17,7 @@ from orbit.core.control.service import CoreControlService
 from orbit.model.errors import Forbidden, InvalidInput
 from orbit.model.overrides import parse_overrides
 from orbit.model.spec import parse_sets
+from orbit.server.auth import check_token
 from orbit.server.auth_failures import AuthFailed
 from orbit.server.routes.common import api_router, me
 from orbit.server.ui.common import console_router, error_page
@@ -28,7 +29,6 @@ from orbit.server.ui.session import (
     NOTICE,
     PREFIX,
     SignInLinks,
-    check_token,
     end_session,
     notice_of,
     safe_next,

@@ -21,8 +21,8 @@ from fastapi import Request
 from starlette.responses import RedirectResponse, Response
 
 from orbit.core.control.service import CoreControlService
-from orbit.model.auth import TokenRecord, UserRecord, token_hash
-from orbit.server.auth import authenticate
+from orbit.model.auth import TokenRecord
+from orbit.server.auth import authenticate, check_token
 from orbit.server.auth_failures import MISSING, AuthFailed
 
 PREFIX = "/ui"
@@ -57,17 +57,6 @@ def console_state(service: CoreControlService, request: Request) -> dict[str, ob
         raise AuthFailed("sign in first", MISSING)
     user, token = check_token(service, secret)
     return {"user": user, "token": token, "csrf": csrf_for(secret)}
-
-
-def check_token(service: CoreControlService, secret: str) -> tuple[UserRecord, TokenRecord]:
-    hashed, now = token_hash(secret.strip()), datetime.now(UTC)
-    found = service.store.users.authenticate(hashed, now)
-    if found is None:
-        raise AuthFailed(
-            "the token was not accepted (unknown, revoked or expired)",
-            service.store.users.token_refusal(hashed, now),
-        )
-    return found
 
 
 NOTICE = "orbit_notice"  # a line the next page shows once (a cookie: no other site can set it)
