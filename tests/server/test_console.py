@@ -179,7 +179,7 @@ def test_run_text_is_escaped_and_the_log_streams_from_its_end(
     # the last 500 lines (499 of the loop's and the script line), not the log from its start
     tail_only = "data: line-600\n" in body and "data: line-102\n" in body
     assert tail_only and "data: line-101\n" not in body, "the stream is not the log's tail"
-    offsets = re.findall(r"^id: (\d+)$", body, re.M)
+    offsets = re.findall(r"^id: (1:\d+)$", body, re.M)  # the attempt, and the byte offset
     assert offsets, body[:300]
     # a dropped connection resumes from the last event's id: nothing again, only the end
     resumed = browser.get(
@@ -192,7 +192,7 @@ def test_run_text_is_escaped_and_the_log_streams_from_its_end(
     rows = browser.get("/ui/runs?q=" + run[4:12]).text
     assert run in rows
     # older lines on demand: whole lines ending where the tail began
-    start = int(re.search(r"event: start\ndata: (\d+)", body).group(1))  # type: ignore[union-attr]
+    start = int(re.search(r"event: start\ndata: 1:(\d+)", body).group(1))  # type: ignore[union-attr]
     earlier = browser.get(f"/ui/runs/{run}/logs/training/older", params={"offset": start}).json()
     assert earlier["text"].endswith("line-101\n") and earlier["offset"] < start
     assert earlier["text"].startswith("line-")  # a whole first line
@@ -277,14 +277,20 @@ def test_a_one_time_link_signs_in_once(orbit_server: Server, people: dict[str, s
     link = proc.stdout.strip().splitlines()[-1]
     assert link.startswith(f"{orbit_server.url}/ui/login/"), proc.stdout
     browser = httpx.Client(timeout=30)
-    first = browser.get(link)
+    # the link asks first: whose it is, and a button (a link alone signs nobody in)
+    asked = browser.get(link)
+    assert asked.status_code == 200 and "Sign in as ann" in asked.text
+    assert browser.get(f"{orbit_server.url}/ui/").status_code == 303
+    # its button without the form's own cookie (another site's form) is refused
+    forged = httpx.post(link, data={"csrf": csrf_in_form(asked.text)}, timeout=30)
+    assert forged.status_code == 303 and forged.headers["location"] == "/ui/login"
+    first = browser.post(link, data={"csrf": csrf_in_form(asked.text)})
     assert first.status_code == 303 and first.headers["location"] == "/ui/"
     assert browser.get(f"{orbit_server.url}/ui/").status_code == 200
     again = httpx.get(link, timeout=30, follow_redirects=True)
     assert "/ui/login" in str(again.url) and "used already" in again.text
     # signing out ends the session here
-    page = browser.get(f"{orbit_server.url}/ui/").text
-    out = browser.post(f"{orbit_server.url}/ui/logout", data={"csrf": csrf_of(page)})
+    out = browser.post(f"{orbit_server.url}/ui/login/out")
     assert out.status_code == 303
     assert "signed out" in browser.get(f"{orbit_server.url}/ui/login").text
     assert browser.get(f"{orbit_server.url}/ui/").status_code == 303
@@ -329,7 +335,12 @@ def test_the_admin_page_makes_tokens_once_join_tokens_and_quotas(
     odd = admin.post(
         "/ui/admin/quotas", data={"csrf": csrf, "scope": "user", "name": "ann", "gpus": "lots"}
     )
-    assert odd.status_code == 400 and "gpus must be a number" in odd.text
+    assert odd.status_code == 400 and "gpus: input should be a valid integer" in odd.text
+    huge = admin.post(  # the API's own checks: weight at most 1000
+        "/ui/admin/quotas",
+        data={"csrf": csrf, "scope": "user", "name": "ann", "gpus": "1", "weight": "inf"},
+    )
+    assert huge.status_code == 400 and "weight: input should be less than" in huge.text
     gone = admin.post("/ui/admin/quotas/user/ann/remove", data={"csrf": csrf})
     assert gone.status_code == 303 and orbit_json(orbit_server.env(), "quotas", "list") == []
     member = session(orbit_server, people["ann"])
@@ -365,3 +376,64 @@ def test_nodes_show_their_gpus_labels_and_health_and_the_overview_what_needs_a_l
     assert drained.status_code == 303
     assert orbit_json(orbit_server.env(), "nodes", "show", "gpu-sick")["max_tasks"] == 0
     node.close()
+
+
+def test_what_a_task_writes_cannot_reach_past_its_run(
+    orbit_server: Server, people: dict[str, str], tmp_path: Path
+) -> None:
+    """A task's own manifest (while it runs) names the server's admin token; its log carries
+    carriage returns shaped like events; its artifact has a name beyond ASCII."""
+    forged = '{"files": [{"path": "../../../../admin-token", "size": 1, "sha256": "x"}]}'
+    command = (
+        f"echo '{forged}' > $ORBIT_ARTIFACTS_DIR/manifest.json; "
+        'printf \'a\\r\\revent: problem\\rdata: {"message": "SPOOF"}\\r\\r\\n\'; '
+        "printf 'é' > $ORBIT_ARTIFACTS_DIR/résumé.txt; "
+        "head -c 70000 /dev/zero | tr '\\0' x; sleep 20"
+    )
+    env = orbit_server.env()
+    run = orbit_json(env, "submit", str(write_spec(tmp_path, task={"command": command})))["id"]
+    eventually(lambda: orbit_json(env, "status", run)["state"] == "running", 30)
+    browser = session(orbit_server, people["vic"])
+    eventually(lambda: "problem" in orbit(env, "logs", run).stdout, 30)
+    # the manifest is not believed while the task runs, and no path leaves artifacts/
+    listed = browser.get(f"/ui/runs/{run}/artifacts").text
+    assert "admin-token" not in listed and "once the attempt has ended" in listed
+    for path in ("..%2F..%2F..%2F..%2Fadmin-token", "%2E%2E/%2E%2E/admin-token", "a//b"):
+        stolen = browser.get(f"/ui/runs/{run}/artifacts/{path}")
+        assert stolen.status_code in (404, 405) and orbit_server.admin_token not in stolen.text
+    # a carriage return starts no event of its own; a long line without an end still comes
+    with browser.stream("GET", f"/ui/runs/{run}/logs/training/stream") as stream:
+        body = ""
+        for text in stream.iter_text():
+            body += text
+            if "x" * 1000 in body:
+                break
+    assert "\nevent: problem" not in body and "data: event: problem" in body
+    assert "x" * 1000 in body  # 70,000 bytes, no newline yet: sent all the same
+    orbit(env, "cancel", run)
+    eventually(lambda: orbit_json(env, "status", run)["state"] == "terminated", 60)
+    # once ended, the wrapper's own manifest: the file by its name, whatever its letters
+    listed = browser.get(f"/ui/runs/{run}/artifacts").text
+    assert "admin-token" not in listed and "résumé.txt" in listed
+    named = browser.get(f"/ui/runs/{run}/artifacts/r%C3%A9sum%C3%A9.txt")
+    assert named.status_code == 200 and named.content == "é".encode()
+    assert "filename*=UTF-8''r%C3%A9sum%C3%A9.txt" in named.headers["content-disposition"]
+    # odd numbers in a query are a line on the page, not a 500
+    assert "limit must be a whole number" in browser.get("/ui/runs?limit=%C2%B2").text
+
+
+def test_a_member_replays_someone_elses_run_as_on_the_api(
+    orbit_server: Server, people: dict[str, str], tmp_path: Path
+) -> None:
+    env = orbit_server.env()
+    spec = write_spec(tmp_path, template="local", task={"command": "true"})
+    run = orbit_json(env, "submit", str(spec), "--wait")["id"]
+    member = session(orbit_server, people["ann"])
+    page = member.get(f"/ui/runs/{run}").text
+    assert 'id="retry"' not in page  # the admin's run: no retry for ann
+    replayed = member.post(f"/ui/runs/{run}/replay", data={"csrf": csrf_of(page)})
+    # the local template runs on the server's own host: members may not (local_roles), as
+    # the API says; the refusal is the API's words, on the page
+    assert replayed.status_code == 403 and "own host, which only admins may use" in replayed.text
+    retried = member.post(f"/ui/runs/{run}/retry", data={"csrf": csrf_of(page)})
+    assert retried.status_code == 403 and "may not" in retried.text

@@ -18,6 +18,8 @@ from orbit.model.records import AttemptRecord
 MANIFEST = "artifacts/manifest.json"
 PREVIEWS = "artifacts/previews/*"
 PREVIEW_BYTES = 2 * 1024 * 1024  # a preview larger than this is not shown (collect it)
+PREVIEWS_SHOWN = 24  # the most previews a page lists (the first by name)
+PREVIEW_TAIL = 8 * 1024  # what of each preview a listing reads (a text's end)
 ARTIFACT_BYTES = 64 * 1024 * 1024  # the most one artifact download reads (more: orbit collect)
 EARLIER_BYTES = 64 * 1024  # what one "older" step of a log brings
 
@@ -54,9 +56,10 @@ class AttemptFiles(ServicePart):
 
     def artifacts(self, ref: str, attempt: int | None = None) -> list[dict[str, Any]] | None:
         """The sealed manifest's entries (path, size, sha256), or None before the attempt has
-        sealed one (it does when it ends) or while its host does not answer."""
+        ended (the wrapper seals it then: until then the file is the task's to write, and
+        nothing in it is believed) or while its host does not answer."""
         found = self._attempt(ref, attempt)
-        if found.handle is None:
+        if found.handle is None or not found.state.terminal:
             return None
         try:
             raw = self.execution.backend(found.backend_key).read_file(found.handle, MANIFEST)
@@ -70,15 +73,19 @@ class AttemptFiles(ServicePart):
             entries = entries.get("files", entries.get("entries"))
         if not isinstance(entries, list):
             return None
-        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("path"), str)]
+        return [
+            {"path": e["path"], "size": _count(e.get("size")), "sha256": str(e.get("sha256", ""))}
+            for e in entries
+            if isinstance(e, dict) and isinstance(e.get("path"), str) and inside(e["path"])
+        ]
 
     def artifact(self, ref: str, path: str, attempt: int | None = None) -> bytes:
         """One artifact the manifest lists, whole (at most ARTIFACT_BYTES)."""
         listed = {e["path"]: e for e in self.artifacts(ref, attempt) or []}
         entry = listed.get(path)
-        if entry is None:
+        if entry is None or not inside(path):
             raise NotFound(f"run {ref} has no sealed artifact '{path}'")
-        if int(entry.get("size") or 0) > ARTIFACT_BYTES:
+        if entry["size"] > ARTIFACT_BYTES:
             raise InvalidInput(
                 f"'{path}' is {entry['size']:,} bytes, more than a page downloads: "
                 f"orbit collect {ref}"
@@ -90,23 +97,40 @@ class AttemptFiles(ServicePart):
         )
         if data is None:
             raise NotFound(f"'{path}' is no longer where run {ref} ran: orbit collect {ref}")
+        if len(data) > ARTIFACT_BYTES:
+            raise InvalidInput(f"'{path}' is larger than a page downloads: orbit collect {ref}")
         return data
 
     def previews(self, ref: str, attempt: int | None = None) -> dict[str, bytes]:
-        """artifacts/previews/NAME -> its content, for each preview small enough to show."""
+        """artifacts/previews/NAME -> the end of it (PREVIEW_TAIL bytes), for the first
+        PREVIEWS_SHOWN by name."""
         found = self._attempt(ref, attempt)
         if found.handle is None:
             return {}
         backend = self.execution.backend(found.backend_key)
         try:
-            tails = backend.tail_files(found.handle, PREVIEWS, PREVIEW_BYTES + 1)
+            tails = backend.tail_files(found.handle, PREVIEWS, PREVIEW_TAIL)
         except Unreachable:
             return {}
-        return {
-            name.rsplit("/", 1)[-1]: data
-            for name, data in sorted(tails.items())
-            if len(data) <= PREVIEW_BYTES
-        }
+        names = sorted(tails)[:PREVIEWS_SHOWN]
+        return {name.rsplit("/", 1)[-1]: tails[name] for name in names}
+
+    def preview(self, ref: str, name: str, attempt: int | None = None) -> bytes:
+        """One preview whole (an image), if it is at most PREVIEW_BYTES."""
+        found = self._attempt(ref, attempt)
+        if "/" in name or not inside(name) or any(c in name for c in "*?[]") or not found.handle:
+            raise NotFound(f"run {ref} has no preview '{name}'")
+        backend, path = self.execution.backend(found.backend_key), f"artifacts/previews/{name}"
+        try:
+            tails = backend.tail_files(found.handle, path, PREVIEW_BYTES + 1)
+        except Unreachable as exc:
+            raise NotFound(f"run {ref}'s host does not answer now: {exc}") from None
+        data = tails.get(path)
+        if data is None:
+            raise NotFound(f"run {ref} has no preview '{name}'")
+        if len(data) > PREVIEW_BYTES:
+            raise InvalidInput(f"preview '{name}' is larger than a page shows: orbit collect {ref}")
+        return data
 
     def log_before(
         self, ref: str, layer: LogLayer, offset: int, attempt: int | None = None
@@ -129,3 +153,20 @@ class AttemptFiles(ServicePart):
             cut = data.find(b"\n") + 1
             start, data = start + cut, data[cut:]
         return data, start
+
+
+def inside(path: str) -> bool:
+    """A relative path that stays where it is put: no empty, `.` or `..` part, not absolute,
+    no NUL or backslash (a manifest is the task's words until its attempt ends; even after,
+    a path from it never leaves artifacts/)."""
+    parts = path.split("/")
+    return (
+        0 < len(path) <= 4096
+        and "\x00" not in path
+        and "\\" not in path
+        and all(part not in ("", ".", "..") for part in parts)
+    )
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -133,6 +133,7 @@ class CoreControlService:
         self.artifacts = files.artifacts
         self.artifact = files.artifact
         self.previews = files.previews
+        self.preview = files.preview
         self.log_before = files.log_before
         self.read_log = reading.read_log
         self.stream_log = reading.stream_log

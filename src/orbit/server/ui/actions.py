@@ -7,6 +7,7 @@ calls."""
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from typing import Any
 
@@ -14,13 +15,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from orbit.core.control.service import CoreControlService
-from orbit.model.errors import Forbidden, InvalidInput
+from orbit.model.errors import Forbidden, InvalidInput, OrbitError
 from orbit.model.overrides import parse_overrides
 from orbit.model.spec import parse_sets
 from orbit.server.auth import check_token
 from orbit.server.auth_failures import AuthFailed
 from orbit.server.routes.common import api_router, me
-from orbit.server.ui.common import console_router, error_page
+from orbit.server.ui.common import console_router, error_page, status_of
 from orbit.server.ui.render import page
 from orbit.server.ui.session import (
     CSRF_FIELD,
@@ -48,13 +49,17 @@ async def csrf_checked(request: Request) -> dict[str, Any]:
     return {k: str(v) for k, v in form.items()}
 
 
-def refused(request: Request, who: Any, exc: Forbidden | InvalidInput) -> Response:
-    return error_page(request, who, 403 if isinstance(exc, Forbidden) else 400, str(exc))
+def refused(request: Request, who: Any, exc: OrbitError) -> Response:
+    """A form's refusal as the error page, with the status its API route would answer."""
+    return error_page(request, who, status_of(exc), str(exc))
 
 
 def back(to: str, notice: str) -> Response:
     """To the page `to`, which then says `notice`."""
     return say_next(RedirectResponse(to, status_code=303), notice, to)
+
+
+LINK_USED = "that sign-in link was used already or has expired: run `orbit ui` again"
 
 
 def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRouter:
@@ -77,39 +82,66 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
     @router.post("/login")
     async def login(request: Request) -> Response:
         form = dict(await request.form())
-        nonce = request.cookies.get(LOGIN_CSRF, "")
+        nonce, secure = request.cookies.get(LOGIN_CSRF, ""), request.url.scheme == "https"
         if not nonce or not hmac.compare_digest(str(form.get(CSRF_FIELD, "")), nonce):
-            return _login_again(form, "the sign-in form was stale: try again", 403)
+            return _login_again(form, "the sign-in form was stale: try again", 403, secure)
         secret = str(form.get("token", "")).strip()
         try:
             _, token = check_token(service, secret)
         except AuthFailed as exc:
             request.app.state.auth_guard.failed(request.scope, "console", exc.reason)
-            return _login_again(form, str(exc), 401)
+            return _login_again(form, str(exc), 401, secure)
         response = RedirectResponse(safe_next(str(form.get("next", ""))), status_code=303)
         start_session(response, secret, token, request.url.scheme == "https")
         response.delete_cookie(LOGIN_CSRF, path=f"{PREFIX}/login")
         return response
 
+    @router.post("/login/out")
+    def logout(request: Request) -> Response:
+        """Sign out: the cookie goes, even where its token no longer works (the path is the
+        sign-in form's, which needs no session; all it can do is sign a browser out). Before
+        /login/{code}, which would take `out` for a link's code."""
+        response = to_login("signed out")
+        end_session(response)
+        return response
+
     @router.get("/login/{code}")
-    def sign_in_link(request: Request, code: str) -> Response:
+    def sign_in_link_form(request: Request, code: str) -> Response:
+        """A sign-in link asks first: a link another person made must not sign this browser
+        in as them unawares (the POST needs this form's own CSRF cookie)."""
+        who = links.peek(code)
+        if who is None:
+            return to_login(LINK_USED)
+        try:
+            user, _ = check_token(service, who)
+        except AuthFailed as exc:
+            return to_login(str(exc))
+        nonce = secrets.token_urlsafe(16)
+        response = page(
+            "link.html", user=user, link_code=code, csrf=nonce, nav=(), section="", me=None
+        )
+        response.set_cookie(
+            LOGIN_CSRF, nonce, path=f"{PREFIX}/login", httponly=True, samesite="strict",
+            secure=request.url.scheme == "https",
+        )  # fmt: skip
+        return response
+
+    @router.post("/login/{code}")
+    async def sign_in_link(request: Request, code: str) -> Response:
+        form = dict(await request.form())
+        nonce = request.cookies.get(LOGIN_CSRF, "")
+        if not nonce or not hmac.compare_digest(str(form.get(CSRF_FIELD, "")), nonce):
+            return to_login("the sign-in form was stale: open the link again")
         secret = links.take(code)
         if secret is None:
-            why = "that sign-in link was used already or has expired: run `orbit ui` again"
-            return to_login(why)
+            return to_login(LINK_USED)
         try:
             _, token = check_token(service, secret)
         except AuthFailed as exc:
             return to_login(str(exc))
         response = RedirectResponse(f"{PREFIX}/", status_code=303)
         start_session(response, secret, token, request.url.scheme == "https")
-        return response
-
-    @router.post("/logout")
-    async def logout(request: Request, who: me) -> Response:
-        await csrf_checked(request)
-        response = to_login("signed out")
-        end_session(response)
+        response.delete_cookie(LOGIN_CSRF, path=f"{PREFIX}/login")
         return response
 
     @router.post("/runs/{ref}/{action}")
@@ -117,7 +149,7 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
         try:
             form = await csrf_checked(request)
             done = await _run_action(who, ref, action, form)
-        except (Forbidden, InvalidInput) as exc:
+        except OrbitError as exc:
             return refused(request, who, exc)
         return back(f"{PREFIX}/runs/{done[0]}", done[1])
 
@@ -129,7 +161,7 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
             change = _node_change(form)
             with who.acting() as acting:
                 node = acting.set_node(name, **change)
-        except (Forbidden, InvalidInput) as exc:
+        except OrbitError as exc:
             return refused(request, who, exc)
         return back(f"{PREFIX}/nodes/{node.name}", f"{node.name}: saved")
 
@@ -155,7 +187,8 @@ async def _run_action(who: Any, ref: str, action: str, form: dict[str, str]) -> 
     def act() -> tuple[str, str]:
         with who.acting() as acting:
             run = acting.get_run(ref)
-            who.require_run(run)
+            if action != "replay":  # a replay is a new run of the caller's own
+                who.require_run(run)
             if action == "cancel":
                 acting.ask_to_cancel(run.id, 0)
                 return run.id, "cancel asked: the task has its grace period to stop"
@@ -189,7 +222,7 @@ def _node_change(form: dict[str, str]) -> dict[str, Any]:
         return {"cordon": False}
     if what == "max_tasks":
         value = form.get("max_tasks", "")
-        if not value.isdigit():
+        if not re.fullmatch(r"[0-9]{1,6}", value):
             raise InvalidInput(f"max tasks must be a whole number, not '{value}'")
         return {"max_tasks": int(value)}
     raise InvalidInput(f"unknown node change '{what}' (drain, cordon, uncordon or max_tasks)")
@@ -199,11 +232,12 @@ def to_login(why: str) -> Response:
     return say_next(RedirectResponse(f"{PREFIX}/login", status_code=303), why, f"{PREFIX}/login")
 
 
-def _login_again(form: dict[str, Any], why: str, status: int) -> Response:
+def _login_again(form: dict[str, Any], why: str, status: int, secure: bool) -> Response:
     nonce = secrets.token_urlsafe(16)
     response = page(
         "login.html", status, next=safe_next(str(form.get("next", ""))), why=why, csrf=nonce,
         nav=(), section="",
     )  # fmt: skip
-    response.set_cookie(LOGIN_CSRF, nonce, path=f"{PREFIX}/login", httponly=True, samesite="strict")
+    response.set_cookie(LOGIN_CSRF, nonce, path=f"{PREFIX}/login", httponly=True, samesite="strict",
+                        secure=secure)  # fmt: skip
     return response

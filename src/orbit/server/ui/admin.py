@@ -5,11 +5,13 @@ and carries the session's CSRF token."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from pydantic import TypeAdapter, ValidationError
 from starlette.responses import Response
 
 from orbit.core.control.service import CoreControlService
-from orbit.model.errors import Forbidden, InvalidInput
+from orbit.model.errors import InvalidInput, OrbitError
 from orbit.server.routes.common import me
+from orbit.server.routes.scheduling import QUOTA_NAME, QUOTA_SCOPE, QuotaBody
 from orbit.server.ui.actions import back, csrf_checked, refused
 from orbit.server.ui.common import console_router, context
 from orbit.server.ui.render import page
@@ -38,7 +40,7 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
                     user, form.get("name") or None, form.get("expires") or None,
                     not_after=not_after,
                 )  # fmt: skip
-        except (Forbidden, InvalidInput) as exc:
+        except OrbitError as exc:
             return refused(request, who, exc)
         return shown_once(
             request, who, what=f"Token for {made.record.user}", secret=made.token,
@@ -53,7 +55,7 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
                 who.require("admin")
             with who.acting() as acting:
                 acting.revoke_token(token_id)
-        except (Forbidden, InvalidInput) as exc:
+        except OrbitError as exc:
             return refused(request, who, exc)
         return back(f"{PREFIX}/admin", f"token {token_id} revoked")
 
@@ -65,7 +67,7 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
             labels = _labels(form.get("labels", ""))
             with who.acting() as acting:
                 made = acting.create_join_token(labels, form.get("expires") or None)
-        except (Forbidden, InvalidInput) as exc:
+        except OrbitError as exc:
             return refused(request, who, exc)
         return shown_once(request, who, what="Join token for agents", secret=made.token)
 
@@ -74,13 +76,12 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
         try:
             form = await csrf_checked(request)
             who.require("admin")
-            scope, name = form.get("scope", ""), form.get("name", "").strip()
-            gpus, weight = _number(form, "gpus", int), _number(form, "weight", float, 1.0)
+            scope, name, body = _quota(form)
             with who.acting() as acting:
-                acting.set_quota(scope, name, int(gpus), float(weight))
-        except (Forbidden, InvalidInput) as exc:
+                acting.set_quota(scope, name, body.gpus, body.weight)
+        except OrbitError as exc:
             return refused(request, who, exc)
-        return back(f"{PREFIX}/admin", f"quota of {scope} {name}: {int(gpus)} GPUs")
+        return back(f"{PREFIX}/admin", f"quota of {scope} {name}: {body.gpus} GPUs")
 
     @router.post("/admin/quotas/{scope}/{name}/remove")
     async def quota_remove(request: Request, who: me, scope: str, name: str) -> Response:
@@ -89,7 +90,7 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
             who.require("admin")
             with who.acting() as acting:
                 acting.remove_quota(scope, name)
-        except (Forbidden, InvalidInput) as exc:
+        except OrbitError as exc:
             return refused(request, who, exc)
         return back(f"{PREFIX}/admin", f"quota of {scope} {name} removed")
 
@@ -107,14 +108,17 @@ def _labels(text: str) -> dict[str, str]:
     return labels
 
 
-def _number(form: dict[str, str], name: str, kind: type, default: float | None = None) -> float:
-    text = form.get(name, "").strip()
-    if not text and default is not None:
-        return default
+def _quota(form: dict[str, str]) -> tuple[str, str, QuotaBody]:
+    """The quota form as the API's PUT /quotas/{scope}/{name} takes it, checked as it is."""
+    scope, name = form.get("scope", ""), form.get("name", "").strip()
     try:
-        value = kind(text)
-    except ValueError:
-        raise InvalidInput(f"{name} must be a number, not '{text}'") from None
-    if value < 0:
-        raise InvalidInput(f"{name} must be 0 or more, not {text}")
-    return float(value)
+        TypeAdapter(QUOTA_SCOPE).validate_python(scope)
+        TypeAdapter(QUOTA_NAME).validate_python(name)
+    except ValidationError:
+        raise InvalidInput("a quota is a user's or an experiment's, by a name (no '/')") from None
+    raw = {"gpus": form.get("gpus", "").strip(), "weight": form.get("weight", "").strip() or 1}
+    try:
+        return scope, name, QuotaBody.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise InvalidInput(f"{error['loc'][0]}: {error['msg'].lower()}") from None

@@ -4,6 +4,7 @@ query values read by hand, so that a wrong one is a line on the page, never a 42
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, ParamSpec
@@ -61,6 +62,11 @@ def error_page(request: Request, who: Caller | None, status: int, message: str) 
 STATUS = {NotFound: 404, Forbidden: 403, InvalidInput: 400}
 
 
+def status_of(exc: OrbitError) -> int:
+    """The status an ORBIT error answers with, as on the API (502: the execution plane's)."""
+    return next((s for kind, s in STATUS.items() if isinstance(exc, kind)), 502)
+
+
 def guarded(fn: Callable[P, Response]) -> Callable[P, Response]:
     """A page whose ORBIT error (an unknown run, a refusal, a bad value) is the error page
     with its status and one line, not a problem document or a 500."""
@@ -71,8 +77,7 @@ def guarded(fn: Callable[P, Response]) -> Callable[P, Response]:
             return fn(*args, **kwargs)
         except OrbitError as exc:
             request, who = kwargs["request"], kwargs.get("who")
-            status = next((s for kind, s in STATUS.items() if isinstance(exc, kind)), 502)
-            return error_page(request, who, status, str(exc))  # type: ignore[arg-type]
+            return error_page(request, who, status_of(exc), str(exc))  # type: ignore[arg-type]
 
     return wrapper
 
@@ -80,7 +85,7 @@ def guarded(fn: Callable[P, Response]) -> Callable[P, Response]:
 def whole(value: str | None, name: str, *, default: int, low: int = 1, high: int = 1000) -> int:
     if value is None or value == "":
         return default
-    if not value.isdigit() or not low <= int(value) <= high:
+    if not re.fullmatch(r"[0-9]{1,18}", value) or not low <= int(value) <= high:
         raise BadQuery(f"{name} must be a whole number from {low} to {high}, not '{value}'")
     return int(value)
 
@@ -93,3 +98,19 @@ def choice(value: str | None, name: str, allowed: Any) -> str | None:
     if value not in names:
         raise BadQuery(f"{name} must be one of {', '.join(names)}, not '{value}'")
     return value
+
+
+# a file of a run's is shown or downloaded as data, never run as a page of this origin
+FILE_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "sandbox; default-src 'none'",
+    "Cache-Control": "private, no-store",
+}
+
+
+def attachment(name: str) -> str:
+    """A Content-Disposition that downloads as `name`, whatever its characters (RFC 6266)."""
+    from urllib.parse import quote
+
+    plain = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name)
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(name, safe='')}"

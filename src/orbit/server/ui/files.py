@@ -11,20 +11,13 @@ from starlette.responses import Response
 from orbit.core.control.service import CoreControlService
 from orbit.model.errors import NotFound
 from orbit.server.routes.common import me
-from orbit.server.ui.common import console_router, context, guarded, whole
+from orbit.server.ui.common import FILE_HEADERS, attachment, console_router, context, guarded, whole
 from orbit.server.ui.live import layer_named
 from orbit.server.ui.render import page
 
 IMAGES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
           ".webp": "image/webp"}  # fmt: skip
 TEXTS = (".txt", ".md", ".log", ".json", ".jsonl", ".csv", ".yaml", ".yml")
-PREVIEW_TEXT = 8 * 1024  # what of a text preview the page shows (its end)
-# a file of a run's is shown or downloaded as data, never run as a page of this origin
-FILE_HEADERS = {
-    "X-Content-Type-Options": "nosniff",
-    "Content-Security-Policy": "sandbox; default-src 'none'",
-    "Cache-Control": "private, no-store",
-}
 
 
 def make_file_pages(service: CoreControlService) -> APIRouter:
@@ -43,8 +36,7 @@ def make_file_pages(service: CoreControlService) -> APIRouter:
     def artifact(request: Request, who: me, ref: str, path: str) -> Response:
         with who.acting() as acting:
             data = acting.artifact(ref, path)
-        name = path.rsplit("/", 1)[-1].replace('"', "")
-        headers = {**FILE_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
+        headers = {**FILE_HEADERS, "Content-Disposition": attachment(path.rsplit("/", 1)[-1])}
         return Response(data, media_type="application/octet-stream", headers=headers)
 
     @router.get("/runs/{ref}/previews")
@@ -56,19 +48,19 @@ def make_file_pages(service: CoreControlService) -> APIRouter:
         shown = []
         for name, data in found.items():
             kind = _kind(name)
-            text = data[-PREVIEW_TEXT:].decode("utf-8", "replace") if kind == "text" else None
-            shown.append({"name": name, "kind": kind, "text": text, "size": len(data)})
+            text = data.decode("utf-8", "replace") if kind == "text" else None
+            shown.append({"name": name, "kind": kind, "text": text})
         return page("_previews.html", run=run, previews=shown, live=not run.state.terminal)
 
     @router.get("/runs/{ref}/previews/{name}")
     @guarded
     def preview(request: Request, who: me, ref: str, name: str) -> Response:
         kind = IMAGES.get(_suffix(name))
+        if kind is None:
+            raise NotFound(f"run {ref} has no image preview '{name}' (png, jpeg, gif or webp)")
         with who.acting() as acting:
-            found = acting.previews(ref)
-        if kind is None or name not in found:
-            raise NotFound(f"run {ref} has no image preview '{name}'")
-        return Response(found[name], media_type=kind, headers=FILE_HEADERS)
+            data = acting.preview(ref, name)
+        return Response(data, media_type=kind, headers=FILE_HEADERS)
 
     @router.get("/runs/{ref}/logs/{layer}/older")
     @guarded

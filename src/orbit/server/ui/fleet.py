@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,14 +20,47 @@ from orbit.model.models import RunState
 from orbit.scheduler.gpu_hours import GpuHours
 from orbit.server.agents.mailbox import Heartbeats
 from orbit.server.routes.common import me
-from orbit.server.ui.common import BadQuery, console_router, context, guarded, whole
+from orbit.server.ui.common import (
+    FILE_HEADERS,
+    BadQuery,
+    attachment,
+    console_router,
+    context,
+    guarded,
+    whole,
+)
 from orbit.server.ui.render import page
 
 ACTIVE = {RunState.PROVISIONING, RunState.STARTING, RunState.RUNNING}
+MAX_DAYS = 90  # the longest period fair share sums (every attempt in it is read)
+HOURS_FRESH_S = 60.0  # a period's GPU-hours are summed again at most this often
+
+
+class RecentHours:
+    """GPU-hours per period, kept a minute: a page reloaded, or many people looking, cost one
+    read of the period's attempts a minute, not one each."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[float, GpuHours]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, who: Any, days: int) -> GpuHours:
+        with self._lock:
+            kept = self._kept.get(days)
+            if kept is not None and time.monotonic() - kept[0] < HOURS_FRESH_S:
+                return kept[1]
+            until = datetime.now(UTC)
+            with who.acting() as acting:
+                hours: GpuHours = acting.gpu_hours(
+                    until - timedelta(days=days), until, steps=min(days * 4, 60)
+                )
+            self._kept[days] = (time.monotonic(), hours)
+            return hours
 
 
 def make_fleet_pages(service: CoreControlService, beats: Heartbeats) -> APIRouter:
     router = console_router()
+    recent = RecentHours()
 
     @router.get("/nodes")
     @guarded
@@ -76,12 +111,10 @@ def make_fleet_pages(service: CoreControlService, beats: Heartbeats) -> APIRoute
     def fair_share(request: Request, who: me) -> Response:
         error = None
         try:
-            days = whole(request.query_params.get("days"), "days", default=7, high=366)
+            days = whole(request.query_params.get("days"), "days", default=7, high=MAX_DAYS)
         except BadQuery as exc:
             error, days = str(exc), 7
-        until = datetime.now(UTC)
-        with who.acting() as acting:
-            hours = acting.gpu_hours(until - timedelta(days=days), until, steps=min(days * 4, 60))
+        hours = recent.get(who, days)
         rows, quotas = _shares(who, hours)
         if request.query_params.get("format") == "csv":
             return _csv(rows)
@@ -123,7 +156,7 @@ def make_fleet_pages(service: CoreControlService, beats: Heartbeats) -> APIRoute
             return Response(
                 body,
                 media_type="application/x-ndjson",
-                headers={"Content-Disposition": 'attachment; filename="orbit-audit.jsonl"'},
+                headers={**FILE_HEADERS, "Content-Disposition": attachment("orbit-audit.jsonl")},
             )
         return page(
             "audit.html",
@@ -232,5 +265,5 @@ def _csv(rows: list[dict[str, Any]]) -> Response:
     return Response(
         out.getvalue(),
         media_type="text/csv",
-        headers={"Content-Disposition": 'attachment; filename="orbit-fair-share.csv"'},
+        headers={**FILE_HEADERS, "Content-Disposition": attachment("orbit-fair-share.csv")},
     )

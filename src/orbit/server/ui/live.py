@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -20,13 +21,16 @@ from orbit.core.control.service import CoreControlService
 from orbit.model.errors import InvalidInput, OrbitError
 from orbit.model.layers import LogLayer
 from orbit.server.routes.common import me
-from orbit.server.ui.common import console_router, guarded
+from orbit.server.ui.common import FILE_HEADERS, attachment, console_router, guarded
 
 TAIL_LINES = 500  # a log opens with its last lines; the whole is a download
 FOLLOW_S = 25.0  # a stream ends after this long: the browser comes back (proxies drop idle ones)
 CHANGES_EVERY_S = 1.0
 KEEPALIVE_S = 15.0
 SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+WHOLE_LINE_BYTES = 64 * 1024  # a line longer than this is sent before its end comes
+RESUME = re.compile(r"([0-9]{1,9}):([0-9]{1,18})")  # Last-Event-ID: ATTEMPT:OFFSET
+LINE_ENDS = re.compile(r"\r\n|\r|\n")
 
 
 class Changes:
@@ -87,11 +91,11 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
     def follow(request: Request, who: me, ref: str, layer: str) -> Response:
         """The log from `Last-Event-ID` (a resume), or else its last lines, then followed."""
         chosen = layer_named(layer)
-        resume = request.headers.get("last-event-id", "")
+        resume = RESUME.fullmatch(request.headers.get("last-event-id", "").strip())
         with who.acting() as acting:
             run = acting.get_run(ref)
-            if resume.isdigit():
-                offset, attempt = int(resume), run.current.number
+            if resume is not None and int(resume[1]) <= len(run.attempts):
+                attempt, offset = int(resume[1]), int(resume[2])
             else:
                 place = acting.find_log_start(run.id, chosen, lines=TAIL_LINES)
                 offset, attempt = place.offset, place.attempt
@@ -110,7 +114,7 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
         return StreamingResponse(
             _whole(service, run.id, chosen),
             media_type="text/plain; charset=utf-8",
-            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+            headers={**FILE_HEADERS, "Content-Disposition": attachment(name)},
         )
 
     return router
@@ -128,8 +132,9 @@ async def _follow(
     service: CoreControlService, run_id: str, layer: LogLayer, offset: int, attempt: int
 ) -> AsyncIterator[bytes]:
     """Events of the log's text from `offset`, while the attempt runs (at most FOLLOW_S): first
-    `start`, the offset they begin at (the page asks for older lines before it)."""
-    yield b"retry: 1000\n\n" + _event("start", str(offset))
+    `start`, the attempt and offset they begin at (the page asks for older lines before it);
+    each event's id is `ATTEMPT:OFFSET` after it, so a resume stays with its attempt."""
+    yield b"retry: 1000\n\n" + _event("start", f"{attempt}:{offset}")
     began = time.monotonic()
     while True:
         read = functools.partial(service.read_log, run_id, layer, offset, attempt)
@@ -140,13 +145,17 @@ async def _follow(
             return
         data = chunk.data
         if data:
-            # whole lines only (a line cut in two would show as two): the rest comes next time
+            # whole lines only (a line cut in two would show as two): the rest comes next time;
+            # but a long line without an end (a progress bar's) goes as it is
             cut = data.rfind(b"\n") + 1 if not chunk.ended else len(data)
+            if cut == 0 and len(data) >= WHOLE_LINE_BYTES:
+                cut = len(data)
             if cut:
                 offset += cut
-                yield _event("log", data[:cut].decode("utf-8", "replace"), str(offset))
+                text = data[:cut].decode("utf-8", "replace")
+                yield _event("log", text, f"{attempt}:{offset}")
         if chunk.ended and not data:
-            yield _event("end", json.dumps({"offset": offset}), str(offset))
+            yield _event("end", json.dumps({"offset": offset}), f"{attempt}:{offset}")
             return
         if time.monotonic() - began > FOLLOW_S:
             return
@@ -165,8 +174,11 @@ async def _whole(service: CoreControlService, run_id: str, layer: LogLayer) -> A
 
 
 def _event(kind: str, data: str, event_id: str | None = None) -> bytes:
+    """One event. EventSource ends a line at CR, LF or CRLF: each is a `data:` line of its own,
+    so no text from a run can end the event or start one of its own (a CR is shown as a new
+    line)."""
     lines = [f"event: {kind}"]
     if event_id is not None:
         lines.append(f"id: {event_id}")
-    lines += [f"data: {line}" for line in data.split("\n")]
+    lines += [f"data: {line}" for line in LINE_ENDS.split(data)]
     return ("\n".join(lines) + "\n\n").encode()

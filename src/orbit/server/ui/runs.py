@@ -199,15 +199,18 @@ def _listing(service: CoreControlService, request: Request, who: Any) -> dict[st
 # where a run's files are read on this machine (an agent pool's mirror, a local run): its
 # progress costs a file read, so a listing shows it; elsewhere (SSH, Slurm) the run's page does
 NEAR = ("agent_pool", "local")
+PROGRESS_ROWS = 20  # the most rows of a page whose progress is read
 
 
 def _with_progress(acting: Any, found: RunPage) -> RunPage:
     """The page, with the progress of each of its running runs whose files are near."""
-    views = []
+    views, read = [], 0
     for view in found.runs:
         run = view.run
-        if run.state is RunState.RUNNING and run.current.backend_key.startswith(NEAR):
+        near = run.current.backend_key.startswith(NEAR)
+        if run.state is RunState.RUNNING and near and read < PROGRESS_ROWS:
             view = view.model_copy(update={"progress": acting.progress(run)})
+            read += 1
         views.append(view)
     return found.model_copy(update={"runs": tuple(views)})
 

@@ -32,11 +32,13 @@ CSRF_FIELD = "csrf"
 CSRF_HEADER = "x-orbit-csrf"  # htmx sends it on every request it makes (hx-headers)
 SESSION_S = 12 * 3600  # a session lasts at most this long, and never past its token's expiry
 LINK_S = 120.0  # a sign-in link works once, within this long
-# pages anyone may fetch: the sign-in form, a sign-in link, the console's own files
+# pages anyone may fetch: the sign-in form, a sign-in link, signing out (/ui/login/out), the
+# console's own files
 OPEN = ("/ui/login", "/ui/static/")
 
 
 def is_open(path: str) -> bool:
+    """The sign-in form, a sign-in link, signing out, and the console's own files."""
     return path == "/ui/login" or path.startswith(OPEN[1]) or path.startswith("/ui/login/")
 
 
@@ -130,6 +132,14 @@ class SignInLinks:
             self._codes = {c: v for c, v in self._codes.items() if v[1] > now}
             self._codes[code] = (secret, now + LINK_S)
         return code
+
+    def peek(self, code: str) -> str | None:
+        """The token a code stands for, while it is good, without using it up."""
+        with self._lock:
+            found = self._codes.get(code)
+        if found is None or found[1] <= self.clock():  # type: ignore[operator]
+            return None
+        return found[0]
 
     def take(self, code: str) -> str | None:
         with self._lock:

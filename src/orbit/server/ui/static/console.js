@@ -14,6 +14,7 @@
   let lines = [];
   let layerNow = null;
   let start = null; // the byte offset the lines shown begin at (null: not known yet)
+  let attemptNow = null; // the attempt whose log is shown
 
   function show() {
     const term = search.value.trim().toLowerCase();
@@ -27,6 +28,7 @@
     if (source) source.close();
     lines = [];
     start = null;
+    attemptNow = null;
     layerNow = layer;
     older.hidden = true;
     log.textContent = "";
@@ -42,8 +44,11 @@
       show();
     });
     source.addEventListener("start", (e) => {
-      if (start === null) {
-        start = Number(e.data);
+      const [attempt, offset] = e.data.split(":").map(Number);
+      if (start === null || attempt !== attemptNow) {
+        if (attemptNow !== null && attempt !== attemptNow) { lines = []; }
+        attemptNow = attempt;
+        start = offset;
         older.hidden = start <= 0;
       }
     });
@@ -67,7 +72,7 @@
   search.addEventListener("input", show);
   older.addEventListener("click", async () => {
     if (start === null || start <= 0) return;
-    const r = await fetch(`/ui/runs/${run}/logs/${layerNow}/older?offset=${start}`, { credentials: "same-origin" });
+    const r = await fetch(`/ui/runs/${run}/logs/${layerNow}/older?offset=${start}&attempt=${attemptNow}`, { credentials: "same-origin" });
     if (!r.ok) return;
     const found = await r.json();
     const text = found.text.endsWith("\n") ? found.text.slice(0, -1) : found.text;
