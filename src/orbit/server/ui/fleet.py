@@ -167,6 +167,7 @@ def make_fleet_pages(service: CoreControlService, beats: Heartbeats) -> APIRoute
                 events=events,
                 check=check,
                 error=error,
+                limit=limit,
                 run=run or "",
                 actor=actor or "",
                 action=action or "",
