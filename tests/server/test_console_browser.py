@@ -142,6 +142,17 @@ def test_the_console_in_a_real_browser(
     assert viewer.locator("#cancel").count() == 0
     viewer.goto(f"{orbit_server.url}/ui/nodes")
     shot(viewer, shots, "nodes")
+    # on a phone's width the page fits, with nothing wider than the screen but the tables,
+    # which scroll on their own
+    viewer.set_viewport_size({"width": 390, "height": 844})
+    viewer.goto(f"{orbit_server.url}/ui/runs/{run}")
+    wide = viewer.evaluate(
+        "[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right"
+        " > 392).map(e => e.tagName + '.' + e.className + '#' + e.id + ' '"
+        " + Math.round(e.getBoundingClientRect().right)).slice(0, 12)"
+    )
+    assert viewer.evaluate("document.documentElement.scrollWidth") <= 390, wide
+    shot(viewer, shots, "phone")
 
     # the owner cancels both, by the button
     for ref in (waiting, run):
@@ -164,6 +175,7 @@ def test_the_console_in_a_real_browser(
         "decision.png",
         "nodes.png",
         "overview.png",
+        "phone.png",
         "queue.png",
         "run.png",
         "runs.png",

@@ -75,3 +75,35 @@ def test_the_filters_read_through_indexes(store: Store) -> None:
             sql = f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM}{where} ORDER BY r.created_at DESC"
             plan = " ".join(str(row) for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", params))
             assert index in plan, plan
+
+
+def test_the_consoles_filters_pages_counts_and_holders(store: Store) -> None:
+    e = store.experiments.create_experiment("llama-sft", "tests").id
+    other = store.experiments.create_experiment("eval", "tests").id
+    made = [run(store, e if i % 2 else other, "mia", None, "local_host_process") for i in range(7)]
+    gpus = store.runs.create_run(
+        experiment_id=e, task_type="command", template_id="big", bundle_digest="0" * 64,
+        submission=a_submission(), actor="ben",
+        request=a_request("local_host_process", None, resources={"gpu_count": 2}),
+    )  # fmt: skip
+    store.attempts.move_attempt(gpus.current.id, RunState.SUBMITTED, actor="t")
+    store.attempts.move_attempt(gpus.current.id, RunState.RUNNING, actor="t")
+    newest_first = [r.id for r in store.runs.list_runs()]
+    assert newest_first[0] == gpus.id and len(newest_first) == 8
+    # a run by the start of its id (with or without run-), or an experiment by part of its name
+    target = made[3].id
+    assert {r.id for r in store.runs.list_runs(text=target[4:10])} == {target}
+    assert {r.id for r in store.runs.list_runs(text=target[:10])} == {target}
+    assert len(store.runs.list_runs(text="SFT")) == 4  # 3 of made, and gpus
+    assert {r.id for r in store.runs.list_runs(template_id="big")} == {gpus.id}
+    # the next page begins after the last run of this one, in the same order
+    first = store.runs.list_runs(limit=3)
+    last = first[-1]
+    after = store.runs.list_runs(limit=10, before=(last.created_at, last.id))
+    assert [r.id for r in first + after] == newest_first
+    # a count stops where it was asked to
+    assert store.runs.count_runs() == 8 and store.runs.count_runs(cap=5) == 6
+    # who holds what now: by the attempts in those states
+    held = store.runs.holding({RunState.RUNNING, RunState.STARTING})
+    assert len(held) == 1 and held[0][:2] == ("ben", "llama-sft")
+    assert held[0][2]["resources"]["gpu_count"] == 2

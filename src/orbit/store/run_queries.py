@@ -144,7 +144,7 @@ def runs_filter(
     filters on each run's current attempt, its highest number; `user` on who submitted it
     (ix_runs_created_by_created_at); `node` on where its current attempt is: an agent node by
     name or id (attempts.node_id, any rank of a gang), or a host, cluster or pinned node by
-    name (ix_attempts_target); `text` on a run id or experiment name holding it (any case);
+    name (ix_attempts_target); `text` on a run id it begins, or an experiment name holding it;
     `before`: runs after that one in the order newest first (created_at DESC, id)."""
     clauses: list[str] = []
     params: dict[str, object] = {"experiment_id": experiment_id, "user": user, "node": node}
@@ -153,11 +153,18 @@ def runs_filter(
         clauses.append("r.template_id = :template_id")
         params["template_id"] = template_id
     if text:
+        # a run id by its start (a range on the primary key: no scan), or an experiment
+        # whose name holds the text (any case)
+        ident = text if text.startswith("run-") else f"run-{text}"
         clauses.append(
-            "(lower(r.id) LIKE :text ESCAPE '\\' OR r.experiment_id IN (SELECT x.id FROM "
+            "((r.id >= :text_lo AND r.id < :text_hi) OR r.experiment_id IN (SELECT x.id FROM "
             "experiments x WHERE lower(x.name) LIKE :text ESCAPE '\\'))"
         )
-        params["text"] = "%" + like_prefix(text.lower())
+        params.update(
+            text_lo=ident,
+            text_hi=ident[:-1] + chr(ord(ident[-1]) + 1),
+            text="%" + like_prefix(text.lower()),
+        )
     if before is not None:
         clauses.append(
             "(r.created_at < :before_at OR (r.created_at = :before_at AND r.id > :before_id))"

@@ -26,7 +26,7 @@ from orbit.store.run_queries import (
     run_records,
     runs_filter,
 )
-from orbit.store.sql import Tx, read_json, read_time
+from orbit.store.sql import Tx, expand, read_json, read_time
 from orbit.store.submit_keys import SubmitKey, remember
 
 
@@ -132,13 +132,20 @@ class Runs(Part):
         template_id: str | None = None,
         text: str | None = None,
         before: tuple[datetime, str] | None = None,
+        cap: int | None = None,
     ) -> int:
-        """How many runs `list_runs` would list with the same filters and no limit."""
+        """How many runs `list_runs` would list with the same filters and no limit; with
+        `cap`, counted no further than cap + 1 (a page that says "more than 1,000" need not
+        count 100,000)."""
         condition, params = runs_filter(
             experiment_id, states, user, node, template_id, text, before
         )
+        query = f"SELECT count(*) FROM runs r{condition}"
+        if cap is not None:
+            query = f"SELECT count(*) FROM (SELECT 1 FROM runs r{condition} LIMIT :cap) x"
+            params = {**params, "cap": cap + 1}
         with self._read() as tx:
-            count = tx.scalar(f"SELECT count(*) FROM runs r{condition}", params)
+            count = tx.scalar(query, params)
         return int(count or 0)
 
     def change_stamp(self) -> str:
@@ -147,6 +154,19 @@ class Runs(Part):
         with self._read() as tx:
             newest = tx.scalar("SELECT max(updated_at) FROM attempts")
         return str(newest or "")
+
+    def holding(self, states: set[RunState]) -> list[tuple[str, str, Any]]:
+        """(user, experiment, request) of every current attempt in `states` (a gang's once):
+        who holds what now, by the attempts' state index rather than a walk of every run."""
+        marks, params = expand("state", sorted(s.value for s in states))
+        with self._read() as tx:
+            rows = tx.all(
+                "SELECT r.created_by, e.name, r.request FROM attempts a "
+                "JOIN runs r ON r.id = a.run_id JOIN experiments e ON e.id = r.experiment_id "
+                f"WHERE a.state IN ({marks}) AND a.gang_of IS NULL",
+                params,
+            )
+        return [(row["created_by"], row["name"], read_json(row["request"])) for row in rows]
 
     def gpu_time(self, since: datetime, until: datetime) -> list[tuple[str, str, Any, Any, Any]]:
         """(user, experiment, request, started_at, finished_at) of every attempt that ran at

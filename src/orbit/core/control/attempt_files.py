@@ -24,7 +24,32 @@ ARTIFACT_BYTES = 64 * 1024 * 1024  # the most one artifact download reads (more:
 EARLIER_BYTES = 64 * 1024  # what one "older" step of a log brings
 
 
+class LogFollower:
+    """One attempt's log read straight from where it runs, for a stream that follows it: the
+    attempt is looked up once (and again only until it has a folder), so a poll that finds
+    nothing new costs a read of the file, not of the store; `ended` asks the store."""
+
+    def __init__(self, files: AttemptFiles, ref: str, layer: LogLayer, attempt: int) -> None:
+        self.files, self.ref, self.layer, self.number = files, ref, layer, attempt
+        self.found = files._attempt(ref, attempt)
+
+    def read(self, offset: int) -> bytes:
+        if self.found.handle is None:  # not placed yet: look again
+            self.found = self.files._attempt(self.ref, self.number)
+            if self.found.handle is None:
+                return b""
+        backend = self.files.execution.backend(self.found.backend_key)
+        data, _ = backend.read_log(self.found.handle, self.layer, offset)
+        return data
+
+    def ended(self) -> bool:
+        return self.files.store.runs.get_attempt(self.found.id).state.terminal
+
+
 class AttemptFiles(ServicePart):
+    def log_follower(self, ref: str, layer: LogLayer, attempt: int) -> LogFollower:
+        return LogFollower(self, ref, layer, attempt)
+
     def _attempt(self, ref: str, attempt: int | None) -> AttemptRecord:
         return attempt_of(self.store.runs.get_run(ref), attempt)
 

@@ -61,17 +61,19 @@ class Reading(ServicePart):
         template: str | None = None,
         text: str | None = None,
         before: tuple[datetime, str] | None = None,
+        count_cap: int | None = None,
     ) -> RunPage:
         """`list_runs` as views, with how many runs match in all. `user`: runs that user
         submitted (`mine`: the caller's own); `node`: runs whose current attempt is on that
         node, host or cluster; `template`, `text` (in a run's id or experiment's name) and
-        `before` (the page after that run: its created_at and id) as the console asks."""
+        `before` (the page after that run: its created_at and id) as the console asks;
+        `count_cap`: `total` counts no further than that and one more."""
         if mine and user is not None:
             raise InvalidInput("--mine and --user: give one of them")
         experiment_id = self.store.experiments.get_experiment(experiment).id if experiment else None
         found = RunFilter(experiment_id, states, self.actor if mine else user, node, template, text)
         runs = self._list_runs(found.but(before=before), limit)
-        total = self.store.runs.count_runs(**found.query())
+        total = self.store.runs.count_runs(**found.query(), cap=count_cap)
         waits = self.waits_of(runs)
         views = tuple(self._view(r, wait=waits.get(r.current.id)) for r in runs)
         return RunPage.model_construct(runs=views, total=total)

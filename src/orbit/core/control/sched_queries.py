@@ -12,6 +12,7 @@ from orbit.core.control.base import ServicePart
 from orbit.core.control.leases import now
 from orbit.core.control.views import Explanation, QueueEntry, QuotaView, Simulation
 from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.models import RunState
 from orbit.scheduler.codec import dumps, pass_in
 from orbit.scheduler.config import config_from_dict
 from orbit.scheduler.gpu_hours import GpuHours
@@ -137,3 +138,13 @@ class SchedulerQueries(ServicePart):
         if not since < until:
             raise InvalidInput("the period's start must come before its end")
         return gpu_hours(self.store.runs.gpu_time(since, until), since, until, steps)
+
+    def gpus_held(self) -> list[tuple[str, str, int]]:
+        """(user, experiment, GPUs) of every run starting or running now."""
+        from orbit.scheduler.gpu_hours import gpus_of
+
+        active = {RunState.PROVISIONING, RunState.STARTING, RunState.RUNNING}
+        return [
+            (user, experiment, gpus_of(request if isinstance(request, dict) else {}))
+            for user, experiment, request in self.store.runs.holding(active)
+        ]

@@ -135,6 +135,7 @@ class CoreControlService:
         self.previews = files.previews
         self.preview = files.preview
         self.log_before = files.log_before
+        self.log_follower = files.log_follower
         self.read_log = reading.read_log
         self.stream_log = reading.stream_log
         self.find_log_start = reading.find_log_start
@@ -168,6 +169,7 @@ class CoreControlService:
         self.remove_quota = sched_queries.remove_quota
         self.simulate = sched_queries.simulate
         self.gpu_hours = sched_queries.gpu_hours
+        self.gpus_held = sched_queries.gpus_held
         # pin, delete, gc, usage (storage.py)
         self.run_storage = storage.run_storage
         self.pin_run = storage.pin_run

@@ -16,7 +16,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from orbit.core.control.service import CoreControlService
-from orbit.model.models import RunState
 from orbit.scheduler.gpu_hours import GpuHours
 from orbit.server.agents.mailbox import Heartbeats
 from orbit.server.routes.common import me
@@ -31,7 +30,6 @@ from orbit.server.ui.common import (
 )
 from orbit.server.ui.render import page
 
-ACTIVE = {RunState.PROVISIONING, RunState.STARTING, RunState.RUNNING}
 MAX_DAYS = 90  # the longest period fair share sums (every attempt in it is read)
 HOURS_FRESH_S = 60.0  # a period's GPU-hours are summed again at most this often
 
@@ -211,14 +209,12 @@ def _shares(who: Any, hours: GpuHours) -> tuple[list[dict[str, Any]], list[Any]]
     share of all GPUs held (the dominant share, as the scheduler's fair share counts GPUs),
     and their GPU-hours over the period."""
     with who.acting() as acting:
-        running = acting.run_page(states=ACTIVE, limit=10_000)
+        holding = acting.gpus_held()
         quotas = acting.list_quotas()
     held: dict[tuple[str, str], int] = {}
     runs: dict[tuple[str, str], int] = {}
-    for view in running.runs:
-        run = view.run
-        gpus = _asked_gpus(run.request) * max(1, len(run.current.gang_nodes) or 1)
-        for key in (("user", run.created_by), ("experiment", run.experiment_name)):
+    for user, experiment, gpus in holding:
+        for key in (("user", user), ("experiment", experiment)):
             held[key] = held.get(key, 0) + gpus
             runs[key] = runs.get(key, 0) + 1
     limits = {(q.scope, q.name): q for q in quotas}
@@ -242,18 +238,6 @@ def _shares(who: Any, hours: GpuHours) -> tuple[list[dict[str, Any]], list[Any]]
             }
         )
     return rows, quotas
-
-
-def _asked_gpus(request: Any) -> int:
-    """The GPUs a run asks for on each node (`gpu_count`, or the count of the compact form)."""
-    resources = request.resources
-    if isinstance(resources.gpu, int):
-        return resources.gpu
-    if isinstance(resources.gpu, str):
-        from orbit.scheduler.resources import parse_gpu
-
-        return parse_gpu(resources.gpu).count
-    return int(resources.gpu_count)
 
 
 def _csv(rows: list[dict[str, Any]]) -> Response:

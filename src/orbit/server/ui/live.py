@@ -28,6 +28,7 @@ FOLLOW_S = 25.0  # a stream ends after this long: the browser comes back (proxie
 CHANGES_EVERY_S = 1.0
 KEEPALIVE_S = 15.0
 SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+ENDED_EVERY_S = 5.0  # a followed log asks whether its attempt ended at least this often
 WHOLE_LINE_BYTES = 64 * 1024  # a line longer than this is sent before its end comes
 RESUME = re.compile(r"([0-9]{1,9}):([0-9]{1,18})")  # Last-Event-ID: ATTEMPT:OFFSET
 LINE_ENDS = re.compile(r"\r\n|\r|\n")
@@ -100,7 +101,7 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
                 place = acting.find_log_start(run.id, chosen, lines=TAIL_LINES)
                 offset, attempt = place.offset, place.attempt
         return StreamingResponse(
-            _follow(service, run.id, chosen, offset, attempt),
+            _follow(service, changes, run.id, chosen, offset, attempt),
             media_type="text/event-stream",
             headers=SSE,
         )
@@ -129,37 +130,58 @@ def layer_named(text: str) -> LogLayer:
 
 
 async def _follow(
-    service: CoreControlService, run_id: str, layer: LogLayer, offset: int, attempt: int
+    service: CoreControlService,
+    changes: Changes,
+    run_id: str,
+    layer: LogLayer,
+    offset: int,
+    attempt: int,
 ) -> AsyncIterator[bytes]:
     """Events of the log's text from `offset`, while the attempt runs (at most FOLLOW_S): first
     `start`, the attempt and offset they begin at (the page asks for older lines before it);
-    each event's id is `ATTEMPT:OFFSET` after it, so a resume stays with its attempt."""
+    each event's id is `ATTEMPT:OFFSET` after it, so a resume stays with its attempt. Polls
+    read the file alone; whether the attempt ended is asked of the store only when something
+    moved (the shared change stamp) or every ENDED_EVERY_S."""
     yield b"retry: 1000\n\n" + _event("start", f"{attempt}:{offset}")
-    began = time.monotonic()
+    try:
+        follower = await anyio.to_thread.run_sync(
+            functools.partial(service.log_follower, run_id, layer, attempt)
+        )
+    except OrbitError as exc:
+        yield _event("problem", json.dumps({"message": str(exc)}))
+        return
+    began = asked = time.monotonic()
+    seen = await changes.current()
+    ended = False
     while True:
-        read = functools.partial(service.read_log, run_id, layer, offset, attempt)
         try:
-            chunk = await anyio.to_thread.run_sync(read)
+            data = await anyio.to_thread.run_sync(follower.read, offset)
         except OrbitError as exc:
             yield _event("problem", json.dumps({"message": str(exc)}))
             return
-        data = chunk.data
         if data:
             # whole lines only (a line cut in two would show as two): the rest comes next time;
-            # but a long line without an end (a progress bar's) goes as it is
-            cut = data.rfind(b"\n") + 1 if not chunk.ended else len(data)
+            # but a long line without an end (a progress bar's), or the last one, goes as it is
+            cut = data.rfind(b"\n") + 1 if not ended else len(data)
             if cut == 0 and len(data) >= WHOLE_LINE_BYTES:
                 cut = len(data)
             if cut:
                 offset += cut
                 text = data[:cut].decode("utf-8", "replace")
                 yield _event("log", text, f"{attempt}:{offset}")
-        if chunk.ended and not data:
+                continue
+        elif ended:
             yield _event("end", json.dumps({"offset": offset}), f"{attempt}:{offset}")
             return
         if time.monotonic() - began > FOLLOW_S:
             return
-        await asyncio.sleep(0.5 if not data else 0.1)
+        now = await changes.current()
+        if now != seen or time.monotonic() - asked > ENDED_EVERY_S:
+            seen, asked = now, time.monotonic()
+            ended = await anyio.to_thread.run_sync(follower.ended)
+            if ended:
+                continue  # what it wrote last, then the end
+        await asyncio.sleep(0.5)
 
 
 async def _whole(service: CoreControlService, run_id: str, layer: LogLayer) -> AsyncIterator[bytes]:

@@ -53,6 +53,11 @@ def duration(seconds: float | None) -> str:
     return f"{hours // 24} d {hours % 24} h"
 
 
+def matches(total: int, cap: int = 1000) -> str:
+    """A listing's count as counted: `1,234`, or `more than 1,000` where it stopped."""
+    return f"more than {cap:,}" if total > cap else f"{total:,}"
+
+
 def size(count: float | None) -> str:
     if count is None:
         return "—"
@@ -91,7 +96,13 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        ago=ago, duration=duration, size=size, state=state, as_json=as_json, pretty=pretty
+        ago=ago,
+        duration=duration,
+        size=size,
+        state=state,
+        as_json=as_json,
+        pretty=pretty,
+        matches=matches,
     )
     env.globals["escape"] = escape
     return env

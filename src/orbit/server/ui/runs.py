@@ -23,6 +23,7 @@ from orbit.server.ui.common import BadQuery, choice, console_router, context, gu
 from orbit.server.ui.render import page
 
 PAGE = 50
+COUNTED = 1000  # a listing counts its matches up to this many ("more than 1,000" beyond)
 ACTIVE = {s for s in RunState if not s.terminal}
 
 
@@ -37,8 +38,8 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
     @guarded
     def overview(request: Request, who: me) -> Response:
         with who.acting() as acting:
-            running = acting.run_page(states={RunState.RUNNING}, limit=10)
-            failed = acting.run_page(states={RunState.FAILED}, limit=5)
+            running = acting.run_page(states={RunState.RUNNING}, limit=10, count_cap=COUNTED)
+            failed = acting.run_page(states={RunState.FAILED}, limit=5, count_cap=COUNTED)
             waiting = acting.queue()
             nodes = acting.list_nodes()
         now = _now()
@@ -172,6 +173,7 @@ def _listing(service: CoreControlService, request: Request, who: Any) -> dict[st
                 text=filters["q"],
                 before=before,
                 limit=limit,
+                count_cap=COUNTED,
             )
         except NotFound as exc:  # an experiment that does not exist: no runs, and why
             error = str(exc)
