@@ -28,6 +28,7 @@ FOLLOW_S = 25.0  # a stream ends after this long: the browser comes back (proxie
 CHANGES_EVERY_S = 1.0
 KEEPALIVE_S = 15.0
 SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+POLL_S = 1.0  # how often a followed log is read while nothing new came (a file read each)
 ENDED_EVERY_S = 5.0  # a followed log asks whether its attempt ended at least this often
 WHOLE_LINE_BYTES = 64 * 1024  # a line longer than this is sent before its end comes
 RESUME = re.compile(r"([0-9]{1,9}):([0-9]{1,18})")  # Last-Event-ID: ATTEMPT:OFFSET
@@ -150,7 +151,7 @@ async def _follow(
     except OrbitError as exc:
         yield _event("problem", json.dumps({"message": str(exc)}))
         return
-    began = asked = time.monotonic()
+    began, asked = time.monotonic(), 0.0  # the first quiet poll asks whether it has ended
     seen = await changes.current()
     ended = False
     while True:
@@ -181,7 +182,7 @@ async def _follow(
             ended = await anyio.to_thread.run_sync(follower.ended)
             if ended:
                 continue  # what it wrote last, then the end
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(POLL_S)
 
 
 async def _whole(service: CoreControlService, run_id: str, layer: LogLayer) -> AsyncIterator[bytes]:
