@@ -301,10 +301,11 @@ def timed_get(client: httpx.Client, path: str) -> tuple[float, httpx.Response]:
 
 
 def read_stream(client: httpx.Client, path: str) -> dict[str, Any]:
-    """A log's stream read until its `event: end` (or the server ends it): ms, bytes, lines."""
+    """A log's stream read until its `event: end` (or the server ends it): ms, bytes, lines,
+    and the ms to its first `log` event (when the page shows the lines)."""
     start = time.perf_counter()
     events: Counter[str] = Counter()
-    log_lines = 0
+    log_lines, first_ms = 0, -1.0
     with client.stream("GET", path) as response:
         response.raise_for_status()
         kind = "message"
@@ -315,6 +316,8 @@ def read_stream(client: httpx.Client, path: str) -> dict[str, Any]:
                 log_lines += 1
             elif line == "":
                 events[kind] += 1
+                if kind == "log" and first_ms < 0:
+                    first_ms = (time.perf_counter() - start) * 1000
                 kind = "message"
         received = response.num_bytes_downloaded
     return {
@@ -322,6 +325,7 @@ def read_stream(client: httpx.Client, path: str) -> dict[str, Any]:
         "bytes": received,
         "ended": events["end"] > 0,
         "log_lines": log_lines,
+        "first_ms": first_ms,
     }
 
 
@@ -341,6 +345,7 @@ def measure_load(server: Server, run_id: str, loads: int) -> dict[str, Any]:
     """What a browser fetches to show the run page, `loads` times after one untimed."""
     stream = f"/ui/runs/{run_id}/logs/training/stream"
     parts: dict[str, list[tuple[float, int]]] = {"html": [], "charts": [], "log": []}
+    first_lines: list[float] = []
     totals: list[tuple[float, int]] = []
     with httpx.Client(base_url=server.url, headers=bearer(server), timeout=120) as client:
         cpu0 = 0.0
@@ -359,6 +364,7 @@ def measure_load(server: Server, run_id: str, loads: int) -> dict[str, Any]:
                 (charts_ms, charts.num_bytes_downloaded),
                 (log["ms"], log["bytes"]),
             ]
+            first_lines.append(log["first_ms"])
             for name, sample in zip(parts, got, strict=True):
                 parts[name].append(sample)
             totals.append((sum(ms for ms, _ in got), sum(b for _, b in got)))
@@ -377,6 +383,7 @@ def measure_load(server: Server, run_id: str, loads: int) -> dict[str, Any]:
 
     result: dict[str, Any] = {name: figures(samples) for name, samples in parts.items()}
     result["log"]["lines"] = log["log_lines"]
+    result["log_first_lines"] = summary(first_lines)
     result["charts"].update(chart_figures(charts.json()))
     result["total"] = figures(totals)
     result["static"] = {"ms": round(static_ms, 1), "bytes": static_bytes, "files": static}
@@ -663,7 +670,11 @@ def measure_database(
                 with store.db.transaction(write=False) as tx:
                     report["server_version"] = tx.scalar("SHOW server_version")
                 store.close()
-            report["pages"] = measure_pages(server, seed.run_ids, sz.samples)
+            try:
+                report["pages"] = measure_pages(server, seed.run_ids, sz.samples)
+            except httpx.HTTPStatusError:
+                say(f"{kind}: the server's log ends:\n{server.log.read_text()[-4000:]}")
+                raise
             for name, figures in report["pages"].items():
                 say(f"{kind}: {name}: {figures}")
 
@@ -711,6 +722,9 @@ def rows(db: dict[str, Any]) -> list[list[str]]:
         part = load[name]
         out.append([f"heavy run: {label}", f"{part['p50_ms']:.1f}", f"{part['p99_ms']:.1f}",
                     "", f"{part['bytes'] / 1e3:.1f} kB", "", ""])  # fmt: skip
+    lines = load["log_first_lines"]
+    out.append(["    its first `log` event (500 lines)", f"{lines['p50_ms']:.1f}",
+                f"{lines['p99_ms']:.1f}", "", "", "", ""])  # fmt: skip
     total, static, first = load["total"], load["static"], load["first_visit"]
     out.append(["heavy run: the three, one after another", f"{total['p50_ms']:.1f}",
                 f"{total['p99_ms']:.1f}", f"{load['server_cpu_ms_per_load']:.1f}",
@@ -756,6 +770,18 @@ def print_table(kind: str, sz: Sizes, db: dict[str, Any]) -> None:
               f"in {w['seconds']} s: {w['counts']}")  # fmt: skip
 
 
+def code_version() -> str:
+    """The commit the server runs from, and how many files under src/ differ from it."""
+    repo = Path(__file__).resolve().parents[1]
+
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", *argv], cwd=repo, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    changed = len(git("status", "--porcelain", "--", "src").splitlines())
+    return f"{git('rev-parse', '--short', 'HEAD')} ({changed} files changed under src/)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=None, help="runs in the store (100,000)")
@@ -774,6 +800,7 @@ def main() -> int:
     began = time.monotonic()
     say = sayer(began)
     result: dict[str, Any] = {"sizes": sz.__dict__, "machine_before": machine(), "databases": {}}
+    result["code"] = code_version()
 
     with tempfile.TemporaryDirectory(prefix="orbit-bench-ui-files-") as files_dir:
         rng = random.Random(20281)
@@ -810,7 +837,8 @@ def main() -> int:
     print(
         f"\n{m0['cpus']} CPUs ({m0['cpu']}), Python {m0['python']}, SQLite {m0['sqlite']}; load "
         f"average {m0['loadavg'][0]} before, {m1['loadavg'][0]} after; {result['seconds']:.0f} s"
-        f" in all. Heavy run: training.log {heavy['training_log_bytes'] / 1e6:.1f} MB, NVML "
+        f" in all; code {result['code']}.\nHeavy run: training.log "
+        f"{heavy['training_log_bytes'] / 1e6:.1f} MB, NVML "
         f"audit {heavy['nvml_audit_lines']:,} lines ({heavy['nvml_audit_bytes'] / 1e6:.0f} MB); "
         f"gpu_series over its last {heavy['charts_parse']['tail_mib']} MiB: "
         f"{heavy['charts_parse']['gpu_series_ms']} ms here (the whole file, at that rate: "
