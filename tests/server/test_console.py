@@ -77,6 +77,8 @@ def test_nothing_is_reachable_without_a_session_but_the_sign_in_form_and_files(
         body = plain.get(f"/ui/static/vendor/{name}")
         assert body.status_code == 200
         assert hashlib.sha256(body.content).hexdigest() in listed, name
+        assert body.headers["cache-control"] == "public, max-age=86400"  # pinned: kept a day
+    assert plain.get("/ui/static/console.js").headers["cache-control"] == "no-cache"
     # a bad cookie is refused and sent back to sign in, saying why
     plain.cookies.set("orbit_session", "not-a-token", path="/ui")
     again = plain.get("/ui/runs", follow_redirects=True)

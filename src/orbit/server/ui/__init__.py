@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
+from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from orbit.core.control.service import CoreControlService
 from orbit.server.agents.mailbox import Heartbeats
@@ -39,4 +41,17 @@ def install_console(app: FastAPI, service: CoreControlService, beats: Heartbeats
     ]
     for router in routers:
         app.include_router(router)
-    app.mount("/ui/static", StaticFiles(directory=STATIC), name="console-static")
+    app.mount("/ui/static", ConsoleFiles(directory=STATIC), name="console-static")
+
+
+class ConsoleFiles(StaticFiles):
+    """The console's own files: the vendored ones (pinned) kept a day by the browser, the
+    console's script and styles asked again each time (answered 304 while unchanged)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        if response.status_code in (200, 304):
+            pinned = path.startswith("vendor/")
+            response.headers["Cache-Control"] = "public, max-age=86400" if pinned else "no-cache"
+            response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
