@@ -101,6 +101,7 @@ OPERATION_IDS = {
     "simulate": "sched_simulate",
     # users and tokens
     "whoami": "users_whoami",
+    "console_link": "users_console_link",
     "list_users": "users_list",
     "add_user": "users_add",
     "remove_user": "users_remove",

@@ -172,8 +172,8 @@ def make_link_route(links: SignInLinks) -> APIRouter:
     """POST /api/v1/ui/links: a one-time sign-in link for the caller's own token (`orbit ui`)."""
     router = api_router()
 
-    @router.post("/ui/links", tags=["accounts"], response_model=dict[str, str])
-    def sign_in_link(request: Request, who: me) -> dict[str, str]:
+    @router.post("/ui/links", tags=["users"], response_model=dict[str, str])
+    def console_link(request: Request, who: me) -> dict[str, str]:
         """A path that signs the caller in to the console once, within two minutes."""
         secret = request.headers.get("authorization", "").partition(" ")[2].strip()
         return {"path": f"{PREFIX}/login/{links.make(secret)}"}
