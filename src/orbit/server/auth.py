@@ -116,6 +116,21 @@ def user_state(service: CoreControlService, request: Request) -> dict[str, objec
     return {"user": user, "token": token}
 
 
+def console_state(service: CoreControlService, request: Request) -> dict[str, object]:
+    """The user of a console request (/ui/), from its bearer header or else its session
+    cookie (kept in the request's state with the session's CSRF token; None for a bearer)."""
+    if request.headers.get("authorization"):
+        user, token = authenticate(service, request)
+        return {"user": user, "token": token, "csrf": None}
+    from orbit.server.ui.session import COOKIE, csrf_for
+
+    secret = request.cookies.get(COOKIE, "")
+    if not secret:
+        raise AuthFailed("sign in first", MISSING)
+    user, token = check_token(service, secret)
+    return {"user": user, "token": token, "csrf": csrf_for(secret)}
+
+
 class RequireToken:
     """Every request but /healthz shows a token the store accepts, checked before anything
     reads its body: a client without one is turned away at once (401), not after uploading
@@ -190,7 +205,7 @@ class RequireToken:
         """A console request: its session cookie (or a bearer header). Without either, a page
         sends the browser to the sign-in form; the sign-in form and the console's own files
         need none."""
-        from orbit.server.ui.session import console_state, is_open, to_sign_in
+        from orbit.server.ui.session import is_open, to_sign_in
 
         path = scope["path"]
         if path == "/ui" or is_open(path):

@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from markupsafe import Markup, escape
+from markupsafe import Markup
 from starlette.responses import HTMLResponse
 
 # a state's colour class: going, waiting, good, bad, stopped
@@ -75,14 +75,6 @@ def state(value: Any) -> Markup:
     return Markup('<span class="state {}">{}</span>').format(TONE.get(text, "other"), text)
 
 
-def as_json(value: Any) -> Markup:
-    """A value for a <script type="application/json"> block: JSON with <, > and & escaped, so
-    no text inside can close the block."""
-    text = json.dumps(value, default=str, separators=(",", ":"))
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return Markup(text)
-
-
 def pretty(value: Any) -> str:
     return json.dumps(value, default=str, indent=2, sort_keys=True)
 
@@ -100,11 +92,9 @@ def environment() -> Environment:
         duration=duration,
         size=size,
         state=state,
-        as_json=as_json,
         pretty=pretty,
         matches=matches,
     )
-    env.globals["escape"] = escape
     return env
 
 

@@ -20,10 +20,7 @@ from urllib.parse import quote
 from fastapi import Request
 from starlette.responses import RedirectResponse, Response
 
-from orbit.core.control.service import CoreControlService
 from orbit.model.auth import TokenRecord
-from orbit.server.auth import authenticate, check_token
-from orbit.server.auth_failures import MISSING, AuthFailed
 
 PREFIX = "/ui"
 COOKIE = "orbit_session"
@@ -46,19 +43,6 @@ def csrf_for(secret: str) -> str:
     """The CSRF token of a session: a MAC of the session's token (stateless: the server keeps
     nothing, and a page read by another site's script cannot be made without the cookie)."""
     return hmac.new(secret.encode(), b"orbit-console-csrf", hashlib.sha256).hexdigest()
-
-
-def console_state(service: CoreControlService, request: Request) -> dict[str, object]:
-    """The user of a console request, from its bearer header or else its session cookie (kept
-    in the request's state with the session's CSRF token, or None for a bearer header)."""
-    if request.headers.get("authorization"):
-        user, token = authenticate(service, request)
-        return {"user": user, "token": token, "csrf": None}
-    secret = request.cookies.get(COOKIE, "")
-    if not secret:
-        raise AuthFailed("sign in first", MISSING)
-    user, token = check_token(service, secret)
-    return {"user": user, "token": token, "csrf": csrf_for(secret)}
 
 
 NOTICE = "orbit_notice"  # a line the next page shows once (a cookie: no other site can set it)
