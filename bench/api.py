@@ -343,7 +343,7 @@ def measure_slurm(sz: Sizes) -> dict[str, Any]:
 
 RUN_COLS = (
     "id, experiment_id, task_type, template_id, bundle_digest, submission, request, "
-    "created_at, created_by, replay_of"
+    "created_at, created_by, replay_of, state"
 )
 ATTEMPT_COLS = (
     'id, run_id, number, state, reason, target, backend_key, "trigger", handle, exit_code, '
@@ -435,9 +435,7 @@ def plan_seed(runs: int, rng: random.Random) -> Seed:
             "runtime_env": {},
             "stop_grace_s": 10.0,
         }
-        seed.runs.append(
-            (run_id, exp_id, "command", "local", digest, submission, request, created, user, None)
-        )
+        row = (run_id, exp_id, "command", "local", digest, submission, request, created, user)
         seed.events.append(
             (created, user, "run.created", run_id, None,
              {"bundle_digest": digest, "template_id": "local", "task_type": "command"})
@@ -455,6 +453,7 @@ def plan_seed(runs: int, rng: random.Random) -> Seed:
             ends.append(
                 ("succeeded", None, 0) if rng.random() < 0.8 else ("failed", "task_exit_nonzero", 2)
             )
+        seed.runs.append((*row, None, ends[-1][0]))  # runs.state: its last attempt's
         at = created
         for number, (state, reason, exit_code) in enumerate(ends, start=1):
             at = _attempt(seed, rng, run_id, number, state, reason, exit_code, at, user)

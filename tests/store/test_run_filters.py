@@ -7,11 +7,14 @@ from __future__ import annotations
 import sqlite3
 
 from orbit.model.auth import token_hash
-from orbit.model.models import FailureReason, RunState
+from orbit.model.models import FailureReason, RunHandle, RunState
 from orbit.model.records import RunRecord
 from orbit.store import Store
+from orbit.store.attempt_states import AutoRetry
 from orbit.store.run_queries import RUN_COLUMNS, RUNS_FROM, runs_filter
+from orbit.store.schema import alembic_engine
 from tests.helpers import a_request, a_submission
+from tests.store.test_audit_chain import migrate_to
 
 
 def run(store: Store, experiment: str, actor: str, target: str | None, key: str) -> RunRecord:
@@ -66,12 +69,13 @@ def test_the_filters_read_through_indexes(store: Store) -> None:
         return  # PostgreSQL plans by its statistics: an empty table is read whole anyway
     path = store.url.removeprefix("sqlite:///")
     with sqlite3.connect(path) as db:
-        for user, node, index in (
-            ("mia", None, "ix_runs_created_by_created_at"),
-            (None, "gpu-a", "ix_attempts_target"),
-            (None, "gpu-a", "ix_attempts_node_id"),
+        for user, node, states, index in (
+            ("mia", None, None, "ix_runs_created_by_created_at"),
+            (None, "gpu-a", None, "ix_attempts_target"),
+            (None, "gpu-a", None, "ix_attempts_node_id"),
+            (None, None, {RunState.FAILED}, "ix_runs_state_created_at"),
         ):
-            where, params = runs_filter(None, None, user, node)
+            where, params = runs_filter(None, states, user, node)
             sql = f"SELECT {RUN_COLUMNS} FROM {RUNS_FROM}{where} ORDER BY r.created_at DESC"
             plan = " ".join(str(row) for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", params))
             assert index in plan, plan
@@ -107,3 +111,54 @@ def test_the_consoles_filters_pages_counts_and_holders(store: Store) -> None:
     held = store.runs.holding({RunState.RUNNING, RunState.STARTING})
     assert len(held) == 1 and held[0][:2] == ("ben", "llama-sft")
     assert held[0][2]["resources"]["gpu_count"] == 2
+
+
+def test_a_listing_by_state_follows_each_runs_current_attempt(store: Store) -> None:
+    """runs.state is the current attempt's state through every way an attempt moves or is
+    opened: a launch, a move, an end, a retry asked for, one its policy opened; and a store
+    upgraded from before the copy existed has it too."""
+    e = store.experiments.create_experiment("exp", "tests").id
+    one, two, three = (run(store, e, "mia", None, "local_host_process") for _ in range(3))
+
+    def listed(*states: RunState) -> list[str]:
+        return [r.id for r in store.runs.list_runs(states=set(states))]
+
+    assert listed(RunState.PREPARED) == [three.id, two.id, one.id]
+    moves = store.attempts.move_attempt
+    store.attempts.record_launch(one.current.id, RunHandle(
+        backend_key="local_host_process", target="localhost", location="/tmp/x",
+        attempt_id=one.current.id,
+    ), actor="t")  # fmt: skip
+    assert listed(RunState.SUBMITTED) == [one.id]
+    moves(one.current.id, RunState.RUNNING, actor="t")
+    moves(one.current.id, RunState.FAILED, actor="t", reason=FailureReason.TASK_EXIT_NONZERO)
+    assert (
+        listed(RunState.FAILED) == [one.id] and store.runs.count_runs(states={RunState.FAILED}) == 1
+    )
+    store.runs.add_attempt(
+        one.id, target=None, backend_key="local_host_process", trigger="retry", actor="t"
+    )  # a retry: prepared again
+    assert listed(RunState.FAILED) == [] and listed(RunState.PREPARED)[-1] == one.id
+    # an end whose policy opens the next attempt in the same transaction
+    moves(two.current.id, RunState.SUBMITTED, actor="t")
+    moves(two.current.id, RunState.RUNNING, actor="t")
+    moves(
+        two.current.id, RunState.FAILED, actor="t", reason=FailureReason.TASK_EXIT_NONZERO,
+        retry=AutoRetry(event={"retry": 1}),
+    )  # fmt: skip
+    assert two.id in listed(RunState.PREPARED) and listed(RunState.FAILED) == []
+    moves(three.current.id, RunState.TERMINATED, actor="t", reason=FailureReason.CANCELLED)
+    assert listed(RunState.TERMINATED, RunState.PREPARED) == [three.id, two.id, one.id]
+    # a store from before runs.state: the copy is made from each run's current attempt
+    engine = alembic_engine(store.url)
+    try:
+        migrate_to(engine, "0014", down=True)
+    finally:
+        engine.dispose()
+    store.close()
+    again = Store(store.url)
+    try:
+        assert [r.id for r in again.runs.list_runs(states={RunState.TERMINATED})] == [three.id]
+        assert again.runs.count_runs(states={RunState.PREPARED}) == 2
+    finally:
+        again.close()

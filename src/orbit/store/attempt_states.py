@@ -17,10 +17,60 @@ from orbit.store.audit import append_event
 from orbit.store.base import Part, utcnow
 from orbit.store.dependencies import wake_dependents
 from orbit.store.run_queries import stored_request
-from orbit.store.runs import insert_attempt
 from orbit.store.sql import Row, Tx
 
 ACTIVE_IN = "(" + ", ".join(f"'{s.value}'" for s in RunState if not s.terminal) + ")"
+
+
+def mirror(tx: Tx, run_id: str, state: RunState) -> None:
+    """The run's copy of its current attempt's state (runs.state: a listing by state is one
+    index range), written in each transaction that moves or opens that attempt."""
+    tx.execute(
+        "UPDATE runs SET state = :state WHERE id = :id", {"state": state.value, "id": run_id}
+    )
+
+
+def insert_attempt(
+    tx: Tx,
+    run_id: str,
+    number: int,
+    target: str | None,
+    backend_key: str,
+    trigger: str,
+    actor: str,
+) -> str:
+    """Write attempt `number` of the run, prepared, in the caller's transaction (the run's
+    current attempt from now on: its state is the run's); its id."""
+    now = utcnow()
+    attempt_id = f"{run_id}-{number}"
+    tx.execute(
+        'INSERT INTO attempts (id, run_id, number, state, target, backend_key, "trigger", '
+        "cancel_requested, created_at, updated_at) VALUES (:id, :run_id, :number, :state, "
+        ":target, :backend_key, :trigger, :cancel, :now, :now)",
+        {
+            "id": attempt_id,
+            "run_id": run_id,
+            "number": number,
+            "state": RunState.PREPARED.value,
+            "target": target,
+            "backend_key": backend_key,
+            "trigger": trigger,
+            "cancel": False,
+            "now": now,
+        },
+    )
+    mirror(tx, run_id, RunState.PREPARED)
+    append_event(
+        tx,
+        actor,
+        "attempt.created",
+        run_id=run_id,
+        attempt_id=attempt_id,
+        number=number,
+        target=target,
+        trigger=trigger,
+    )
+    return attempt_id
 
 
 @dataclass(frozen=True)
@@ -62,8 +112,8 @@ class AttemptStates(Part):
         lose the retry its policy owed."""
         with self._write() as tx:
             row = tx.one(
-                "SELECT run_id, state, number, target, backend_key, cancel_requested, node_id "
-                "FROM attempts WHERE id = :id",
+                "SELECT run_id, state, number, rank, target, backend_key, cancel_requested, "
+                "node_id FROM attempts WHERE id = :id",
                 {"id": attempt_id},
             )
             if row is None:
@@ -94,6 +144,8 @@ class AttemptStates(Part):
             )
             if changed != 1:  # another process moved it first: nothing was written here
                 return False
+            if row["rank"] == 0:  # a gang's member (rank > 0) follows its leader, not the run
+                mirror(tx, row["run_id"], to)
             data: dict[str, Any] = {"from": current.value, "to": to.value}
             if reason is not None:
                 data["reason"] = reason.value
@@ -152,9 +204,10 @@ class AttemptStates(Part):
         check_move(RunState.PREPARED, RunState.SUBMITTED, None)
         now = utcnow()
         with self._write() as tx:
-            run_id = tx.scalar("SELECT run_id FROM attempts WHERE id = :id", {"id": attempt_id})
-            if run_id is None:
+            row = tx.one("SELECT run_id, rank FROM attempts WHERE id = :id", {"id": attempt_id})
+            if row is None:
                 raise NotFound(f"unknown attempt '{attempt_id}'")
+            run_id = row["run_id"]
             changed = tx.execute(
                 "UPDATE attempts SET state = :submitted, handle = :handle, updated_at = :now, "
                 "last_contact_at = :now, unreachable_since = NULL, reason = NULL, "
@@ -170,6 +223,8 @@ class AttemptStates(Part):
             )
             if changed != 1:
                 return False
+            if row["rank"] == 0:
+                mirror(tx, run_id, RunState.SUBMITTED)
             ids = {"run_id": run_id, "attempt_id": attempt_id}
             moved = {"from": RunState.PREPARED.value, "to": RunState.SUBMITTED.value}
             append_event(tx, actor, "attempt.state", **ids, **moved)
@@ -244,9 +299,10 @@ class AttemptStates(Part):
 
     def request_cancel(self, attempt_id: str, actor: str) -> None:
         with self._write() as tx:
-            run_id = tx.scalar("SELECT run_id FROM attempts WHERE id = :id", {"id": attempt_id})
-            if run_id is None:
+            row = tx.one("SELECT run_id, rank FROM attempts WHERE id = :id", {"id": attempt_id})
+            if row is None:
                 raise NotFound(f"unknown attempt '{attempt_id}'")
+            run_id = row["run_id"]
             tx.execute(
                 "UPDATE attempts SET cancel_requested = :yes WHERE id = :id",
                 {"yes": True, "id": attempt_id},

@@ -140,15 +140,15 @@ def runs_filter(
     text: str | None = None,
     before: tuple[datetime, str] | None = None,
 ) -> tuple[str, dict[str, object]]:
-    """The joins and WHERE clause shared by list_runs and count_runs (runs are `r`). `states`
-    filters on each run's current attempt, its highest number; `user` on who submitted it
-    (ix_runs_created_by_created_at); `node` on where its current attempt is: an agent node by
-    name or id (attempts.node_id, any rank of a gang), or a host, cluster or pinned node by
-    name (ix_attempts_target); `text` on a run id it begins, or an experiment name holding it;
-    `before`: runs after that one in the order newest first (created_at DESC, id)."""
+    """The WHERE clause shared by list_runs and count_runs (runs are `r`). `states` filters on
+    each run's current attempt, its highest number (the copy of its state in runs.state,
+    ix_runs_state_created_at); `user` on who submitted it (ix_runs_created_by_created_at);
+    `node` on where its current attempt is: an agent node by name or id (attempts.node_id, any
+    rank of a gang), or a host, cluster or pinned node by name (ix_attempts_target); `text` on
+    a run id it begins, or an experiment name holding it; `before`: runs after that one in the
+    order newest first (created_at DESC, id)."""
     clauses: list[str] = []
     params: dict[str, object] = {"experiment_id": experiment_id, "user": user, "node": node}
-    joins = ""
     if template_id is not None:
         clauses.append("r.template_id = :template_id")
         params["template_id"] = template_id
@@ -183,13 +183,9 @@ def runs_filter(
     if states:
         placeholders, values = expand("state", sorted(s.value for s in states))
         params.update(values)
-        joins = (
-            " JOIN attempts a ON a.run_id = r.id AND a.rank = 0 AND a.number = "
-            "(SELECT max(b.number) FROM attempts b WHERE b.run_id = r.id)"
-        )
-        clauses.append(f"a.state IN ({placeholders})")
+        clauses.append(f"r.state IN ({placeholders})")
     where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    return joins + where, params
+    return where, params
 
 
 def resolve(tx: Tx, ref: str) -> str:

@@ -13,6 +13,7 @@ from orbit.model.models import ExecutionRequest, RunState, TaskSubmission
 from orbit.model.records import AttemptRecord, RunRecord
 from orbit.store import base
 from orbit.store.attempt_leases import Lease, set_launch_claim
+from orbit.store.attempt_states import insert_attempt
 from orbit.store.audit import append_event
 from orbit.store.base import Part, utcnow
 from orbit.store.dependencies import write_dependencies
@@ -26,49 +27,8 @@ from orbit.store.run_queries import (
     run_records,
     runs_filter,
 )
-from orbit.store.sql import Tx, expand, read_json, read_time
+from orbit.store.sql import expand, read_json, read_time
 from orbit.store.submit_keys import SubmitKey, remember
-
-
-def insert_attempt(
-    tx: Tx,
-    run_id: str,
-    number: int,
-    target: str | None,
-    backend_key: str,
-    trigger: str,
-    actor: str,
-) -> str:
-    """Write attempt `number` of the run, prepared, in the caller's transaction; its id."""
-    now = utcnow()
-    attempt_id = f"{run_id}-{number}"
-    tx.execute(
-        'INSERT INTO attempts (id, run_id, number, state, target, backend_key, "trigger", '
-        "cancel_requested, created_at, updated_at) VALUES (:id, :run_id, :number, :state, "
-        ":target, :backend_key, :trigger, :cancel, :now, :now)",
-        {
-            "id": attempt_id,
-            "run_id": run_id,
-            "number": number,
-            "state": RunState.PREPARED.value,
-            "target": target,
-            "backend_key": backend_key,
-            "trigger": trigger,
-            "cancel": False,
-            "now": now,
-        },
-    )
-    append_event(
-        tx,
-        actor,
-        "attempt.created",
-        run_id=run_id,
-        attempt_id=attempt_id,
-        number=number,
-        target=target,
-        trigger=trigger,
-    )
-    return attempt_id
 
 
 class Runs(Part):

@@ -43,8 +43,14 @@ class RunRow(Base):
     created_at: Mapped[datetime] = mapped_column(index=True)
     created_by: Mapped[str] = mapped_column(String(128))
     replay_of: Mapped[str | None] = mapped_column(String(40))
-    # `runs list --user U`: a user's runs, newest first
-    __table_args__ = (Index("ix_runs_created_by_created_at", "created_by", "created_at"),)
+    # its current attempt's state (highest number, rank 0), kept by orbit.store.attempt_states
+    # in the transaction that moves or opens an attempt: `runs list --state S` newest first
+    state: Mapped[str] = mapped_column(String(16), server_default="prepared")
+    __table_args__ = (
+        # `runs list --user U`: a user's runs, newest first
+        Index("ix_runs_created_by_created_at", "created_by", "created_at"),
+        Index("ix_runs_state_created_at", "state", "created_at"),
+    )
 
 
 class SubmitKeyRow(Base):
@@ -73,7 +79,7 @@ class AttemptRow(Base):
     message: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime]
-    updated_at: Mapped[datetime]
+    updated_at: Mapped[datetime] = mapped_column(index=True)  # the newest change: Runs.change_stamp
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     # the last time its host answered, and since when it has not (SSH hosts)
