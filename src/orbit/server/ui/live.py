@@ -1,35 +1,38 @@
 """The console's live parts, over Server-Sent Events: `changed` when any run's state moved (one
 reader of the store for every open console, once a second, however many listen), a run's log
 followed from its last lines (each event's id is the byte offset after it, so a dropped
-connection resumes where it was), the charts' data, and a whole log to download."""
+connection resumes where it was; one reader a log however many follow it: taps.py), the
+charts' data, and a whole log to download."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import re
+import threading
 import time
 from collections.abc import AsyncIterator
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.responses import Response
 
+from orbit.core.control.attempt_files import CHARTS_ENDED_S, CHARTS_FRESH_S, CHARTS_KEPT
 from orbit.core.control.service import CoreControlService
 from orbit.model.errors import InvalidInput, OrbitError
 from orbit.model.layers import LogLayer
 from orbit.server.routes.common import me
 from orbit.server.ui.common import FILE_HEADERS, attachment, console_router, guarded
+from orbit.server.ui.taps import LogTaps, read_behind
 
 TAIL_LINES = 500  # a log opens with its last lines; the whole is a download
 FOLLOW_S = 25.0  # a stream ends after this long: the browser comes back (proxies drop idle ones)
 CHANGES_EVERY_S = 1.0
 KEEPALIVE_S = 15.0
 SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-POLL_S = 1.0  # how often a followed log is read while nothing new came (a file read each)
-ENDED_EVERY_S = 5.0  # a followed log asks whether its attempt ended at least this often
 WHOLE_LINE_BYTES = 64 * 1024  # a line longer than this is sent before its end comes
 RESUME = re.compile(r"([0-9]{1,9}):([0-9]{1,18})")  # Last-Event-ID: ATTEMPT:OFFSET
 LINE_ENDS = re.compile(r"\r\n|\r|\n")
@@ -70,6 +73,7 @@ class Changes:
 def make_live_pages(service: CoreControlService) -> APIRouter:
     router = console_router()
     changes = Changes(service)
+    taps = LogTaps(changes.current)
 
     @router.get("/events")
     async def events(request: Request, who: me) -> StreamingResponse:
@@ -77,16 +81,31 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
             changes.events(request), media_type="text/event-stream", headers=SSE
         )
 
+    kept: dict[tuple[str, int, str], tuple[float, bytes]] = {}
+    keeping = threading.Lock()
+
     @router.get("/runs/{ref}/charts.json")
     @guarded
     def charts(request: Request, who: me, ref: str) -> Response:
+        """The run's charts, progress and state, encoded once a CHARTS_FRESH_S (once a run
+        has ended: once a CHARTS_ENDED_S) for all who look: a hundred consoles polling a
+        day-long run's charts cost one encoding of them, not a hundred."""
         with who.acting() as acting:
-            run = acting.get_run(ref)
-            found = acting.charts(run.id)
-            progress = acting.progress(run)
-        found["state"] = run.state.value
-        found["progress"] = progress.model_dump(mode="json") if progress else None
-        return JSONResponse(found, headers={"Cache-Control": "no-store"})
+            run = acting.get_run(ref)  # who may see it, every time
+            key = (run.id, len(run.attempts), run.state.value)
+            fresh = CHARTS_ENDED_S if run.state.terminal else CHARTS_FRESH_S
+            at, body = kept.get(key, (0.0, b""))
+            if time.monotonic() - at >= fresh:
+                found = acting.charts(run.id)
+                progress = acting.progress(run)
+                found["state"] = run.state.value
+                found["progress"] = progress.model_dump(mode="json") if progress else None
+                body = json.dumps(found, separators=(",", ":")).encode()
+                with keeping:
+                    if len(kept) >= CHARTS_KEPT:
+                        kept.pop(min(kept, key=lambda k: kept[k][0]))
+                    kept[key] = (time.monotonic(), body)
+        return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
     @router.get("/runs/{ref}/logs/{layer}/stream")
     @guarded
@@ -102,7 +121,7 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
                 place = acting.find_log_start(run.id, chosen, lines=TAIL_LINES)
                 offset, attempt = place.offset, place.attempt
         return StreamingResponse(
-            _follow(service, changes, run.id, chosen, offset, attempt),
+            _follow(taps, service, run.id, chosen, offset, attempt),
             media_type="text/event-stream",
             headers=SSE,
         )
@@ -131,8 +150,8 @@ def layer_named(text: str) -> LogLayer:
 
 
 async def _follow(
+    taps: LogTaps,
     service: CoreControlService,
-    changes: Changes,
     run_id: str,
     layer: LogLayer,
     offset: int,
@@ -140,49 +159,56 @@ async def _follow(
 ) -> AsyncIterator[bytes]:
     """Events of the log's text from `offset`, while the attempt runs (at most FOLLOW_S): first
     `start`, the attempt and offset they begin at (the page asks for older lines before it);
-    each event's id is `ATTEMPT:OFFSET` after it, so a resume stays with its attempt. Polls
-    read the file alone; whether the attempt ended is asked of the store only when something
-    moved (the shared change stamp) or every ENDED_EVERY_S."""
+    each event's id is `ATTEMPT:OFFSET` after it, so a resume stays with its attempt. The log
+    is read by its tap, once for every follower (orbit.server.ui.taps)."""
     yield b"retry: 1000\n\n" + _event("start", f"{attempt}:{offset}")
+    key = (run_id, attempt, layer.value)
+    make = functools.partial(service.log_follower, run_id, layer, attempt)
     try:
-        follower = await anyio.to_thread.run_sync(
-            functools.partial(service.log_follower, run_id, layer, attempt)
-        )
+        tap = await taps.join(key, offset, make)
     except OrbitError as exc:
         yield _event("problem", json.dumps({"message": str(exc)}))
         return
-    began, asked = time.monotonic(), 0.0  # the first quiet poll asks whether it has ended
-    seen = await changes.current()
-    ended = False
-    while True:
-        try:
-            data = await anyio.to_thread.run_sync(follower.read, offset)
-        except OrbitError as exc:
-            yield _event("problem", json.dumps({"message": str(exc)}))
-            return
-        if data:
-            # whole lines only (a line cut in two would show as two): the rest comes next time;
-            # but a long line without an end (a progress bar's), or the last one, goes as it is
-            cut = data.rfind(b"\n") + 1 if not ended else len(data)
-            if cut == 0 and len(data) >= WHOLE_LINE_BYTES:
-                cut = len(data)
-            if cut:
-                offset += cut
-                text = data[:cut].decode("utf-8", "replace")
-                yield _event("log", text, f"{attempt}:{offset}")
-                continue
-        elif ended:
-            yield _event("end", json.dumps({"offset": offset}), f"{attempt}:{offset}")
-            return
-        if time.monotonic() - began > FOLLOW_S:
-            return
-        now = await changes.current()
-        if now != seen or time.monotonic() - asked > ENDED_EVERY_S:
-            seen, asked = now, time.monotonic()
-            ended = await anyio.to_thread.run_sync(follower.ended)
+    began, last_sent = time.monotonic(), time.monotonic()
+    try:
+        while True:
+            moved = tap.moved  # taken before looking: a move after the look still wakes it
+            ended = tap.ended
+            try:
+                data = tap.since(offset)
+                if data is None:
+                    data = await read_behind(tap, offset)
+            except OrbitError as exc:
+                yield _event("problem", json.dumps({"message": str(exc)}))
+                return
+            if data:
+                # whole lines only (a line cut in two would show as two): the rest comes next
+                # time; but a long line without an end (a progress bar's), or the last, goes
+                cut = data.rfind(b"\n") + 1 if not ended else len(data)
+                if cut == 0 and len(data) >= WHOLE_LINE_BYTES:
+                    cut = len(data)
+                if cut:
+                    offset += cut
+                    last_sent = time.monotonic()
+                    text = data[:cut].decode("utf-8", "replace")
+                    yield _event("log", text, f"{attempt}:{offset}")
+                    continue
+            if tap.problem is not None:
+                yield _event("problem", json.dumps({"message": tap.problem}))
+                return
             if ended:
-                continue  # what it wrote last, then the end
-        await asyncio.sleep(POLL_S)
+                yield _event("end", json.dumps({"offset": offset}), f"{attempt}:{offset}")
+                return
+            left = FOLLOW_S - (time.monotonic() - began)
+            if left <= 0:
+                return
+            if time.monotonic() - last_sent > KEEPALIVE_S:
+                last_sent = time.monotonic()
+                yield b": still here\n\n"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(moved.wait(), min(left, KEEPALIVE_S))
+    finally:
+        taps.leave(key, tap)
 
 
 async def _whole(service: CoreControlService, run_id: str, layer: LogLayer) -> AsyncIterator[bytes]:
