@@ -93,7 +93,8 @@ from api import (
     write_seed,
 )
 
-from orbit.forensics.series import NVML_TAIL_BYTES, gpu_series
+from orbit.forensics.series import NVML_MINUTES_BYTES, NVML_TAIL_BYTES, gpu_series
+from orbit.runtime.nvml_audit import Minutes
 from orbit.store import Store
 
 GOAL_PAGE_P99_MS = 100.0
@@ -251,14 +252,17 @@ def write_log(path: Path, megabytes: float, rng: random.Random) -> int:
 
 
 def write_audit(path: Path, hours: float, gpus: int, rng: random.Random) -> int:
-    """`hours` of NVML audit up to now, `gpus` lines a second, as nvml_audit.py writes them."""
+    """`hours` of NVML audit up to now, `gpus` lines a second, as nvml_audit.py writes them,
+    and its per-minute lines beside (nvml-minutes.jsonl, by nvml_audit.py's own Minutes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    minutes, per_minute = Minutes(), path.with_name("nvml-minutes.jsonl").open("w")
     ticks = int(hours * 3600)
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=ticks)
     uuids = [f"GPU-{rng.getrandbits(128):032x}" for _ in range(gpus)]
     lines = 0
     with path.open("w", encoding="utf-8") as out:
         batch: list[str] = []
+        records: list[dict[str, Any]] = []
         for tick in range(ticks):
             ts = (start + timedelta(seconds=tick, milliseconds=rng.randrange(1000))).isoformat(
                 timespec="milliseconds"
@@ -282,13 +286,18 @@ def write_audit(path: Path, hours: float, gpus: int, rng: random.Random) -> int:
                     "ecc_volatile_uncorrected": 0,
                     "xid": 0,
                 }
-                batch.append(json.dumps(record, sort_keys=True) + "\n")
+                records.append(record)
+            batch.extend(json.dumps(record, sort_keys=True) + "\n" for record in records)
+            per_minute.write(minutes.add(records))
+            records.clear()
             if len(batch) >= 40_000:
                 out.write("".join(batch))
                 lines += len(batch)
                 batch = []
         out.write("".join(batch))
         lines += len(batch)
+    per_minute.write(minutes.flush())
+    per_minute.close()
     return lines
 
 
@@ -396,14 +405,16 @@ def measure_load(server: Server, run_id: str, loads: int) -> dict[str, Any]:
 
 
 def charts_parse_ms(audit: Path) -> dict[str, Any]:
-    """gpu_series over the audit's last NVML_TAIL_BYTES, here in this process (what charts.json
-    does with it), and the share of the whole file that tail is."""
+    """gpu_series over the audit's last NVML_TAIL_BYTES and the per-minute file's last
+    NVML_MINUTES_BYTES, here in this process (what charts.json does with them), and the share
+    of the whole audit that tail is."""
     size = audit.stat().st_size
     with audit.open("rb") as f:
         f.seek(max(0, size - NVML_TAIL_BYTES))
         tail = f.read()
+    whole = audit.with_name("nvml-minutes.jsonl").read_bytes()
     start = time.perf_counter()
-    gpu_series(tail)
+    gpu_series(tail, minutes=whole[-NVML_MINUTES_BYTES:])
     took = (time.perf_counter() - start) * 1000
     return {
         "tail_mib": round(len(tail) / 2**20, 1),
@@ -690,8 +701,9 @@ def measure_database(
             try:
                 if wait_state(server, live, {"running"} | TERMINAL) != "running":
                     raise RuntimeError(f"{live} is not running: {get_run(server, live)}")
-                audit = attempt_folder(server, live) / "artifacts" / "nvml-audit.jsonl"
-                shutil.copyfile(files["nvml-audit.jsonl"], audit)
+                artifacts = attempt_folder(server, live) / "artifacts"
+                for name in ("nvml-audit.jsonl", "nvml-minutes.jsonl"):
+                    shutil.copyfile(files[name], artifacts / name)
                 report["live"] = measure_consoles(server, live, sz, say)
             finally:
                 cancel(server, live)
@@ -760,8 +772,8 @@ def print_table(kind: str, sz: Sizes, db: dict[str, Any]) -> None:
         print(" ".join(c.ljust(w) if i in (0, 5) else c.rjust(w) for i, (c, w) in enumerate(cells)))
     charts = db["load"]["charts"]
     print(
-        f"  charts.json: {charts['gpus']} GPUs, {charts['points_per_gpu']} points each over the "
-        f"last {charts['span_h']} h (of the audit's {sz.audit_hours:g} h); log stream: "
+        f"  charts.json: {charts['gpus']} GPUs, {charts['points_per_gpu']} points each over "
+        f"{charts['span_h']} h (of the audit's {sz.audit_hours:g} h); log stream: "
         f"{db['load']['log']['lines']} lines"
     )
     for key in ("events", "events_logs", "browser"):
@@ -807,6 +819,7 @@ def main() -> int:
         files = {
             "training.log": Path(files_dir) / "training.log",
             "nvml-audit.jsonl": Path(files_dir) / "nvml-audit.jsonl",
+            "nvml-minutes.jsonl": Path(files_dir) / "nvml-minutes.jsonl",
         }
         size = write_log(files["training.log"], sz.log_mb, rng)
         lines = write_audit(files["nvml-audit.jsonl"], sz.audit_hours, sz.gpus, rng)
@@ -814,6 +827,7 @@ def main() -> int:
             "training_log_bytes": size,
             "nvml_audit_lines": lines,
             "nvml_audit_bytes": files["nvml-audit.jsonl"].stat().st_size,
+            "nvml_minutes_bytes": files["nvml-minutes.jsonl"].stat().st_size,
             "charts_parse": charts_parse_ms(files["nvml-audit.jsonl"]),
         }
         say(f"wrote the heavy run's files: {result['heavy_files']}")

@@ -263,6 +263,26 @@ def test_one_line_per_gpu_per_tick_with_the_recorded_values(scripts: Scripts) ->
     assert all(s.endswith("+00:00") for s in stamps)
 
 
+def test_each_minute_is_summed_up_per_gpu_from_the_per_second_lines(scripts: Scripts) -> None:
+    """nvml-minutes.jsonl (what a day-long run's chart reads): per GPU per minute, the mean
+    of utilization and power and the peak of memory and temperature of that minute's lines,
+    and how many there were; the minute it stopped in is written as far as it went."""
+    result = scripts.run(H100, interval=0.05, max_samples=6)
+    assert result.returncode == 0, result.stderr
+    seconds = scripts.lines()
+    text = (scripts.out.parent / "nvml-minutes.jsonl").read_text(encoding="utf-8")
+    minutes = [json.loads(line) for line in text.splitlines()]
+    assert minutes and sum(m["samples"] for m in minutes) == len(seconds)
+    for m in minutes:
+        mine = [x for x in seconds if x["index"] == m["index"] and x["ts"][:16] == m["ts"][:16]]
+        assert m["samples"] == len(mine) and m["ts"].endswith(":00.000+00:00")
+        assert m["util_gpu"] == round(sum(x["util_gpu"] for x in mine) / len(mine), 3)
+        assert m["power_w"] == round(sum(x["power_w"] for x in mine) / len(mine), 3)
+        assert m["mem_used_mib"] == max(x["mem_used_mib"] for x in mine)
+        assert m["temp_c"] == max(x["temp_c"] for x in mine)
+        assert m["name"] == "NVIDIA H100 80GB HBM3"
+
+
 def test_values_the_source_did_not_show_or_nvml_does_not_support_are_null(
     scripts: Scripts,
 ) -> None:

@@ -23,7 +23,7 @@ log = logging.getLogger("orbit.agent")
 MAX_MANIFEST_BYTES = 64 << 20  # the most of a manifest read to see that its files are all here
 LARGE_BYTES = 64 << 20  # a file this large waits behind the others (or for collect)
 FIRST = ("runtime/",)
-NEXT_SUFFIXES = (".log", "manifest.json", "nvml-audit.jsonl", "logging.jsonl")
+NEXT_SUFFIXES = (".log", "manifest.json", "nvml-audit.jsonl", "nvml-minutes.jsonl", "logging.jsonl")
 
 
 @dataclass

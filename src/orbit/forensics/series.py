@@ -1,7 +1,10 @@
 """What a run's charts draw, from the files it leaves: each GPU's utilization, memory, power and
-temperature over time from the NVML audit (artifacts/nvml-audit.jsonl, one line per GPU per
-second), and the loss over steps from logging.jsonl. Long series are cut to at most `points`
-by averaging equal spans of time, so a day of samples costs a page a few kilobytes."""
+temperature over time from the NVML audit (the whole run from artifacts/nvml-minutes.jsonl,
+one line per GPU per minute, and its last minutes at full resolution from the tail of
+artifacts/nvml-audit.jsonl, one line per GPU per second), and the loss over steps from
+logging.jsonl. Long series are cut to at most `points` by averaging equal spans of time, so a
+day of samples costs a page a few kilobytes; the recent part keeps its own `points`, so that a
+chart zoomed on the last minutes shows them second by second."""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ from typing import Any
 from orbit.forensics.progress import _number, _step
 
 NVML_FILE = "artifacts/nvml-audit.jsonl"
-NVML_TAIL_BYTES = 8 * 1024 * 1024  # about an hour of 8 GPUs at one line each a second
+NVML_TAIL_BYTES = 2 * 1024 * 1024  # about 15 minutes of 8 GPUs at one line each a second
+NVML_MINUTES_FILE = "artifacts/nvml-minutes.jsonl"
+NVML_MINUTES_BYTES = 4 * 1024 * 1024  # about 40 hours of 8 GPUs at one line each a minute
 LOSS_TAIL_BYTES = 2 * 1024 * 1024
 POINTS = 600  # a chart's width in points: enough for a laptop screen
 GPU_FIELDS = {
@@ -75,32 +80,51 @@ def downsample(xs: list[float], columns: list[list[float | None]], points: int) 
     return [out_x, *out_cols]
 
 
-def gpu_series(data: bytes, points: int = POINTS) -> dict[str, Any]:
-    """Per GPU index: [times (epoch s), util %, memory GiB, power W, temperature C], cut to
-    `points`; and why there is none when the audit says NVML was unavailable."""
-    by_gpu: dict[int, list[dict[str, Any]]] = {}
+def _by_gpu(data: bytes) -> tuple[dict[int, list[tuple[float, dict[str, Any]]]], str | None]:
+    """Each GPU's (time, record) in time order, and why NVML was unavailable if it said so."""
+    by_gpu: dict[int, list[tuple[float, dict[str, Any]]]] = {}
     unavailable = None
     for record in _lines(data):
         if record.get("nvml") == "unavailable":
             unavailable = str(record.get("reason") or "NVML unavailable")
             continue
         index = record.get("index")
-        if isinstance(index, int) and not isinstance(index, bool):
-            by_gpu.setdefault(index, []).append(record)
-    gpus: dict[str, Any] = {}
-    for index, records in sorted(by_gpu.items()):
-        rows = [(t, r) for r in records if (t := _time(r.get("ts"))) is not None]
+        t = _time(record.get("ts"))
+        if isinstance(index, int) and not isinstance(index, bool) and t is not None:
+            by_gpu.setdefault(index, []).append((t, record))
+    for rows in by_gpu.values():
         rows.sort(key=lambda row: row[0])
-        xs = [t for t, _ in rows]
-        columns: list[list[float | None]] = []
-        for name, key in GPU_FIELDS.items():
-            values = [_number(r.get(key)) for _, r in rows]
-            if name == "mem_gib":
-                values = [None if v is None else round(v / 1024, 3) for v in values]
-            columns.append(values)
+    return by_gpu, unavailable
+
+
+def _columns(rows: list[tuple[float, dict[str, Any]]], points: int) -> list[list[Any]]:
+    xs = [t for t, _ in rows]
+    columns: list[list[float | None]] = []
+    for name, key in GPU_FIELDS.items():
+        values = [_number(r.get(key)) for _, r in rows]
+        if name == "mem_gib":
+            values = [None if v is None else round(v / 1024, 3) for v in values]
+        columns.append(values)
+    return downsample(xs, columns, points)
+
+
+def gpu_series(data: bytes, points: int = POINTS, minutes: bytes = b"") -> dict[str, Any]:
+    """Per GPU index: [times (epoch s), util %, memory GiB, power W, temperature C]: the
+    minutes (`minutes`, nvml-minutes.jsonl) before the per-second lines of `data` begin, cut
+    to `points`, then those lines, cut to `points`; and why there is none when the audit says
+    NVML was unavailable."""
+    seconds, unavailable = _by_gpu(data)
+    earlier, _ = _by_gpu(minutes)
+    gpus: dict[str, Any] = {}
+    for index in sorted(set(seconds) | set(earlier)):
+        recent = seconds.get(index, [])
+        begins = recent[0][0] if recent else float("inf")
+        older = [(t, r) for t, r in earlier.get(index, []) if t + 60 <= begins]
+        before, after = _columns(older, points), _columns(recent, points)
+        named = (recent or older)[-1][1].get("name")
         gpus[str(index)] = {
-            "name": str(records[-1].get("name") or f"GPU {index}"),
-            "data": downsample(xs, columns, points),
+            "name": str(named or f"GPU {index}"),
+            "data": [a + b for a, b in zip(before, after, strict=True)],
         }
     return {"gpus": gpus, "unavailable": None if gpus else unavailable}
 

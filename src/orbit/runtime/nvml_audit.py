@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""ORBIT NVML audit sidecar: one JSON line per GPU per tick in artifacts/nvml-audit.jsonl.
+"""ORBIT NVML audit sidecar: one JSON line per GPU per tick in artifacts/nvml-audit.jsonl, and
+one per GPU per minute in artifacts/nvml-minutes.jsonl.
 
 It travels inside the bundle (scripts/orbit_nvml.py, beside the vendored scripts/pynvml.py
 from nvidia-ml-py) and needs nothing else but python3's standard library. The wrapper starts
@@ -11,6 +12,12 @@ Each tick, for each GPU, one line:
 
     {"ts", "index", "uuid", "name", "util_gpu", "util_mem", "mem_used_mib", "mem_total_mib",
      "temp_c", "power_w", "sm_clock_mhz", "mem_clock_mhz", "ecc_volatile_uncorrected", "xid"}
+
+Each minute, for each GPU that was read in it, one line in nvml-minutes.jsonl beside --out
+(what a chart of a day-long run draws, where the per-second file is too long to read whole):
+
+    {"ts" (the minute's start), "index", "name", "samples", "util_gpu" (mean), "util_mem"
+     (mean), "mem_used_mib" (max), "power_w" (mean), "temp_c" (max), "xid" (the last non-zero)}
 
 A field NVML answers NOT_SUPPORTED for is null. "xid" is null where the device takes no XID
 event registration, else the latest XID (critical error) seen since the last tick, or 0 for
@@ -179,11 +186,11 @@ class Auditor:
             "xid": xids.get(dev.index, 0) if dev.xid_supported else None,
         }
 
-    def tick(self) -> str:
-        """Every GPU's line for one tick, newline-terminated."""
+    def records(self) -> list[dict[str, Any]]:
+        """Every GPU's record for one tick."""
         ts = now()
         xids = self.drain_xids()
-        lines = []
+        records = []
         for dev in self.devices:
             try:
                 record = self.sample(dev, ts, xids)
@@ -191,7 +198,66 @@ class Auditor:
                 record = {"ts": ts, "index": dev.index, "uuid": dev.uuid, "name": dev.name}
                 record["error"] = f"{type(exc).__name__}: {exc}"
                 record["nvml_error"] = getattr(exc, "value", None)
-            lines.append(json.dumps(record, sort_keys=True) + "\n")
+            records.append(record)
+        return records
+
+    def tick(self) -> str:
+        """Every GPU's line for one tick, newline-terminated."""
+        return "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records())
+
+
+MEAN = ("util_gpu", "util_mem", "power_w")
+PEAK = ("mem_used_mib", "temp_c")
+
+
+class Minutes:
+    """Each GPU's samples of the current minute, summed up into one line when it is over."""
+
+    def __init__(self) -> None:
+        self.minute: str | None = None
+        self.gpus: dict[int, dict[str, Any]] = {}
+
+    def add(self, records: list[dict[str, Any]]) -> str:
+        """Take one tick's records; the lines of the minute it ended, if it ended one."""
+        done = ""
+        for record in records:
+            minute = str(record.get("ts", ""))[:16]  # 2026-11-29T08:14
+            if minute != self.minute:
+                done += self.flush()
+                self.minute = minute
+            if "error" in record:
+                continue
+            gpu = self.gpus.setdefault(record["index"], {"name": record.get("name"), "n": 0})
+            gpu["n"] += 1
+            for key in MEAN:
+                if record.get(key) is not None:
+                    gpu[key] = gpu.get(key, 0) + record[key]
+                    gpu[key + "#"] = gpu.get(key + "#", 0) + 1
+            for key in PEAK:
+                if record.get(key) is not None:
+                    gpu[key] = max(gpu.get(key, record[key]), record[key])
+            if record.get("xid"):
+                gpu["xid"] = record["xid"]
+        return done
+
+    def flush(self) -> str:
+        """The current minute's lines (nothing when no GPU was read in it)."""
+        lines = []
+        for index, gpu in sorted(self.gpus.items()):
+            line: dict[str, Any] = {
+                "ts": f"{self.minute}:00.000+00:00",
+                "index": index,
+                "name": gpu["name"],
+                "samples": gpu["n"],
+                "xid": gpu.get("xid", 0),
+            }
+            for key in MEAN:
+                count = gpu.get(key + "#")
+                line[key] = round(gpu[key] / count, 3) if count else None
+            for key in PEAK:
+                line[key] = gpu.get(key)
+            lines.append(json.dumps(line, sort_keys=True) + "\n")
+        self.gpus = {}
         return "".join(lines)
 
 
@@ -227,7 +293,12 @@ def run(out: str, interval: float, max_samples: int | None) -> int:
     stopper = Stopper()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     nofollow = getattr(os, "O_NOFOLLOW", 0)  # never through a link left in artifacts/
-    with open(out, "a", encoding="utf-8", opener=lambda p, f: os.open(p, f | nofollow, 0o644)) as f:
+
+    def opener(path: str, flags: int) -> int:
+        return os.open(path, flags | nofollow, 0o644)
+
+    minutes_path = os.path.join(os.path.dirname(os.path.abspath(out)), "nvml-minutes.jsonl")
+    with open(out, "a", encoding="utf-8", opener=opener) as f:
         try:
             auditor = Auditor(load_nvml())
             reason = auditor.open()
@@ -236,21 +307,29 @@ def run(out: str, interval: float, max_samples: int | None) -> int:
         if reason is not None:
             f.write(json.dumps({"ts": now(), "nvml": "unavailable", "reason": reason}) + "\n")
             return 0
-        try:
-            start, tick, written = time.monotonic(), 0, 0
-            while not stopper.stop:
-                f.write(auditor.tick())
-                f.flush()
-                written += 1
-                if max_samples is not None and written >= max_samples:
-                    break
-                tick += 1
-                current = time.monotonic()
-                if start + tick * interval < current:  # overran: skip to the next slot ahead
-                    tick = int((current - start) / interval) + 1
-                stopper.sleep(start + tick * interval - current)
-        finally:
-            auditor.close()
+        minutes = Minutes()
+        with open(minutes_path, "a", encoding="utf-8", opener=opener) as per_minute:
+            try:
+                start, tick, written = time.monotonic(), 0, 0
+                while not stopper.stop:
+                    records = auditor.records()
+                    f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+                    f.flush()
+                    ended = minutes.add(records)
+                    if ended:
+                        per_minute.write(ended)
+                        per_minute.flush()
+                    written += 1
+                    if max_samples is not None and written >= max_samples:
+                        break
+                    tick += 1
+                    current = time.monotonic()
+                    if start + tick * interval < current:  # overran: skip to the next slot
+                        tick = int((current - start) / interval) + 1
+                    stopper.sleep(start + tick * interval - current)
+            finally:
+                auditor.close()
+                per_minute.write(minutes.flush())  # the minute it stopped in, so far
     return 0
 
 

@@ -68,10 +68,11 @@ class AttemptFiles(ServicePart):
         return attempt_of(self.store.runs.get_run(ref), attempt)
 
     def charts(self, ref: str, attempt: int | None = None) -> dict[str, Any]:
-        """Its attempt's GPUs over the NVML audit's last hour or so, and its loss over steps;
-        empty where the attempt has no folder yet or its host does not answer now. Read and
-        cut at most once every CHARTS_FRESH_S an attempt (an ended one's: CHARTS_ENDED_S),
-        however many consoles show it: parsing the audit's tail is most of a run page's cost."""
+        """Its attempt's GPUs over the NVML audit (the whole run a minute a point, its last
+        minutes a second a point), and its loss over steps; empty where the attempt has no
+        folder yet or its host does not answer now. Read and cut at most once every
+        CHARTS_FRESH_S an attempt (an ended one's: CHARTS_ENDED_S), however many consoles show
+        it: parsing the audit is most of a run page's cost."""
         found = self._attempt(ref, attempt)
         fresh = CHARTS_ENDED_S if found.state.terminal else CHARTS_FRESH_S
         with self._charts_lock:
@@ -89,6 +90,8 @@ class AttemptFiles(ServicePart):
         from orbit.forensics.series import (
             LOSS_TAIL_BYTES,
             NVML_FILE,
+            NVML_MINUTES_BYTES,
+            NVML_MINUTES_FILE,
             NVML_TAIL_BYTES,
             gpu_series,
             loss_series,
@@ -100,10 +103,12 @@ class AttemptFiles(ServicePart):
         backend = self.execution.backend(found.backend_key)
         try:
             nvml = backend.tail_files(found.handle, NVML_FILE, NVML_TAIL_BYTES)
+            minutes = backend.tail_files(found.handle, NVML_MINUTES_FILE, NVML_MINUTES_BYTES)
             logged = backend.tail_files(found.handle, PROGRESS_GLOB, LOSS_TAIL_BYTES)
         except Unreachable:
             return charts
-        charts.update(gpu_series(b"".join(nvml.values())))
+        joined = b"".join(minutes.values())
+        charts.update(gpu_series(b"".join(nvml.values()), minutes=joined))
         if logged:
             charts["loss"] = loss_series(logged[sorted(logged)[0]])
         return charts
