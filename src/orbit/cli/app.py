@@ -26,6 +26,7 @@ from orbit.cli import (
     sched,
     sched_config,
     schema,
+    secrets,
     server,
     storage,
 )
@@ -77,6 +78,7 @@ app.command()(accounts.whoami)
 app.command()(accounts.ui)
 app.add_typer(accounts.users_app, name="users")
 app.add_typer(accounts.tokens_app, name="tokens")
+app.add_typer(secrets.secrets_app, name="secrets")
 app.add_typer(schema.schema_app, name="schema")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from orbit.client.meter import QUIET, Meter
 from orbit.client.node_files import pull_file, push_file
+from orbit.client.remote_accounts import RemoteAccounts
 from orbit.client.session import RESEND_S, Session, part, query
 from orbit.client.streams import collect_artifacts, stream_log
 from orbit.client.uploads import upload
@@ -35,7 +36,6 @@ from orbit.core.control.views import (
 from orbit.core.control.waiting import wait_until_ended
 from orbit.forensics.diagnose import Inspection
 from orbit.model.audit_chain import Anchor, ChainCheck
-from orbit.model.auth import NewToken, Role, TokenRecord, UserRecord
 from orbit.model.bulk import BulkResult, RunSelection
 from orbit.model.clusters import ClusterCheck, ClusterRecord, ClusterSpec
 from orbit.model.errors import NotFound
@@ -62,6 +62,19 @@ class RemoteControl:
         self.session = Session(url, token, timeout_s=timeout_s, resend_s=resend_s)
         self.url = self.session.url
         self.meter = meter
+        accounts = RemoteAccounts(self.session)  # users, tokens, secrets: remote_accounts.py
+        self.whoami = accounts.whoami
+        self.sign_in_link = accounts.sign_in_link
+        self.list_users = accounts.list_users
+        self.add_user = accounts.add_user
+        self.remove_user = accounts.remove_user
+        self.create_token = accounts.create_token
+        self.list_tokens = accounts.list_tokens
+        self.revoke_token = accounts.revoke_token
+        self.set_secret = accounts.set_secret
+        self.list_secrets = accounts.list_secrets
+        self.remove_secret = accounts.remove_secret
+        self.rotate_secret_key = accounts.rotate_secret_key
 
     def close(self) -> None:
         self.session.close()
@@ -272,39 +285,6 @@ class RemoteControl:
     def remove_cluster(self, name: str) -> list[str]:
         response = self.session.send("DELETE", f"/clusters/{part(name)}")
         return list(response.json()["stopped_attempts"])
-
-    # -- users and tokens ------------------------------------------------------------------
-    def whoami(self) -> UserRecord | None:
-        return self.session.get(UserRecord, "/whoami")
-
-    def sign_in_link(self) -> str:
-        """A link that signs this token in to the server's web console, once, for 2 minutes."""
-        return self.url + str(self.session.send("POST", "/ui/links").json()["path"])
-
-    def list_users(self) -> list[UserRecord]:
-        return self.session.get_list(UserRecord, "/users")
-
-    def add_user(self, name: str, role: Role) -> UserRecord:
-        return self.session.post(UserRecord, "/users", {"name": name, "role": role.value})
-
-    def remove_user(self, name: str) -> UserRecord:
-        return UserRecord.model_validate_json(
-            self.session.send("DELETE", f"/users/{part(name)}").content
-        )
-
-    def create_token(
-        self, user: str | None = None, name: str | None = None, expires: str | None = None
-    ) -> NewToken:
-        return self.session.post(
-            NewToken, "/tokens", {"user": user, "name": name, "expires": expires}
-        )
-
-    def list_tokens(self, user: str | None = None) -> list[TokenRecord]:
-        return self.session.get_list(TokenRecord, "/tokens", user=user)
-
-    def revoke_token(self, token_id: str) -> TokenRecord:
-        response = self.session.send("DELETE", f"/tokens/{part(token_id)}")
-        return TokenRecord.model_validate_json(response.content)
 
     # -- agent nodes -----------------------------------------------------------------------
     def create_join_token(

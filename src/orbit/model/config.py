@@ -90,6 +90,14 @@ class Settings:
         return Path(named).expanduser() if named else self.home / "audit-key"
 
     @property
+    def secret_keys_file(self) -> Path:
+        """ORBIT_SECRET_KEYS_FILE, else $ORBIT_HOME/secret-keys: the keys that seal secrets'
+        values (orbit.model.secret_keys), made there on first use; ORBIT_SECRET_KEYS, when
+        set, holds the key set itself instead."""
+        named = os.environ.get("ORBIT_SECRET_KEYS_FILE")
+        return Path(named).expanduser() if named else self.home / "secret-keys"
+
+    @property
     def scheduler_config(self) -> Path:
         """ORBIT_SCHEDULER_CONFIG, else $ORBIT_HOME/scheduler.yaml: the scheduler's tiers,
         weights and limits (orbit.scheduler.config), watched for edits; while the default

@@ -67,6 +67,9 @@ class ServerConfig(Strict):
     # must stay under the database's max_connections (100 by default)
     database_pool_size: int = Field(default=20, ge=2, le=1000)
     admin_token_file: Path | None = None  # default: $ORBIT_HOME/admin-token
+    # the keys that seal secrets (orbit.model.secret_keys); default: ORBIT_SECRET_KEYS (the key
+    # set itself), else ORBIT_SECRET_KEYS_FILE, else $ORBIT_HOME/secret-keys, made on first start
+    secret_keys_file: Path | None = None
     limits: Limits = Limits()
     auth_failures: AuthFailures = AuthFailures()
     reconcile_every_s: float = Field(

@@ -40,6 +40,7 @@ def open_service(settings: Settings, config: ServerConfig) -> CoreControlService
         live_templates=True,
         looks_on_read=not config.loops,  # the loops look; reads answer from the store
         retention=config.storage.retention,  # the server's rules, not storage.yaml
+        secret_keys_file=config.secret_keys_file,
     )
 
 
@@ -85,6 +86,9 @@ def serve(settings: Settings, config: ServerConfig) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = server_settings(settings, config)
     service = open_service(settings, config)
+    # the secrets' key set, made on a first start; a store sealed under keys it lacks is
+    # refused now, in one line, rather than every run that uses a secret later
+    service.check_secret_keys()
     token_file = config.admin_token_file or settings.home / "admin-token"
     written = bootstrap_admin(service, token_file)
     if written is not None:

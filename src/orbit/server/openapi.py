@@ -108,6 +108,11 @@ OPERATION_IDS = {
     "list_tokens": "tokens_list",
     "create_token": "tokens_create",
     "revoke_token": "tokens_revoke",
+    # secrets
+    "list_secrets": "secrets_list",
+    "set_secret": "secrets_set",
+    "remove_secret": "secrets_remove",
+    "rotate_key": "secrets_rotate_key",
     # audit
     "audit": "audit_list",
     "verify": "audit_verify",
@@ -138,6 +143,7 @@ TAGS: list[dict[str, Any]] = [
     {"name": "nodes", "description": "In-house GPU servers running agents; their join tokens."},
     {"name": "scheduler", "description": "The queue, why a run waits, quotas and the policy."},
     {"name": "users", "description": "Users, roles and API tokens."},
+    {"name": "secrets", "description": "Secrets set and listed, never read back; key rotation."},
     {"name": "audit", "description": "The tamper-evident audit trail."},
     {"name": "server", "description": "Health (no token needed) and Prometheus metrics."},
     {

@@ -21,6 +21,7 @@ from orbit.store.placement import Placements
 from orbit.store.runs import Runs
 from orbit.store.sched_config_table import SchedConfigTable
 from orbit.store.scheduling import SchedulerRows
+from orbit.store.secrets import Secrets
 from orbit.store.storage import StorageTable
 from orbit.store.submit_keys import SubmitKeys
 from orbit.store.users import Users
@@ -57,6 +58,7 @@ class Store:
         self.waits = WaitReads(db)
         self.hosts = HostTable(db)
         self.storage = StorageTable(db)
+        self.secrets = Secrets(db)  # values sealed under the server's keys, never shown
 
     @property
     def dialect(self) -> str:

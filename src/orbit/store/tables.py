@@ -249,6 +249,24 @@ class TokenRow(Base):
     last_used_at: Mapped[datetime | None]
 
 
+class SecretRow(Base):
+    """A secret's value, sealed (orbit.model.secret_keys), and its listing (orbit.store.secrets):
+    one per scope, owner and name."""
+
+    __tablename__ = "secrets"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    owner: Mapped[str] = mapped_column(String(128))  # a user's name, an experiment's id, or ""
+    name: Mapped[str] = mapped_column(String(128))
+    key_id: Mapped[str] = mapped_column(String(32), index=True)  # what re-sealing looks for
+    sealed: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    created_by: Mapped[str] = mapped_column(String(128))
+    rotated_at: Mapped[datetime | None]
+    used_at: Mapped[datetime | None]
+    __table_args__ = (Index("ix_secrets_scope_owner_name", "scope", "owner", "name", unique=True),)
+
+
 class EventRow(Base):
     __tablename__ = "events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orbit.core.control.keyring import Keyring
 from orbit.model.config import OFFLINE_AFTER_S
 from orbit.model.errors import InvalidInput, NotFound
 from orbit.model.signals import Signal
@@ -55,6 +56,7 @@ class ServiceConfig:
     scheduler_config_named: bool = False  # ORBIT_SCHEDULER_CONFIG named it: it must exist
     storage_config_file: Path | None = None  # embedded: storage.yaml, read at each `orbit gc`
     retention: Retention | None = None  # a server's rules (its config's `storage:`) instead
+    secret_keys_file: Path | None = None  # Settings.secret_keys_file (core/control/keyring)
 
 
 class Shared:
@@ -86,6 +88,7 @@ class Shared:
         self.wakes = wakes  # a command was queued for a node (the server's long-polls listen)
         self.pass_wanted: Signal[[]] = Signal()  # a run may be placed now (the scheduler loop)
         self.hosts = hosts
+        self.keyring = Keyring(config.secret_keys_file)  # what seals secrets' values
 
     @property
     def actor(self) -> str:

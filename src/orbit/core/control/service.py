@@ -28,6 +28,7 @@ from orbit.core.control.parts import Parts
 from orbit.core.control.reading import Reading
 from orbit.core.control.sched_queries import SchedulerQueries
 from orbit.core.control.scheduling import Scheduling
+from orbit.core.control.secrets import SecretsPart
 from orbit.core.control.storage import Storage
 from orbit.core.control.submit import Submitting
 from orbit.core.control.views import HostCheck, SchedConfigView, TemplateView
@@ -118,6 +119,7 @@ class CoreControlService:
         accounts = Accounts(shared, parts)
         nodes = Nodes(shared, parts)
         clusters = Clusters(shared, parts)
+        secrets = SecretsPart(shared, parts)
         # runs read: views, logs, evidence, inspect, diff, collect (reading.py)
         self.get_run = reading.get_run
         self.list_runs = reading.list_runs
@@ -186,6 +188,14 @@ class CoreControlService:
         self.create_token = accounts.create_token
         self.list_tokens = accounts.list_tokens
         self.revoke_token = accounts.revoke_token
+        # secrets: sealed under the key set, listed without values (secrets.py)
+        self.set_secret = secrets.set_secret
+        self.list_secrets = secrets.list_secrets
+        self.remove_secret = secrets.remove_secret
+        self.resolve_secrets = secrets.resolve_secrets
+        self.open_secrets = secrets.open_secrets
+        self.rotate_secret_key = secrets.rotate_secret_key
+        self.check_secret_keys = secrets.check_secret_keys
         # join tokens, nodes, their files (nodes.py)
         self.create_join_token = nodes.create_join_token
         self.list_join_tokens = nodes.list_join_tokens
@@ -229,10 +239,12 @@ class CoreControlService:
         live_templates: bool = False,
         looks_on_read: bool = True,
         retention: Retention | None = None,
+        secret_keys_file: Path | None = None,
     ) -> CoreControlService:
         """`live_templates`: see templates added or changed after the service was made (a
-        server), rather than those there when first asked (a command). `looks_on_read` and
-        `retention`: see ServiceConfig (a server's loops look; its config's storage rules)."""
+        server), rather than those there when first asked (a command). `looks_on_read`,
+        `retention` and `secret_keys_file`: see ServiceConfig (a server's loops look; its
+        config's storage rules and key file)."""
         from orbit.core.execution.service import ExecutionService
         from orbit.model.private import private_home
         from orbit.store import Store
@@ -276,6 +288,7 @@ class CoreControlService:
                 scheduler_config_named=settings.scheduler_config_named,
                 storage_config_file=config_file(settings.home),
                 retention=retention,
+                secret_keys_file=secret_keys_file or settings.secret_keys_file,
             ),
             wakes=wakes,
         )

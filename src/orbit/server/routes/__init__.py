@@ -21,6 +21,7 @@ from orbit.server.routes.logs import make_logs_router
 from orbit.server.routes.nodes import make_nodes_router
 from orbit.server.routes.runs import make_runs_router
 from orbit.server.routes.scheduling import make_sched_router
+from orbit.server.routes.secrets import make_secrets_router
 from orbit.server.routes.storage import make_storage_router
 
 
@@ -31,6 +32,7 @@ def api_routers(
     /nodes/join-tokens, before its own /nodes/{ref})."""
     return [
         make_accounts_router(service),
+        make_secrets_router(service),
         make_catalogue_router(service),
         make_runs_router(service, config, metrics),
         make_logs_router(service),
