@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from orbit.forensics.series import gpu_series
+from orbit.forensics.series import gpu_series, gpu_window
 
 START = datetime(2026, 11, 28, 8, 0, tzinfo=UTC)
 
@@ -64,3 +65,34 @@ def test_without_the_minutes_file_the_tail_alone_is_drawn() -> None:
         b'{"ts": "2026-11-28T08:00:00+00:00", "nvml": "unavailable", "reason": "no GPU"}\n'
     )
     assert gpu_series(unavailable) == {"gpus": {}, "unavailable": "no GPU"}
+
+
+def test_a_zoom_into_an_hour_of_a_day_reads_a_few_probes_and_draws_every_second(
+    tmp_path: Path,
+) -> None:
+    """gpu_window finds the span in a day-long per-second audit by interpolation (a handful of
+    small reads, not the file) and gives every sample in it."""
+    audit = tmp_path / "nvml-audit.jsonl"
+    with audit.open("wb") as out:
+        for s in range(24 * 3600):
+            at = START + timedelta(seconds=s)
+            out.write(line(at, 0, float(s % 100), 1024) + line(at, 1, 50.0, 2048))
+    size = audit.stat().st_size
+    reads: list[tuple[int, int]] = []
+
+    def read(offset: int, limit: int) -> bytes:
+        reads.append((offset, limit))
+        with audit.open("rb") as f:
+            f.seek(offset)
+            return f.read(limit)
+
+    begin = (START + timedelta(hours=13, minutes=7)).timestamp()
+    found = gpu_window(read, size, begin, begin + 1200)
+    xs, util, *_ = found["gpus"]["0"]["data"]
+    assert len(xs) == 1201 and xs[0] == begin and xs[-1] == begin + 1200
+    assert util[:3] == [float((13 * 3600 + 420 + s) % 100) for s in range(3)]
+    assert found["truncated"] is False and len(found["gpus"]["1"]["data"][0]) == 1201
+    assert sum(limit for _, limit in reads) < 4 * 1024 * 1024, "read most of a 40 MB file"
+    assert len(reads) < 16, reads
+    # before the first sample and past the last: what there is, nothing made up
+    assert gpu_window(read, size, START.timestamp() - 600, START.timestamp() - 1)["gpus"] == {}

@@ -120,6 +120,19 @@ def test_the_console_in_a_real_browser(
             raise AssertionError(http.get(f"/ui/runs/{run}/charts.json").text[:1500]) from None
     assert page.locator("#chart-util canvas").count() == 1
     eventually(lambda: page.locator("#chart-loss canvas").count() == 1, timeout=20)
+    # a drag across the GPU chart zooms it: that span comes second by second (charts.json's
+    # from/to), until "Back to the whole run"
+    over = page.locator("#chart-util .u-over").bounding_box()
+    assert over is not None
+    with page.expect_response(lambda r: "charts.json?from=" in r.url) as zoom:
+        page.mouse.move(over["x"] + over["width"] * 0.2, over["y"] + over["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(over["x"] + over["width"] * 0.8, over["y"] + over["height"] / 2, steps=5)
+        page.mouse.up()
+    assert zoom.value.ok and zoom.value.json()["gpus"], zoom.value.text()
+    page.locator("#charts-whole").wait_for(state="visible", timeout=10_000)
+    page.click("#charts-whole")
+    page.locator("#charts-whole").wait_for(state="hidden", timeout=10_000)
     shot(page, shots, "run")
 
     # a second run waits behind it (the node takes one task): the queue and its decision

@@ -9,6 +9,7 @@ chart zoomed on the last minutes shows them second by second."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -139,3 +140,92 @@ def loss_series(data: bytes, points: int = POINTS) -> list[list[Any]]:
             pairs[step] = loss
     steps = sorted(pairs)
     return downsample([float(s) for s in steps], [[pairs[s] for s in steps]], points)
+
+
+ZOOM_MAX_S = 1800.0  # a zoom of at most this long is drawn second by second
+ZOOM_MAX_BYTES = 32 * 1024 * 1024  # the most of the audit one zoom reads
+PROBE_BYTES = 64 * 1024  # what one look into the audit reads to find a time in it
+CHUNK_BYTES = 1024 * 1024
+
+
+def _first_time(data: bytes, whole_first_line: bool) -> float | None:
+    """The time of the first line of `data` that it holds whole (its first is cut unless
+    `whole_first_line`)."""
+    lines = data.split(b"\n")
+    for line in lines[0 if whole_first_line else 1 : -1]:
+        try:
+            t = _time(json.loads(line).get("ts"))
+        except (ValueError, AttributeError):
+            continue
+        if t is not None:
+            return t
+    return None
+
+
+def window_offset(read: Callable[[int, int], bytes], size: int, start: float) -> int:
+    """Where in an audit of `size` bytes (lines in time order) the lines from `start` begin, or
+    a little before: an interpolation search, a few reads of PROBE_BYTES through `read(offset,
+    limit)`, however long the file (its lines come at a steady rate)."""
+    lo, hi = 0, size
+    t_lo = _first_time(read(0, PROBE_BYTES), True)
+    if t_lo is None or start <= t_lo:
+        return 0
+    t_hi = _first_time(read(max(size - PROBE_BYTES, 0), PROBE_BYTES), size <= PROBE_BYTES)
+    if t_hi is None or t_hi <= t_lo:
+        t_hi = t_lo + 1.0
+    for _ in range(24):
+        rate = (hi - lo) / max(t_hi - t_lo, 1e-9)  # bytes a second, here
+        if hi - lo <= PROBE_BYTES or (start - t_lo) * rate <= CHUNK_BYTES:
+            break  # reading on from lo costs no more than a chunk
+        guess = lo + int((start - t_lo) * rate) - PROBE_BYTES // 4  # land a little before
+        guess = min(max(guess, lo + 1), hi - 1)
+        t = _first_time(read(guess, PROBE_BYTES), False)
+        if t is None or t > start:
+            hi = guess
+            if t is not None:
+                t_hi = t
+        else:
+            lo, t_lo = guess, t
+    return lo
+
+
+def gpu_window(
+    read: Callable[[int, int], bytes], size: int, start: float, end: float
+) -> dict[str, Any]:
+    """Each GPU's samples between `start` and `end` (epoch seconds) at full resolution, read
+    from the audit through `read` (at most ZOOM_MAX_BYTES of it): what a chart zoomed into a
+    part of a long run draws."""
+    offset = window_offset(read, size, start)
+    kept: list[bytes] = []
+    read_bytes = 0
+    carry = b""
+    done = False
+    while not done and offset < size and read_bytes < ZOOM_MAX_BYTES:
+        data = read(offset, CHUNK_BYTES)
+        if not data:
+            break
+        offset += len(data)
+        read_bytes += len(data)
+        lines = (carry + data).split(b"\n")
+        carry = lines.pop()
+        for line in lines:
+            t = _time(_ts_of(line))
+            if t is None or t < start:
+                continue
+            if t > end:
+                done = True
+                break
+            kept.append(line)
+    width = int(ZOOM_MAX_S) + 1
+    found = gpu_series(b"\n".join(kept) + b"\n", points=width)
+    found.update({"from": start, "to": end, "truncated": read_bytes >= ZOOM_MAX_BYTES})
+    return found
+
+
+def _ts_of(line: bytes) -> str | None:
+    """A line's `ts`, without parsing the whole line where it is where nvml_audit.py puts it."""
+    at = line.find(b'"ts": "')
+    if at < 0:
+        return None
+    close = line.find(b'"', at + 7)
+    return line[at + 7 : close].decode("ascii", "replace") if close > 0 else None

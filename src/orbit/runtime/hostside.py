@@ -85,6 +85,17 @@ def read_from(path: str, offset: int, limit: int) -> bytes | None:
         return None
 
 
+def read_range(path: str, offset: int, limit: int) -> tuple[bytes, int]:
+    """At most `limit` bytes of a file from `offset`, and its size then; a missing file reads
+    as empty, of size 0."""
+    try:
+        with os.fdopen(host_files.open_file(path), "rb") as f:
+            f.seek(offset)
+            return f.read(limit), os.fstat(f.fileno()).st_size
+    except (FileNotFoundError, NotADirectoryError):
+        return b"", 0
+
+
 def read_end(path: str, limit: int) -> tuple[bytes, int]:
     """The last `limit` bytes of a file and its size then; a missing file reads as empty."""
     try:
@@ -198,6 +209,9 @@ def main(argv: list[str]) -> dict[str, Any]:
         return probe(*args[:3])
     if command == "read":
         return {"data": _b64(read_from(args[0], int(args[1]), int(args[2])))}
+    if command == "read-range":
+        data, size = read_range(args[0], int(args[1]), int(args[2]))
+        return {"data": _b64(data), "size": size}
     if command == "read-end":
         data, end = read_end(args[0], int(args[1]))
         return {"data": _b64(data), "end": end}

@@ -113,6 +113,36 @@ class AttemptFiles(ServicePart):
             charts["loss"] = loss_series(logged[sorted(logged)[0]])
         return charts
 
+    def gpu_window(
+        self, ref: str, start: float, end: float, attempt: int | None = None
+    ) -> dict[str, Any]:
+        """Its attempt's GPUs between `start` and `end` (epoch seconds, at most ZOOM_MAX_S
+        apart) second by second, found in the NVML audit by a few ranged reads however long
+        it is: a chart zoomed into a part of a day-long run."""
+        from orbit.forensics.series import NVML_FILE, ZOOM_MAX_S, gpu_window
+
+        if not end > start:
+            raise InvalidInput(f"to: {end} is not after from: {start}")
+        if end - start > ZOOM_MAX_S:
+            raise InvalidInput(
+                f"to - from: {end - start:.0f} s; a zoom at full resolution spans at most "
+                f"{ZOOM_MAX_S:.0f} s"
+            )
+        found = self._attempt(ref, attempt)
+        empty: dict[str, Any] = {"gpus": {}, "unavailable": None, "from": start, "to": end}
+        if found.handle is None:
+            return empty
+        backend, handle = self.execution.backend(found.backend_key), found.handle
+
+        def read(offset: int, limit: int) -> bytes:
+            return backend.read_range(handle, NVML_FILE, offset, limit)[0]
+
+        try:
+            _, size = backend.read_range(handle, NVML_FILE, 0, 0)
+            return gpu_window(read, size, start, end) if size else empty
+        except Unreachable:
+            return empty
+
     def artifacts(self, ref: str, attempt: int | None = None) -> list[dict[str, Any]] | None:
         """The sealed manifest's entries (path, size, sha256), or None before the attempt has
         ended (the wrapper seals it then: until then the file is the task's to write, and

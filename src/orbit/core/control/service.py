@@ -132,6 +132,7 @@ class CoreControlService:
         self.diff_runs = reading.diff_runs
         # what the console reads of an attempt's folder (attempt_files.py)
         self.charts = files.charts
+        self.gpu_window = files.gpu_window
         self.artifacts = files.artifacts
         self.artifact = files.artifact
         self.previews = files.previews

@@ -14,9 +14,10 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.responses import Response
 
@@ -86,10 +87,29 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
 
     @router.get("/runs/{ref}/charts.json")
     @guarded
-    def charts(request: Request, who: me, ref: str) -> Response:
+    def charts(
+        request: Request,
+        who: me,
+        ref: str,
+        start: Annotated[float | None, Query(alias="from")] = None,
+        end: Annotated[float | None, Query(alias="to")] = None,
+    ) -> Response:
         """The run's charts, progress and state, encoded once a CHARTS_FRESH_S (once a run
         has ended: once a CHARTS_ENDED_S) for all who look: a hundred consoles polling a
-        day-long run's charts cost one encoding of them, not a hundred."""
+        day-long run's charts cost one encoding of them, not a hundred. With `from` and `to`
+        (epoch seconds, at most ZOOM_MAX_S apart): its GPUs between them, second by second
+        (a chart zoomed in)."""
+        if start is not None or end is not None:
+            if start is None or end is None:
+                raise InvalidInput("from, to: a zoom names both ends (epoch seconds)")
+            with who.acting() as acting:
+                run = acting.get_run(ref)
+                window = acting.gpu_window(run.id, start, end)
+            return Response(
+                json.dumps(window, separators=(",", ":")).encode(),
+                media_type="application/json",
+                headers={"Cache-Control": "no-store"},
+            )
         with who.acting() as acting:
             run = acting.get_run(ref)  # who may see it, every time
             key = (run.id, len(run.attempts), run.state.value)

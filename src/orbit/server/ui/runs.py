@@ -14,6 +14,7 @@ from starlette.responses import RedirectResponse, Response
 
 from orbit.core.control.service import CoreControlService
 from orbit.core.control.views import RunPage
+from orbit.forensics.series import ZOOM_MAX_S
 from orbit.model.errors import NotFound
 from orbit.model.layers import LogLayer
 from orbit.model.models import RunState
@@ -107,6 +108,7 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
                 request_json=run.request.model_dump(mode="json"),
                 submission_json=run.submission.model_dump(mode="json"),
                 live=not run.state.terminal,
+                zoom_max_min=int(ZOOM_MAX_S // 60),
             ),
         )
 

@@ -292,6 +292,11 @@ class AgentPoolBackend:
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
         return self.files.read_file(handle, relpath)
 
+    def read_range(
+        self, handle: RunHandle, relpath: str, offset: int, limit: int
+    ) -> tuple[bytes, int]:
+        return self.files.read_range(handle, relpath, offset, limit)
+
     def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
         return self.files.tail_files(handle, pattern, max_bytes)
 

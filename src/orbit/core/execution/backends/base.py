@@ -124,6 +124,14 @@ class ExecutionBackend(Protocol):
         """A whole file of the attempt's bundle (runtime/precheck.json, ...), None if absent."""
         ...
 
+    def read_range(
+        self, handle: RunHandle, relpath: str, offset: int, limit: int
+    ) -> tuple[bytes, int]:
+        """At most `limit` bytes of a file of the attempt's folder from `offset`, and the file's
+        size (a chart zoomed into an hour of a day-long NVML audit); a missing file reads as
+        (b"", 0)."""
+        ...
+
     def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
         """The last `max_bytes` of every file matching a glob relative to the bundle."""
         ...

@@ -25,5 +25,10 @@ class LocalFiles:
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
         return hostside.read_from(str(Path(handle.location) / relpath), 0, -1)
 
+    def read_range(
+        self, handle: RunHandle, relpath: str, offset: int, limit: int
+    ) -> tuple[bytes, int]:
+        return hostside.read_range(str(Path(handle.location) / relpath), offset, limit)
+
     def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
         return hostside.tail(handle.location, pattern, max_bytes)

@@ -303,6 +303,11 @@ class SlurmHostProcessBackend:
     def read_file(self, handle: RunHandle, relpath: str) -> bytes | None:
         return self._files(handle).read_file(handle, relpath)
 
+    def read_range(
+        self, handle: RunHandle, relpath: str, offset: int, limit: int
+    ) -> tuple[bytes, int]:
+        return self._files(handle).read_range(handle, relpath, offset, limit)
+
     def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
         return self._files(handle).tail_files(handle, pattern, max_bytes)
 

@@ -272,6 +272,13 @@ class SshHostProcessBackend:
         )
         return _decode(found.get("data"))
 
+    def read_range(
+        self, handle: RunHandle, relpath: str, offset: int, limit: int
+    ) -> tuple[bytes, int]:
+        path = f"{handle.location}/{relpath}"
+        found = self._hostside(handle, "read-range", path, str(offset), str(limit))
+        return _decode(found.get("data")) or b"", int(found.get("size") or 0)
+
     def tail_files(self, handle: RunHandle, pattern: str, max_bytes: int) -> dict[str, bytes]:
         found = self._hostside(handle, "tail", handle.location, pattern, str(max_bytes))
         return {k: _decode(v) or b"" for k, v in dict(found.get("files") or {}).items()}

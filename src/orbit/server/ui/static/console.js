@@ -86,8 +86,49 @@
   });
   follow(log.dataset.firstLayer);
 
-  // charts: uPlot over /ui/runs/RUN/charts.json, redrawn every 5 s while the run goes
+  // charts: uPlot over /ui/runs/RUN/charts.json, redrawn every 5 s while the run goes; a drag
+  // across a GPU chart of at most ZOOM_S seconds asks charts.json?from=&to= for that span
+  // second by second, and all four GPU charts show it until "Back to the whole run"
   const plots = {};
+  const whole = document.getElementById("charts-whole");
+  const ZOOM_S = whole ? Number(whole.dataset.zoomS) : 0;
+  let zoomed = false;
+  let last = null;
+  function gpuCharts(found) {
+    const gpus = Object.keys(found.gpus);
+    ["util", "mem_gib", "power_w", "temp_c"].forEach((field, k) => {
+      if (gpus.length === 0) { draw(`chart-${field}`, null, [], true); return; }
+      const xs = found.gpus[gpus[0]].data[0];
+      const data = [xs].concat(gpus.map((g) => {
+        const d = found.gpus[g].data;
+        return d[0].length === xs.length ? d[k + 1] : xs.map(() => null);
+      }));
+      draw(`chart-${field}`, data, gpus.map((g) => `GPU ${g}`), true);
+    });
+  }
+  async function zoomTo(from, to) {
+    try {
+      const r = await fetch(`/ui/runs/${run}/charts.json?from=${from}&to=${to}`, { credentials: "same-origin" });
+      if (!r.ok) return;
+      const found = await r.json();
+      zoomed = true;
+      whole.hidden = false;
+      gpuCharts(found);
+    } catch (e) { return; }
+  }
+  if (whole) {
+    whole.addEventListener("click", () => {
+      zoomed = false;
+      whole.hidden = true;
+      if (last) gpuCharts(last);
+    });
+  }
+  function onSelect(u) {
+    if (u.select.width < 2) return;
+    const from = u.posToVal(u.select.left, "x");
+    const to = u.posToVal(u.select.left + u.select.width, "x");
+    if (to - from <= ZOOM_S) zoomTo(from.toFixed(3), to.toFixed(3));
+  }
   const palette = ["#0b6bcb", "#c6282b", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#1b7c83", "#6e7781"];
   function draw(id, data, labels, xTime) {
     const box = document.getElementById(id);
@@ -99,7 +140,8 @@
     if (plots[id] && plots[id].series.length === series.length) { plots[id].setData(data); return; }
     if (plots[id]) plots[id].destroy();
     box.textContent = "";
-    plots[id] = new uPlot({ width, height: 180, series, scales: { x: { time: xTime } }, legend: { show: labels.length > 1 } }, data, box);
+    const hooks = xTime ? { setSelect: [onSelect] } : {};
+    plots[id] = new uPlot({ width, height: 180, series, hooks, scales: { x: { time: xTime } }, legend: { show: labels.length > 1 } }, data, box);
   }
   async function charts() {
     let found;
@@ -125,18 +167,10 @@
       if (p.score !== null && p.score !== undefined) words.push(`mean score ${p.score}`);
       progress.append(words.join(", "));
     }
-    const gpus = Object.keys(found.gpus);
     const note = document.getElementById("charts-note");
     note.textContent = found.unavailable ? `No GPU samples: ${found.unavailable}` : "";
-    ["util", "mem_gib", "power_w", "temp_c"].forEach((field, k) => {
-      if (gpus.length === 0) { draw(`chart-${field}`, null, [], true); return; }
-      const xs = found.gpus[gpus[0]].data[0];
-      const data = [xs].concat(gpus.map((g) => {
-        const d = found.gpus[g].data;
-        return d[0].length === xs.length ? d[k + 1] : xs.map(() => null);
-      }));
-      draw(`chart-${field}`, data, gpus.map((g) => `GPU ${g}`), true);
-    });
+    last = found;
+    if (!zoomed) gpuCharts(found);
     if (found.state && ["succeeded", "failed", "terminated"].includes(found.state)) return;
     setTimeout(charts, 5000);
   }
