@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from orbit.forensics.series import gpu_series, gpu_window
+from orbit.forensics.series import gpu_series, gpu_window, refresh_s
 
 START = datetime(2026, 11, 28, 8, 0, tzinfo=UTC)
 
@@ -96,3 +96,10 @@ def test_a_zoom_into_an_hour_of_a_day_reads_a_few_probes_and_draws_every_second(
     assert len(reads) < 16, reads
     # before the first sample and past the last: what there is, nothing made up
     assert gpu_window(read, size, START.timestamp() - 600, START.timestamp() - 1)["gpus"] == {}
+
+
+def test_a_long_runs_charts_are_asked_for_less_often() -> None:
+    day = {"0": {"data": [[0.0, 86_400.0]]}}
+    hour = {"0": {"data": [[0.0, 3_600.0]]}, "1": {"data": [[]]}}
+    assert refresh_s(day) == 30.0 and refresh_s(hour) == 5.0 and refresh_s({}) == 5.0
+    assert refresh_s({"0": {"data": [[0.0, 12_000.0]]}}) == 12.0

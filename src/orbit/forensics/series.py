@@ -130,6 +130,18 @@ def gpu_series(data: bytes, points: int = POINTS, minutes: bytes = b"") -> dict[
     return {"gpus": gpus, "unavailable": None if gpus else unavailable}
 
 
+REFRESH_MIN_S, REFRESH_MAX_S = 5.0, 30.0
+
+
+def refresh_s(gpus: dict[str, Any], width: int = 1000) -> float:
+    """How often a live run's charts are worth asking for again: as often as a point of a
+    chart `width` points wide moves on (the span over the width), 5 to 30 s: a day-long run's
+    charts every 30 s, an hour's every 5."""
+    ends = [g["data"][0][i] for g in gpus.values() if g["data"][0] for i in (0, -1)]
+    span = max(ends) - min(ends) if ends else 0.0
+    return round(min(REFRESH_MAX_S, max(REFRESH_MIN_S, span / width)), 1)
+
+
 def loss_series(data: bytes, points: int = POINTS) -> list[list[Any]]:
     """[steps, losses] from logging.jsonl lines that say both, cut to `points`."""
     pairs: dict[int, float] = {}

@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from orbit.core.control.attempt_files import CHARTS_ENDED_S, CHARTS_FRESH_S, CHARTS_KEPT
 from orbit.core.control.service import CoreControlService
+from orbit.forensics.series import refresh_s
 from orbit.model.errors import InvalidInput, OrbitError
 from orbit.model.layers import LogLayer
 from orbit.server.routes.common import me
@@ -119,6 +120,7 @@ def make_live_pages(service: CoreControlService) -> APIRouter:
                 found = acting.charts(run.id)
                 progress = acting.progress(run)
                 found["state"] = run.state.value
+                found["refresh_s"] = refresh_s(found["gpus"])  # when console.js asks again
                 found["progress"] = progress.model_dump(mode="json") if progress else None
                 body = json.dumps(found, separators=(",", ":")).encode()
                 with keeping:

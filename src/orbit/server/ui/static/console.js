@@ -86,7 +86,8 @@
   });
   follow(log.dataset.firstLayer);
 
-  // charts: uPlot over /ui/runs/RUN/charts.json, redrawn every 5 s while the run goes; a drag
+  // charts: uPlot over /ui/runs/RUN/charts.json, redrawn while the run goes (every refresh_s
+  // it says: 5 s for a short run, up to 30 s for a day's, as often as a point moves on); a drag
   // across a GPU chart of at most ZOOM_S seconds asks charts.json?from=&to= for that span
   // second by second, and all four GPU charts show it until "Back to the whole run"
   const plots = {};
@@ -172,7 +173,7 @@
     last = found;
     if (!zoomed) gpuCharts(found);
     if (found.state && ["succeeded", "failed", "terminated"].includes(found.state)) return;
-    setTimeout(charts, 5000);
+    setTimeout(charts, (found.refresh_s || 5) * 1000);  // a long run's every 30 s
   }
   charts();
 })();
