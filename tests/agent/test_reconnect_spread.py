@@ -88,4 +88,6 @@ def test_two_hundred_agents_come_back_spread_out_after_a_restart(
     assert busiest_window(burst) >= AGENTS * 3 // 4, said
     assert busiest_window(burst) >= 2 * busiest_window(spread), said
     assert busiest_window(spread) <= AGENTS // 2, said  # at most half in any half second
-    assert spread[-1] >= 2.0 > burst[-1], said  # over seconds, not all at once
+    # over seconds, where most of the burst came in one half second (its last stragglers may
+    # trail on a loaded machine: how long the burst lasts is not what jitter changes)
+    assert spread[-1] >= 2.0, said
