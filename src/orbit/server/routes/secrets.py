@@ -47,7 +47,12 @@ def make_secrets_router(service: CoreControlService) -> APIRouter:
             return found
         return [s for s in found if s.scope is not Scope.USER or s.owner == who.user.name]
 
-    @router.put("/secrets/{name}", response_model=SecretRecord, tags=["secrets"])
+    @router.put(
+        "/secrets/{name}",
+        response_model=SecretRecord,
+        tags=["secrets"],
+        responses={201: {"model": SecretRecord, "description": "A new secret"}},
+    )
     def set_secret(who: me, name: NAME, body: SecretValue, response: Response) -> SecretRecord:
         """Set the secret's value: the caller's own, or (admins) an experiment's or everyone's.
         201 when it is new; 200 when it replaced a value (its `rotated_at`)."""
