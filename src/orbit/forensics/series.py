@@ -165,10 +165,7 @@ def _first_time(data: bytes, whole_first_line: bool) -> float | None:
     `whole_first_line`)."""
     lines = data.split(b"\n")
     for line in lines[0 if whole_first_line else 1 : -1]:
-        try:
-            t = _time(json.loads(line).get("ts"))
-        except (ValueError, AttributeError):
-            continue
+        t = _time(_ts_of(line))
         if t is not None:
             return t
     return None

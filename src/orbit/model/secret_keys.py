@@ -93,12 +93,9 @@ def parse_key_set(text: str, where: str) -> KeySet:
     return KeySet(current=current, keys=keys)
 
 
-def load_key_set(path: Path, variable: str | None = None) -> KeySet:
-    """The key set in `variable` (ORBIT_SECRET_KEYS's value) if given, else in `path`, made
-    there first (mode 0600) when there is none. Processes that start together agree: the file
-    appears whole, in one link, and the loser reads it."""
-    if variable:
-        return parse_key_set(variable, "ORBIT_SECRET_KEYS")
+def load_key_set(path: Path) -> KeySet:
+    """The key set in `path`, made there first (mode 0600) when there is none. Processes that
+    start together agree: the file appears whole, in one link, and the loser reads it."""
     try:
         return parse_key_set(path.read_text(encoding="ascii"), str(path))
     except FileNotFoundError:

@@ -203,7 +203,12 @@ class Auditor:
 
     def tick(self) -> str:
         """Every GPU's line for one tick, newline-terminated."""
-        return "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records())
+        return lines_of(self.records())
+
+
+def lines_of(records: list[dict[str, Any]]) -> str:
+    """The audit's lines of one tick's records."""
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
 
 
 MEAN = ("util_gpu", "util_mem", "power_w")
@@ -313,7 +318,7 @@ def run(out: str, interval: float, max_samples: int | None) -> int:
                 start, tick, written = time.monotonic(), 0, 0
                 while not stopper.stop:
                     records = auditor.records()
-                    f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+                    f.write(lines_of(records))
                     f.flush()
                     ended = minutes.add(records)
                     if ended:

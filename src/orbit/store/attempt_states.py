@@ -299,10 +299,9 @@ class AttemptStates(Part):
 
     def request_cancel(self, attempt_id: str, actor: str) -> None:
         with self._write() as tx:
-            row = tx.one("SELECT run_id, rank FROM attempts WHERE id = :id", {"id": attempt_id})
-            if row is None:
+            run_id = tx.scalar("SELECT run_id FROM attempts WHERE id = :id", {"id": attempt_id})
+            if run_id is None:
                 raise NotFound(f"unknown attempt '{attempt_id}'")
-            run_id = row["run_id"]
             tx.execute(
                 "UPDATE attempts SET cancel_requested = :yes WHERE id = :id",
                 {"yes": True, "id": attempt_id},

@@ -45,8 +45,8 @@ class Sealed:
 class Secrets(Part):
     def put(
         self, scope: Scope, owner: str, name: str, key_id: str, sealed: str, actor: str
-    ) -> tuple[SecretRecord, bool]:
-        """Set the secret's value (sealed); True when it is new, False when it replaced one."""
+    ) -> SecretRecord:
+        """Set the secret's value (sealed); one that replaced a value has its `rotated_at`."""
         place = {"scope": scope.value, "owner": owner, "name": name}
         for _ in range(2):  # a second writer may make it between our look and our insert
             now = utcnow()
@@ -75,7 +75,7 @@ class Secrets(Part):
                     append_event(tx, actor, action, **place)
                     row = tx.one(f"SELECT {COLUMNS} FROM secrets WHERE {_PLACE}", place)
                     assert row is not None
-                    return secret_record(row), found is None
+                    return secret_record(row)
             except Conflict:
                 continue
         raise Conflict(f"secret {name} was written by another process at the same time")

@@ -7,18 +7,13 @@ a log's end first and older parts on demand)."""
 from __future__ import annotations
 
 import json
-import threading
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from orbit.core.control.base import ServicePart, Shared, attempt_of
+from orbit.core.control.base import ServicePart, attempt_of
 from orbit.forensics.progress import PROGRESS_GLOB
 from orbit.model.errors import InvalidInput, NotFound, Unreachable
 from orbit.model.layers import LogLayer
 from orbit.model.records import AttemptRecord
-
-if TYPE_CHECKING:
-    from orbit.core.control.parts import Parts
 
 MANIFEST = "artifacts/manifest.json"
 PREVIEWS = "artifacts/previews/*"
@@ -27,9 +22,6 @@ PREVIEWS_SHOWN = 24  # the most previews a page lists (the first by name)
 PREVIEW_TAIL = 8 * 1024  # what of each preview a listing reads (a text's end)
 ARTIFACT_BYTES = 64 * 1024 * 1024  # the most one artifact download reads (more: orbit collect)
 EARLIER_BYTES = 64 * 1024  # what one "older" step of a log brings
-CHARTS_FRESH_S = 5.0  # a running attempt's charts are read again at most this often
-CHARTS_ENDED_S = 300.0  # an ended one's
-CHARTS_KEPT = 64  # attempts whose charts are kept
 
 
 class LogFollower:
@@ -55,12 +47,6 @@ class LogFollower:
 
 
 class AttemptFiles(ServicePart):
-    def __init__(self, shared: Shared, parts: Parts) -> None:
-        super().__init__(shared, parts)
-        # attempt id -> (when, its charts): consoles open on one run share one read a while
-        self._charts: dict[str, tuple[float, dict[str, Any]]] = {}
-        self._charts_lock = threading.Lock()
-
     def log_follower(self, ref: str, layer: LogLayer, attempt: int) -> LogFollower:
         return LogFollower(self, ref, layer, attempt)
 
@@ -70,23 +56,9 @@ class AttemptFiles(ServicePart):
     def charts(self, ref: str, attempt: int | None = None) -> dict[str, Any]:
         """Its attempt's GPUs over the NVML audit (the whole run a minute a point, its last
         minutes a second a point), and its loss over steps; empty where the attempt has no
-        folder yet or its host does not answer now. Read and cut at most once every
-        CHARTS_FRESH_S an attempt (an ended one's: CHARTS_ENDED_S), however many consoles show
-        it: parsing the audit is most of a run page's cost."""
-        found = self._attempt(ref, attempt)
-        fresh = CHARTS_ENDED_S if found.state.terminal else CHARTS_FRESH_S
-        with self._charts_lock:
-            kept = self._charts.get(found.id)
-            if kept is not None and time.monotonic() - kept[0] < fresh:
-                return dict(kept[1])
-        charts = self._read_charts(found)
-        with self._charts_lock:
-            if len(self._charts) >= CHARTS_KEPT:
-                self._charts.pop(min(self._charts, key=lambda k: self._charts[k][0]))
-            self._charts[found.id] = (time.monotonic(), charts)
-        return dict(charts)
-
-    def _read_charts(self, found: AttemptRecord) -> dict[str, Any]:
+        folder yet or its host does not answer now. Parsing the audit is most of a run page's
+        cost: the console keeps what this gives a while for all who look
+        (orbit.server.ui.live)."""
         from orbit.forensics.series import (
             LOSS_TAIL_BYTES,
             NVML_FILE,
@@ -97,6 +69,7 @@ class AttemptFiles(ServicePart):
             loss_series,
         )
 
+        found = self._attempt(ref, attempt)
         charts: dict[str, Any] = {"gpus": {}, "unavailable": None, "loss": [[], []]}
         if found.handle is None:
             return charts

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from orbit.model.errors import InvalidInput
-from orbit.model.secret_keys import KeySet, load_key_set, save_key_set
+from orbit.model.secret_keys import KeySet, load_key_set, parse_key_set, save_key_set
 
 VARIABLE = "ORBIT_SECRET_KEYS"
 
@@ -29,7 +29,7 @@ class Keyring:
             variable = os.environ.get(VARIABLE)
             if variable:
                 if self._keys is None:
-                    self._keys = load_key_set(Path(), variable)
+                    self._keys = parse_key_set(variable, VARIABLE)
                 return self._keys
             if self.path is None:
                 raise InvalidInput("this control plane was given no secret key set")
@@ -38,6 +38,11 @@ class Keyring:
                 self._keys = load_key_set(self.path)
                 self._seen = _version(self.path)
             return self._keys
+
+    @property
+    def source(self) -> str:
+        """Where the keys come from, as an error names it."""
+        return VARIABLE if os.environ.get(VARIABLE) else str(self.path)
 
     def save(self, keys: KeySet) -> None:
         if os.environ.get(VARIABLE):

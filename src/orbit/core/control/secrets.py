@@ -8,10 +8,8 @@ secret is the server's to check (an admin); these only do it, for the caller, an
 
 from __future__ import annotations
 
-import os
-
 from orbit.core.control.base import ServicePart
-from orbit.core.control.keyring import VARIABLE, Keyring
+from orbit.core.control.keyring import Keyring
 from orbit.model.errors import InvalidInput, StoreError
 from orbit.model.secret_keys import retired, with_new_key
 from orbit.model.secrets import (
@@ -39,7 +37,7 @@ class SecretsPart(ServicePart):
         check_value(value)
         owner = self._owner(scope, experiment)
         key_id, sealed = self.keyring.keys().seal(value, bound_to(scope, owner, name))
-        return self.store.secrets.put(scope, owner, name, key_id, sealed, self.actor)[0]
+        return self.store.secrets.put(scope, owner, name, key_id, sealed, self.actor)
 
     def list_secrets(self, scope: Scope | None = None) -> list[SecretRecord]:
         return self.store.secrets.list_secrets(scope=scope)
@@ -100,10 +98,10 @@ class SecretsPart(ServicePart):
         keys = self.keyring.keys()
         missing = sorted(self.store.secrets.key_ids() - set(keys.keys))
         if missing:
-            where = VARIABLE if os.environ.get(VARIABLE) else str(self.keyring.path)
             raise StoreError(
                 f"the store's secrets are sealed under key(s) {', '.join(missing)}, which "
-                f"{where} does not hold: give this server the key set it was made with"
+                f"{self.keyring.source} does not hold: give this server the key set it was "
+                "made with"
             )
 
     def _owner(self, scope: Scope, experiment: str | None) -> str:

@@ -21,7 +21,6 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.responses import Response
 
-from orbit.core.control.attempt_files import CHARTS_ENDED_S, CHARTS_FRESH_S, CHARTS_KEPT
 from orbit.core.control.service import CoreControlService
 from orbit.forensics.series import refresh_s
 from orbit.model.errors import InvalidInput, OrbitError
@@ -35,6 +34,9 @@ FOLLOW_S = 25.0  # a stream ends after this long: the browser comes back (proxie
 CHANGES_EVERY_S = 1.0
 KEEPALIVE_S = 15.0
 SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+CHARTS_FRESH_S = 5.0  # a running run's charts are read and encoded again at most this often
+CHARTS_ENDED_S = 300.0  # an ended one's
+CHARTS_KEPT = 64  # runs whose encoded charts are kept
 WHOLE_LINE_BYTES = 64 * 1024  # a line longer than this is sent before its end comes
 RESUME = re.compile(r"([0-9]{1,9}):([0-9]{1,18})")  # Last-Event-ID: ATTEMPT:OFFSET
 LINE_ENDS = re.compile(r"\r\n|\r|\n")

@@ -8,7 +8,6 @@ it catches up."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -114,4 +113,4 @@ class LogTaps:
 
 async def read_behind(tap: Tap, offset: int) -> bytes:
     """From `offset`, before what the tap keeps: read for this follower alone."""
-    return await anyio.to_thread.run_sync(functools.partial(tap.reader.read, offset))
+    return await anyio.to_thread.run_sync(tap.reader.read, offset)
