@@ -17,7 +17,7 @@ from tests.orbit_server import Server
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"
 AWS = "AKIA" + "IOSFODNN7EXAMPLE"
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----\n"
-HINT = "set it in the environment where the run executes"
+HINT = "orbit secrets set NAME"
 
 CASES = [
     ({"BAD-NAME": "plain-value-1"}, [], "env.BAD-NAME: not an environment variable name"),

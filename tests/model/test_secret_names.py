@@ -119,7 +119,7 @@ def test_the_refusal_names_the_field_and_never_the_value() -> None:
     line = str(caught.value)
     assert line.startswith("env.MY_VAR: the value looks like a Hugging Face token; ")
     assert token not in line and "\n" not in line
-    assert "set it in the environment where the run executes" in line
+    assert "orbit secrets set NAME" in line
     with pytest.raises(Refused, match=r"^env\.HfToken: the name looks like a secret's; "):
         check_env({"HfToken": "x"})
     with pytest.raises(InvalidInput, match=r"^env\.BAD-NAME: not an environment variable name"):

@@ -143,7 +143,7 @@ def test_over_ssh_hostside_and_its_siblings_arrive_as_one_program(tmp_path: Path
     """`ssh HOST python3 - COMMAND ...` reads one program from stdin: hostside's siblings
     arrive inside it, so that an interpreter with no orbit to fall back on and no scripts/
     beside it runs every command, and a failure is still one JSON object on stdout."""
-    from orbit.core.execution.ssh.transport import _hostside_source
+    from orbit.core.execution.ssh.transport import hostside_program
 
     bare = [sys.executable, "-I", "-S"]  # no site-packages, no current folder on its path
     assert subprocess.run([*bare, "-c", "import orbit"], capture_output=True).returncode != 0
@@ -151,7 +151,7 @@ def test_over_ssh_hostside_and_its_siblings_arrive_as_one_program(tmp_path: Path
     def run(*args: str) -> dict[str, Any]:
         proc = subprocess.run(
             [*bare, "-", *args],
-            input=_hostside_source(),
+            input=hostside_program(),
             capture_output=True,
             cwd=tmp_path,
             timeout=60,

@@ -14,9 +14,9 @@ import httpx
 from orbit.agent import connection, staging
 from orbit.agent.connection import RETRY_MAX_S, RETRY_MIN_S
 from orbit.agent.tracked import Tracked, has_ended, pinned, write_failed, write_json
-from orbit.core.execution.backends.base import AttemptContext
+from orbit.core.execution.backends.base import AttemptContext, LaunchError
 from orbit.model.backoff import Backoff
-from orbit.model.models import ExecutionRequest
+from orbit.model.models import ExecutionRequest, FailureReason
 from orbit.wire import protocol as p
 
 if TYPE_CHECKING:
@@ -87,17 +87,16 @@ def start(agent: AgentState, start: p.StartAttempt) -> None:
             return
         write_json(marker, tracked.marker())
         try:
+            if answer.secrets_error:  # the run's secrets could not be had: it cannot start
+                raise LaunchError(FailureReason.LAUNCH_FAILED, answer.secrets_error)
             bundle = staging.bundle(agent, start.bundle_digest)
             if agent.fence.cut_off():  # (a fetch that outlasted the server's patience)
                 raise staging.CutOff(
                     f"not started: no word from the server for {agent.fence.silent_s():.0f}s, "
                     "which gives it up and retries it elsewhere"
                 )
-            launch(agent, bundle, request, start)
+            launch(agent, bundle, request, start, answer.secrets)
         except Exception as exc:  # it did not start: its end says why
-            from orbit.core.execution.backends.base import LaunchError
-            from orbit.model.models import FailureReason
-
             reason = FailureReason.LAUNCH_FAILED
             if isinstance(exc, staging.StagingError):
                 reason = FailureReason.STAGING_FAILED
@@ -112,8 +111,14 @@ def start(agent: AgentState, start: p.StartAttempt) -> None:
 
 
 def launch(
-    agent: AgentState, bundle: Path, request: ExecutionRequest, start: p.StartAttempt
+    agent: AgentState,
+    bundle: Path,
+    request: ExecutionRequest,
+    start: p.StartAttempt,
+    secrets: dict[str, str] | None = None,
 ) -> None:
+    """Start the staged attempt with the node's own backend; `secrets` (the claim's answer
+    brought them) go to its wrapper's stdin."""
     from orbit.core.execution.bundle import FrozenBundle
 
     backend = node_backend(agent, request.launch_mode.kind, start.gpu_indices, start.attempt_id)
@@ -125,6 +130,7 @@ def launch(
         resume_relpath=start.resume.relpath if staged and start.resume else None,
         services=dict(agent.o.services),
         gang=start.gang.model_dump() if start.gang else None,
+        secrets=secrets or {},
     )
     cpus = cpus_for(agent, request.resources.cpu_count, start.attempt_id)
     before = os.sched_getaffinity(0)

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orbit.cli.text import Printer, Table, paint
-from orbit.core.control.views import RunView, SubmitPlan, TemplateView, WaitView
+from orbit.core.control.views import RunView, SecretUse, SubmitPlan, TemplateView, WaitView
 from orbit.model.hosts import HostFacts
 from orbit.model.models import RunState
 from orbit.model.records import AttemptRecord, AuditEvent, ExperimentRecord
@@ -279,6 +279,12 @@ def describe_facts(facts: HostFacts) -> list[tuple[str, str]]:
     ]
 
 
+def _secret_use(use: SecretUse) -> str:
+    """`HF_TOKEN <- hf_token (yours: alice)`: never a value."""
+    whose = {"user": f"yours: {use.owner}", "experiment": f"experiment {use.owner}"}
+    return f"{use.env} <- {use.name} ({whose.get(use.scope.value, 'global')})"
+
+
 def show_plan(console: Printer, plan: SubmitPlan) -> None:
     """What `submit --dry-run` found: what would run, where, from which bundle."""
     job = plan.job
@@ -289,6 +295,7 @@ def show_plan(console: Printer, plan: SubmitPlan) -> None:
         ("task", plan.task_type),
         ("entrypoint", " ".join(job.get("entrypoint", []))),
         ("env", ", ".join(env) if env else "-"),
+        ("secrets", ", ".join(_secret_use(u) for u in plan.secrets) or "-"),
         ("resources", resources),
         ("template", plan.template_id),
         ("backend", plan.backend_key),

@@ -19,8 +19,9 @@ from orbit.model.secret_shapes import secret_shape
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 SECRETS_HINT = (
-    "ORBIT never freezes secret values into a bundle or the store; set it in the environment "
-    "where the run executes (a local run inherits the shell's environment; README: Secrets)"
+    "ORBIT never freezes secret values into a bundle or the store; keep it as a secret "
+    "(`orbit secrets set NAME`, value from a file or stdin) and name it in the spec's "
+    "`secrets: {ENV: NAME}` (README: Secrets)"
 )
 
 

@@ -37,6 +37,12 @@ def _scalar_text(value: Any) -> Any:
 # Command-line arguments and environment values: text, with numbers taken as written.
 Text = Annotated[str, BeforeValidator(_scalar_text)]
 
+# `secrets:` of a spec or a template: environment variable -> the name of a secret (orbit
+# secrets set NAME), both an environment variable's shape; the values never come here
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
+SecretRefs = dict[EnvName, EnvName]
+
 
 class Record(BaseModel):
     """A value that is never changed once made."""
@@ -124,6 +130,7 @@ class ExecutionDefaults(Strict):
     detach: bool = True
     resources: Resources = Resources()
     runtime_env: dict[str, Text] = {}
+    secrets: SecretRefs = {}  # env name -> secret name, resolved for the submitter at launch
     stop_grace_s: float = Field(default=10.0, ge=0, le=3600)
     # stopped gracefully (reason max_runtime) once it has run this long; none: no limit
     max_runtime_s: float | None = Field(default=None, gt=0)
@@ -175,10 +182,15 @@ class ExecutionOverrides(Strict):
     num_nodes: int | None = Field(default=None, ge=1, le=1024)
     resources: ResourcesOverride | None = None
     runtime_env: dict[str, Text] | None = None
+    secrets: SecretRefs | None = None
     stop_grace_s: float | None = Field(default=None, ge=0, le=3600)
     max_runtime_s: float | None = Field(default=None, gt=0)
     # the container image of a docker launch mode: lands in launch_mode.image, so in job.json
     image: str | None = Field(default=None, pattern=IMAGE_REF)
+
+
+# overridable fields that are maps by name: `runtime_env.HF_HOME` overrides one entry
+MAPS = ("runtime_env", "selector", "secrets")
 
 
 def overridable_paths() -> list[str]:
@@ -187,7 +199,7 @@ def overridable_paths() -> list[str]:
         paths.append(name)
         if name == "resources":
             paths += [f"resources.{r}" for r in ResourcesOverride.model_fields]
-        elif name in ("runtime_env", "selector"):
+        elif name in MAPS:
             paths.append(f"{name}.NAME")
     return paths
 
@@ -200,7 +212,7 @@ def is_overridable(path: str) -> bool:
         return True
     if head == "resources":
         return rest in ResourcesOverride.model_fields
-    return head in ("runtime_env", "selector") and "." not in rest
+    return head in MAPS and "." not in rest
 
 
 # Fields of an override that belong to one attempt and never reach the bundle: a retry may
@@ -224,6 +236,17 @@ class ExecutionRequest(Record):
     preemptible: bool = False
     selector: dict[str, str] = {}
     num_nodes: int = 1
+    # env name -> secret name: references, resolved for the run's submitter at each launch
+    secrets: dict[str, str] = {}
+
+    @model_serializer(mode="wrap")
+    def _no_secrets_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """No secrets, no key: a stored request, and what an agent that predates them reads,
+        stay as they were."""
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("secrets"):
+            data.pop("secrets", None)
+        return data
 
     @property
     def backend_key(self) -> str:
@@ -283,6 +306,16 @@ class JobSpec(Record):
     stop_grace_s: float = 10.0
     precheck: PrecheckSpec = PrecheckSpec()
     task_request: dict[str, Any] = {}
+    # env name -> secret name: what the wrapper is given at launch (never a value here)
+    secrets: dict[str, str] = {}
+
+    @model_serializer(mode="wrap")
+    def _no_secrets_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """No secrets, no key: job.json, so a bundle's digest, stays as it was."""
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("secrets"):
+            data.pop("secrets", None)
+        return data
 
 
 class RunHandle(Record):

@@ -9,7 +9,7 @@ from pydantic import Field, ValidationError
 
 from orbit.model.dependencies import After, not_a_run
 from orbit.model.errors import InvalidInput, describe_validation_error
-from orbit.model.models import NAME_PATTERN, RetryPolicy, Strict, TaskSubmission
+from orbit.model.models import NAME_PATTERN, RetryPolicy, SecretRefs, Strict, TaskSubmission
 from orbit.model.overrides import merge, parse_overrides
 from orbit.model.yamlio import load_yaml_mapping, parse_scalar
 
@@ -27,6 +27,9 @@ class SubmitSpec(Strict):
     preemptible: bool | None = None
     # runs this one waits for: {ok: [RUN...], any: [RUN...]} (orbit.model.dependencies)
     after: After | None = None
+    # env name -> secret name (orbit secrets set NAME): the task gets each secret's value in
+    # that variable; an override of the template's `secrets`, so it must allow them
+    secrets: SecretRefs | None = None
 
 
 def parse_sets(sets: list[str]) -> dict[str, Any]:
@@ -94,7 +97,7 @@ def to_submission(
         task_type=spec.task_type,
         task_request=spec.task,
         template_id=spec.template,
-        overrides=parse_overrides(_with_scheduling(spec), f"{source}: overrides"),
+        overrides=parse_overrides(_with_top_level(spec), f"{source}: overrides"),
         retry=spec.retry,
         allow_dirty=allow_dirty,
         queue_anyway=queue_anyway,
@@ -102,7 +105,9 @@ def to_submission(
     )
 
 
-def _with_scheduling(spec: SubmitSpec) -> dict[str, Any]:
-    """The spec's overrides with its top-level priority and preemptible laid over them."""
-    extra = {k: v for k in ("priority", "preemptible") if (v := getattr(spec, k)) is not None}
+def _with_top_level(spec: SubmitSpec) -> dict[str, Any]:
+    """The spec's overrides with its top-level priority, preemptible and secrets laid over
+    them."""
+    fields = ("priority", "preemptible", "secrets")
+    extra = {k: v for k in fields if (v := getattr(spec, k)) is not None}
     return merge(spec.overrides, extra)

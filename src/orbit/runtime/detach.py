@@ -65,20 +65,21 @@ def detach(bundle: str) -> int:
     return launcher
 
 
-def parse_args(argv: list[str]) -> tuple[str, bool] | None:
-    """`--bundle PATH` and `--detach`, read by hand: argparse, and the re and gettext it
-    imports, cost ~10 ms of every attempt's start. None for anything else (argparse reads
-    it then: abbreviations, --help, errors). The bundle defaults to this file's folder's
-    parent (scripts/.., as the wrapper's own)."""
-    bundle, detached, rest = None, False, list(argv)
+def parse_args(argv: list[str]) -> tuple[str, bool, str | None] | None:
+    """`--bundle PATH`, `--detach` and `--secrets SOURCE` (- for stdin, or a file), read by
+    hand: argparse, and the re and gettext it imports, cost ~10 ms of every attempt's start.
+    None for anything else (argparse reads it then: abbreviations, --help, errors). The
+    bundle defaults to this file's folder's parent (scripts/.., as the wrapper's own)."""
+    found: dict[str, str] = {}
+    detached, rest = False, list(argv)
     while rest:
         arg = rest.pop(0)
+        name, eq, value = arg.partition("=")
         if arg == "--detach":
             detached = True
-        elif arg == "--bundle" and rest:
-            bundle = rest.pop(0)
-        elif arg.startswith("--bundle="):
-            bundle = arg.split("=", 1)[1]
+        elif name in ("--bundle", "--secrets") and (eq or rest):
+            found[name] = value if eq else rest.pop(0)
         else:
             return None
-    return (bundle or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), detached)
+    bundle = found.get("--bundle") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    return (bundle, detached, found.get("--secrets"))

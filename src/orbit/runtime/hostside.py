@@ -168,25 +168,32 @@ def launch(
     base: dict[str, str] | None = None,
     uid: int | None = None,
     python: str | None = None,
+    secrets: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Start the attempt's wrapper detached: a new session, its pid in runtime/pid. Its
     environment is `base` (default: this process's) with `env` laid over it. Given `uid`
     (an agent as root), the wrapper, and so the task, runs as that user and group, with no
-    other groups; `python`: the interpreter to run it with (default: this one)."""
+    other groups; `python`: the interpreter to run it with (default: this one). `secrets`
+    reach the wrapper on its stdin, never its command line or environment."""
     wrapper = os.path.join(attempt_dir, "scripts", "orbit_wrapper.py")
     as_user: dict[str, Any] = {}
     if uid is not None:  # Python >= 3.9 (an agent's own, never a bare host's)
         as_user = {"user": uid, "group": uid, "extra_groups": []}
+    # -S: the wrapper needs only the standard library and its bundle's scripts/, not
+    # site-packages' start-up (.pth files cost 5-15 ms a start on a full interpreter)
+    argv = [python or sys.executable, "-S", wrapper, "--bundle", attempt_dir, "--detach"]
+    given: dict[str, Any] = {"stdin": subprocess.DEVNULL}
+    if secrets:
+        argv += ["--secrets", "-"]
+        given = {"input": json.dumps(secrets)}
     try:
         proc = subprocess.run(
-            # -S: the wrapper needs only the standard library and its bundle's scripts/, not
-            # site-packages' start-up (.pth files cost 5-15 ms a start on a full interpreter)
-            [python or sys.executable, "-S", wrapper, "--bundle", attempt_dir, "--detach"],
+            argv,
             env={**(os.environ if base is None else base), **env},
-            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=60,
+            **given,
             **as_user,
         )
     except (OSError, subprocess.SubprocessError) as exc:
@@ -197,6 +204,28 @@ def launch(
         )
         return {"error": f"the runtime wrapper did not start: {(detail or '')[-500:]}"}
     return {"location": attempt_dir, "pid": int(proc.stdout.strip() or 0)}
+
+
+SECRETS_DIR = "secrets"  # under a Slurm attempt's folder: rank-N.json, one per rank's wrapper
+
+
+def put_secrets(attempt_dir: str, ranks: int, secrets: dict[str, str]) -> dict[str, Any]:
+    """A launch's secrets for a wrapper no launcher starts (a Slurm job's): a file of mode
+    0600 per rank, in a folder of mode 0700, each read and deleted by its rank's wrapper
+    (`--secrets PATH`); what the job leaves unread it removes at its end."""
+    folder = os.path.join(attempt_dir, SECRETS_DIR)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+    data = json.dumps(secrets).encode("utf-8")
+    for rank in range(ranks):
+        path = os.path.join(folder, f"rank-{rank}.json")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    return {"written": ranks}
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -230,8 +259,11 @@ def main(argv: list[str]) -> dict[str, Any]:
         return host_staging.prepare(args[0], args[1], args[2])
     if command == "copy":  # FROZEN DEST DIGEST: a rank's own copy (a Slurm job's other nodes)
         return host_staging.copy_attempt(args[0], args[1], args[2])
-    if command == "launch":
-        return launch(args[0], dict(item.split("=", 1) for item in args[1:]))
+    if command == "launch":  # the secrets, if any, came in the program itself (over ssh)
+        env = dict(item.split("=", 1) for item in args[1:])
+        return launch(args[0], env, secrets=globals().get("ORBIT_SECRETS") or None)
+    if command == "put-secrets":  # LOCATION RANKS, the secrets in the program (over ssh)
+        return put_secrets(args[0], int(args[1]), globals().get("ORBIT_SECRETS") or {})
     if command == "stop-attempt":
         return host_processes.stop_attempt(args[0], args[1])
     if command == "stop-ended":  # ATTEMPTS_DIR PLANE LIVE_IDS,... (in as many arguments)

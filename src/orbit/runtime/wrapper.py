@@ -66,7 +66,9 @@ def exited(child: subprocess.Popen[Any]) -> bool:
 
 
 class Wrapper:
-    def __init__(self, bundle: str, launcher_pid: int = 0) -> None:
+    def __init__(
+        self, bundle: str, launcher_pid: int = 0, secrets: dict[str, str] | None = None
+    ) -> None:
         self.bundle = os.path.abspath(bundle)
         self.runtime = os.path.join(self.bundle, "runtime")
         self.artifacts = os.path.join(self.bundle, "artifacts")
@@ -83,6 +85,10 @@ class Wrapper:
         self.docker: Any = None  # orbit_docker.DockerLaunch, for a docker launch mode
         self.fence_checked = 0.0  # when the agent's contact was last looked at
         self.launcher_pid = launcher_pid  # what detached it (it may still be printing our pid)
+        # the run's secrets (scripts/orbit_secret_env.py): the task's environment, and masked
+        # out of everything written here
+        self.secrets = secrets or {}
+        self.masked = load_script("orbit_secret_env", bundle).Masked(secrets) if secrets else None
         self.last_run: dict[str, Any] = {
             "schema_version": 1,
             **records.provenance(),
@@ -97,6 +103,8 @@ class Wrapper:
         os.makedirs(self.artifacts, exist_ok=True)
 
     def log(self, message: str) -> None:
+        if self.masked is not None:
+            message = self.masked.text(message)
         path = os.path.join(self.runtime, "runtime.log")
         with open(path, "a", encoding="utf-8", opener=sidecars.nofollow) as f:
             f.write(f"{records.now()} {message}\n")
@@ -196,6 +204,7 @@ class Wrapper:
         workdir = os.path.join(self.inputs, job.get("workdir", "workdir"))
         env = dict(os.environ)
         env.update(job.get("env", {}))
+        env.update(self.secrets)
         env.update(
             ORBIT_RUN_ID=os.environ.get("ORBIT_RUN_ID", "manual"),
             ORBIT_ATTEMPT_ID=os.environ.get("ORBIT_ATTEMPT_ID", "manual"),
@@ -207,7 +216,8 @@ class Wrapper:
         argv = [str(a) for a in job["entrypoint"]]
         self.started_at = records.now()
         if (job.get("launch_mode") or {}).get("kind") == "docker":
-            self.docker = load_docker(self.bundle).DockerLaunch(self.bundle, job, env, self.log)
+            docker = load_script("orbit_docker", self.bundle)
+            self.docker = docker.DockerLaunch(self.bundle, job, env, self.log)
             failure = self.docker.prepare()  # the image, before anything runs in it
             if failure is not None:
                 return self.finish("failed", **failure)
@@ -229,20 +239,23 @@ class Wrapper:
             argv = self.docker.task_argv()  # the entrypoint, inside the container
         sidecars.audit_ready(self)
         self.log(f"starting task in {workdir}: {argv!r}")
-        with open(
-            os.path.join(self.artifacts, "training.log"), "ab", opener=sidecars.nofollow
-        ) as out:
+        log_path = os.path.join(self.artifacts, "training.log")
+        with open(log_path, "ab", opener=sidecars.nofollow) as out:
+            # with secrets, the output goes through a pipe and is masked on its way
+            read_end, sink = os.pipe() if self.masked is not None else (-1, out.fileno())
             try:
                 self.child = subprocess.Popen(
                     argv,
                     cwd=workdir,
                     env=env,
                     stdin=subprocess.DEVNULL,
-                    stdout=out,
+                    stdout=sink,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
             except OSError as exc:
+                if read_end >= 0:
+                    os.close(read_end)
                 out.write(f"orbit: cannot start {argv[0]!r}: {exc}\n".encode())
                 self.log(f"cannot start the task: {exc}")
                 if exc.errno == errno.E2BIG:  # this host's limit, not the task's doing
@@ -253,6 +266,11 @@ class Wrapper:
                     exit_code=127,
                     message=f"cannot start {argv[0]!r}: {exc.strerror}",
                 )
+            finally:
+                if read_end >= 0:
+                    os.close(sink)  # the task holds it now
+        if self.masked is not None:
+            self.masked.start_pump(read_end, log_path, sidecars.nofollow)
         if not gates:  # only a record: taken beside the task, which need not wait for it
             sidecars.precheck_beside(self, job, env, workdir)
         if self.stop_at is not None:  # a stop that came while the task was being started
@@ -265,6 +283,7 @@ class Wrapper:
         )
         self.wait()
         self.signal_task(signal.SIGKILL)  # nothing of the task outlives it
+        self.end_output()
         self.times.mark(force=True)
         code = self.child.wait()  # reaped only now: until then its pid names no one else's group
         ended = self.docker.outcome(code) if self.docker is not None else None
@@ -309,6 +328,11 @@ class Wrapper:
     def exit_fields(code: int) -> dict[str, Any]:
         return {"exit_code": code} if code >= 0 else {"signal": -code}
 
+    def end_output(self) -> None:
+        """With secrets: the last of the task's output through the masking pipe."""
+        if self.masked is not None and not self.masked.end_pump():
+            self.log("the task's output is still held open by a process it left")
+
     def finish(self, state: str, **fields: Any) -> int:
         if self.docker is not None:
             self.docker.finish()  # whatever happened, no container of the attempt is left
@@ -317,6 +341,10 @@ class Wrapper:
         stopping.stop_leftovers(
             self
         )  # before the manifest: nothing writes into artifacts/ after it
+        if self.masked is not None:
+            self.end_output()  # what a leftover held open ends with its stop
+            self.masked.file(os.path.join(self.artifacts, "runtime-precheck.log"))
+            fields = self.masked.fields(fields)
         try:
             records.write_manifest(self.artifacts)
         except OSError as exc:
@@ -334,15 +362,30 @@ class Wrapper:
         return 0 if state == "succeeded" else 1
 
 
-def load_docker(bundle: str) -> Any:
-    """scripts/orbit_docker.py, which bundles with a docker launch mode carry: imported only
-    then, so that a host-process run needs nothing of it."""
-    scripts = os.path.join(bundle, "scripts")
+def load_script(name: str, bundle: str) -> Any:
+    """scripts/NAME.py, imported only where it is used, so that a run needs nothing of what it
+    does not use: orbit_docker (a docker launch mode's), orbit_secret_env (a run with secrets;
+    as the package's own where the wrapper is)."""
+    import importlib
+
+    scripts = os.path.join(os.path.abspath(bundle), "scripts")
     if scripts not in sys.path:
         sys.path.insert(0, scripts)
-    import orbit_docker  # type: ignore[import-not-found]
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        if name != "orbit_secret_env" or __name__ == "__main__":
+            raise
+        return importlib.import_module("orbit.runtime.secret_env")
 
-    return orbit_docker
+
+def read_secrets(bundle: str, source: str | None) -> dict[str, str]:
+    """`--secrets -` (stdin) or `--secrets PATH` (a file, deleted as it is read): read before
+    the wrapper detaches, which leaves it no stdin."""
+    if source is None:
+        return {}
+    found: dict[str, str] = load_script("orbit_secret_env", bundle).read(source)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,11 +398,15 @@ def main(argv: list[str] | None = None) -> int:
             "--bundle", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
         )
         parser.add_argument("--detach", action="store_true", help="go on in the background")
+        parser.add_argument(
+            "--secrets", help="the run's secrets, a JSON object: - for stdin, or a file to delete"
+        )
         parsed = parser.parse_args(argv)  # exits on what it cannot read
-        args = (parsed.bundle, parsed.detach)
-    bundle, detached = args
+        args = (parsed.bundle, parsed.detach, parsed.secrets)
+    bundle, detached, source = args
+    secrets = read_secrets(bundle, source)
     launcher = detach.detach(bundle) if detached else 0
-    return Wrapper(bundle, launcher).run()
+    return Wrapper(bundle, launcher, secrets).run()
 
 
 if __name__ == "__main__":

@@ -295,6 +295,10 @@ class ClaimRequest(Message):
 class ClaimResponse(Message):
     granted: bool
     why: str = ""
+    # granted a start of a run with secrets: their values for this attempt alone (env name
+    # -> value), for the wrapper's stdin; or why they could not be had (the start fails)
+    secrets: dict[str, str] = Field(default_factory=dict, repr=False)
+    secrets_error: str | None = None
 
 
 # --- liveness ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -99,6 +100,7 @@ class Launching(ServicePart):
                     bundle = self._bundle(run.bundle_digest)
                 except OrbitError as exc:
                     raise LaunchError(FailureReason.STAGING_FAILED, str(exc)) from None
+                context = self._with_secrets(run, attempt, request, context)
                 try:
                     handle = backend.launch(bundle, request, context)
                 except (OrbitError, OSError) as exc:  # a backend's refusal or missing tool
@@ -138,6 +140,27 @@ class Launching(ServicePart):
             # cancelled while it was being launched: the cancel reaches it now
             with contextlib.suppress(OrbitError):
                 backend.cancel(handle, FailureReason.CANCELLED)
+
+    def _with_secrets(
+        self,
+        run: RunRecord,
+        attempt: AttemptRecord,
+        request: ExecutionRequest,
+        context: AttemptContext,
+    ) -> AttemptContext:
+        """The attempt with its run's secrets, resolved again for this launch: a rotated value
+        is the one used, and one removed since the submit fails the launch (launch_failed,
+        saying which), not the task. An agent's node is handed them only when it claims the
+        start (server/agents/sessions.py): here they are only checked."""
+        if not request.secrets:
+            return context
+        try:
+            if request.backend_key.startswith("agent_pool"):
+                self.parts.secrets.uses(request.secrets, run.created_by, run.experiment_id)
+                return context
+            return replace(context, secrets=self.parts.secrets.deliver(run, attempt.id))
+        except OrbitError as exc:
+            raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from None
 
     def _wait_for_host(
         self, run: RunRecord, attempt: AttemptRecord, message: str, owner: str | None

@@ -1,8 +1,9 @@
 """What the parts of the control service ask of one another, and the registry they ask it
 through: a launch that fails ends its attempt (lifecycle), an ended attempt's retry is launched
 (launching), a launch asks for a pass (scheduling), a bulk action cancels or retries each run
-(actions). These calls go round in a circle, so no part can be handed the others as it is
-made: CoreControlService makes every part, then names these five here before any is called.
+(actions), a submit checks and a launch opens a run's secrets (secrets). These calls go round
+in a circle, so no part can be handed the others as it is made: CoreControlService makes every
+part, then names these six here before any is called.
 
 Each is a Protocol of the calls made between parts, no more: the whole surface one part uses of
 another is on this page, and naming it imports no part (no import circle)."""
@@ -13,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from orbit.core.control.views import QueueEntry
+    from orbit.core.control.views import QueueEntry, SecretUse
     from orbit.model.dependencies import After
     from orbit.model.models import ExecutionOverrides, ExecutionRequest, RunStatus
     from orbit.model.records import AttemptRecord, RunRecord
@@ -63,9 +64,17 @@ class Actions(Protocol):  # core/control/actions.py
     def retry_run(self, ref: str, overrides: ExecutionOverrides | None = ...) -> RunRecord: ...
 
 
+class Keeper(Protocol):  # core/control/secrets.py
+    def uses(
+        self, refs: dict[str, str], user: str, experiment_id: str, field: str = ...
+    ) -> list[SecretUse]: ...
+    def deliver(self, run: RunRecord, attempt_id: str) -> dict[str, str]: ...
+
+
 class Parts:
     gate: Gate  # `after:`: holds a launch back until what it waits for has ended
     launching: Launcher  # claim, stage, start: the one launch path
     lifecycle: Life  # look, end (the state move), retry
     scheduling: Passes  # passes of the scheduler and the placements they launch
     actions: Actions  # cancel, retry, replay
+    secrets: Keeper  # a run's secrets: checked at submit, opened for each launch

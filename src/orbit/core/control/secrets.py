@@ -8,9 +8,13 @@ secret is the server's to check (an admin); these only do it, for the caller, an
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from orbit.core.control.base import ServicePart
 from orbit.core.control.keyring import Keyring
+from orbit.core.control.views import SecretUse
 from orbit.model.errors import InvalidInput, StoreError
+from orbit.model.records import RunRecord
 from orbit.model.secret_keys import retired, with_new_key
 from orbit.model.secrets import (
     KeyRotation,
@@ -65,6 +69,40 @@ class SecretsPart(ServicePart):
                     f"{name}`"
                 )
         return {env: found[name] for env, name in refs.items()}
+
+    def uses(
+        self, refs: dict[str, str], user: str, experiment_id: str, field: str = "secrets"
+    ) -> list[SecretUse]:
+        """Which secret each reference would use for `user`, and whose it is: what a submit
+        checks and `submit --dry-run` shows."""
+        resolved = self.resolve_secrets(refs, user, experiment_id, field)
+        return [
+            SecretUse(env=env, name=s.name, scope=s.scope, owner=s.owner)
+            for env, s in sorted(resolved.items())
+        ]
+
+    def deliver(self, run: RunRecord, attempt_id: str) -> dict[str, str]:
+        """The values of a run's secrets for one of its attempts, resolved again now for its
+        submitter (a value set or rotated since is the one used); each use is recorded (the
+        secret's used_at, and an audit event naming the secrets, never their values). A
+        reference that no longer resolves, or a value the key set cannot open, is refused in
+        one line: the launch fails with it."""
+        refs = run.request.secrets
+        if not refs:
+            return {}
+        resolved = self.resolve_secrets(refs, run.created_by, run.experiment_id)
+        try:
+            values = self.open_secrets(resolved)
+        except InvalidInput as exc:  # a key the set lacks, a value altered: never the value
+            raise InvalidInput(f"secrets: {exc} ({self.keyring.source})") from None
+        self.store.secrets.mark_used(
+            list({s.id: s for s in resolved.values()}.values()),
+            run_id=run.id,
+            attempt_id=attempt_id,
+            actor="orbit",
+            at=datetime.now(UTC),
+        )
+        return values
 
     def open_secrets(self, resolved: dict[str, Sealed]) -> dict[str, str]:
         """The values of resolved secrets, as the environment a run gets."""

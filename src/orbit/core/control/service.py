@@ -119,7 +119,7 @@ class CoreControlService:
         accounts = Accounts(shared, parts)
         nodes = Nodes(shared, parts)
         clusters = Clusters(shared, parts)
-        secrets = SecretsPart(shared, parts)
+        parts.secrets = secrets = SecretsPart(shared, parts)
         # runs read: views, logs, evidence, inspect, diff, collect (reading.py)
         self.get_run = reading.get_run
         self.list_runs = reading.list_runs
@@ -197,6 +197,7 @@ class CoreControlService:
         self.open_secrets = secrets.open_secrets
         self.rotate_secret_key = secrets.rotate_secret_key
         self.check_secret_keys = secrets.check_secret_keys
+        self.deliver_secrets = secrets.deliver
         # join tokens, nodes, their files (nodes.py)
         self.create_join_token = nodes.create_join_token
         self.list_join_tokens = nodes.list_join_tokens

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from orbit.core.control.base import ServicePart
 from orbit.core.control.idempotency import Idempotency, made_by, made_meanwhile
 from orbit.core.control.reshape import ShapedWire as ShapedWire
-from orbit.core.control.views import SubmitPlan
+from orbit.core.control.views import SecretUse, SubmitPlan
 from orbit.model import failpoints
 from orbit.model.dependencies import After
 from orbit.model.env_check import check_env
@@ -117,6 +117,7 @@ class _Shaped:
     request: ExecutionRequest
     job: JobSpec
     after: After | None = None  # the runs it waits for, by full id
+    secrets: tuple[SecretUse, ...] = ()  # which of the submitter's secrets it would use
 
 
 class Submitting(ServicePart):
@@ -232,6 +233,7 @@ class Submitting(ServicePart):
             bundle_digest=bundle.digest,
             bundle_files=len(files),
             bundle_bytes=size,
+            secrets=list(prepared.secrets),
         )
 
     def _prepare(
@@ -290,11 +292,32 @@ class Submitting(ServicePart):
                 optional_imports=shaped.optional_imports,
             ),
             task_request={**shaped.request, **common.model_dump(exclude_defaults=True)},
+            secrets=request.secrets,
         )
         check_exec_limits(job, request)
         check_env(job.env)
+        secrets = self._secrets(job, submission.experiment_id)
         after = self.parts.gate.resolve_after(submission.after, source)
-        return _Shaped(shaped, common, template, request, job, after)
+        return _Shaped(shaped, common, template, request, job, after, secrets)
+
+    def _secrets(self, job: JobSpec, experiment: str) -> tuple[SecretUse, ...]:
+        """Each of the run's secret references, resolved for the submitter: one that does not
+        resolve (no such secret of theirs, the experiment's or everyone's) is refused now, in
+        one line naming the field and the secret. A variable the run's env already sets, or
+        one of ORBIT's own, cannot be a secret's."""
+        for env in sorted(job.secrets):
+            if env in job.env:
+                raise InvalidInput(
+                    f"secrets.{env}: the run's env sets {env} too; a variable is either a "
+                    "secret or plain env, not both"
+                )
+            if env.startswith("ORBIT_"):
+                raise InvalidInput(f"secrets.{env}: ORBIT_* variables are ORBIT's own")
+        if not job.secrets:
+            return ()
+        found = self.store.experiments.find_experiment(experiment)
+        experiment_id = found.id if found is not None else ""  # a new one has none of its own
+        return tuple(self.parts.secrets.uses(job.secrets, self.actor, experiment_id))
 
     def _freeze(
         self, prepared: _Shaped, base_dir: Path, allow_dirty: bool, cache: Path

@@ -12,6 +12,7 @@ from orbit.forensics.rundiff import Difference
 from orbit.model.hosts import HostRecord
 from orbit.model.models import ExecutionRequest, ExecutionTemplate, Record
 from orbit.model.records import RunRecord
+from orbit.model.secrets import Scope
 from orbit.model.storage import RunStorage
 
 
@@ -98,6 +99,16 @@ class RunDiff(Record):
     differences: tuple[Difference, ...]
 
 
+class SecretUse(Record):
+    """A run's reference to a secret, as the submitter's would resolve: the variable the task
+    gets it in, the secret's name, and whose it is. Never its value."""
+
+    env: str
+    name: str
+    scope: Scope
+    owner: str  # the user's name, the experiment's id, or "" for a global one
+
+
 class SubmitPlan(Record):
     """What `orbit submit --dry-run` shows: what would run, where, from which bundle."""
 
@@ -111,6 +122,7 @@ class SubmitPlan(Record):
     bundle_digest: str
     bundle_files: int
     bundle_bytes: int
+    secrets: list[SecretUse] = []  # which would be used, and from which scope
 
 
 class Explanation(Record):

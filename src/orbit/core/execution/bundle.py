@@ -59,6 +59,8 @@ WRAPPER_FILES = {
     "host_processes.py": "orbit_host_processes.py",  # the wrapper stops its leftovers with it
     "host_staging.py": "orbit_host_staging.py",
     "sidecars.py": "orbit_sidecars.py",  # the precheck and the NVML audit, run beside the task
+    "secret_env.py": "orbit_secret_env.py",  # a run's secrets: read, given, masked out
+    "redact.py": "orbit_redact.py",
 }
 _SMALL_FILE = 1 << 20
 

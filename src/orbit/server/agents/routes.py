@@ -43,7 +43,7 @@ class Gateway:
     ) -> None:
         self.store = service.store
         self.settings = settings
-        self.sessions = Sessions(service.store, settings, service.wakes)
+        self.sessions = Sessions(service.store, settings, service.wakes, service.deliver_secrets)
         # between looks an attempt is due within a period; under a look, at its lease's end
         between_looks_s = min(reconcile_every_s + 1.0, LOOK_LEASE_S / 2)
         self.reports = Reports(service.store, settings.artifacts_dir, on_ended, between_looks_s)

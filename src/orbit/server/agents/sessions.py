@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from orbit.core.execution.backends import agent_pool
@@ -14,8 +15,10 @@ from orbit.core.execution.mirror import (
     write_agent_state,
 )
 from orbit.model.config import Settings
+from orbit.model.errors import OrbitError
 from orbit.model.models import RunState
 from orbit.model.nodes import NodeRecord
+from orbit.model.records import RunRecord
 from orbit.server.agents.identity import own
 from orbit.store import Store
 from orbit.store.sql import read_json
@@ -29,11 +32,18 @@ class Sessions:
     fencing check before a start, and the node info its heartbeats bring. Runs in worker
     threads (the store is synchronous)."""
 
-    def __init__(self, store: Store, settings: Settings, wakes: NodeWakes) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        wakes: NodeWakes,
+        deliver_secrets: Callable[[RunRecord, str], dict[str, str]],
+    ) -> None:
         self.store = store
         self.wakes = wakes
         self.settings = settings
         self.artifacts = settings.artifacts_dir
+        self.deliver_secrets = deliver_secrets  # a run's, for one attempt (core/control/secrets)
 
     # --- resync ------------------------------------------------------------------------------
 
@@ -158,9 +168,23 @@ class Sessions:
             write_agent_state(folder, refused=body.refuse)
             return p.ClaimResponse(granted=False, why="refused")
         granted, why = self.store.placement.claim_start(node.id, body.attempt_id, body.fence)
-        if granted:
-            write_agent_state(folder, started=True, alive=True, node=node.name, fence=body.fence)
-        return p.ClaimResponse(granted=granted, why=why)
+        if not granted:
+            return p.ClaimResponse(granted=False, why=why)
+        write_agent_state(folder, started=True, alive=True, node=node.name, fence=body.fence)
+        return self._with_secrets(p.ClaimResponse(granted=True, why=why), body.attempt_id)
+
+    def _with_secrets(self, answer: p.ClaimResponse, attempt_id: str) -> p.ClaimResponse:
+        """A granted start of a run with secrets carries their values, resolved now for its
+        submitter, to this node for this attempt alone (never in a command the store keeps);
+        what keeps them from it fails the start (launch_failed) in one line."""
+        run = self.store.runs.get_run(self.store.runs.get_attempt(attempt_id).run_id)
+        if not run.request.secrets:
+            return answer
+        try:
+            values = self.deliver_secrets(run, attempt_id)
+        except OrbitError as exc:
+            return answer.model_copy(update={"secrets_error": str(exc)})
+        return answer.model_copy(update={"secrets": values})
 
     # --- liveness ------------------------------------------------------------------------------
 

@@ -36,6 +36,10 @@ class AttemptContext:
     gang: dict[str, Any] | None = None
     # the GPUs the scheduler gave it on an SSH host it overflowed to (an agent sets its own)
     gpus: tuple[int, ...] | None = None
+    # env name -> value of the run's secrets (core/control/secrets.py deliver): handed to the
+    # wrapper on its stdin or in a file it reads and deletes, never in env() or on a command
+    # line; never shown (repr)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
     def env(self) -> dict[str, str]:
         env = {"ORBIT_RUN_ID": self.run_id, "ORBIT_ATTEMPT_ID": self.attempt_id}

@@ -101,7 +101,9 @@ class LocalHostProcessBackend(LocalFiles):
         if self.task_user is not None:
             more, uid, python = self.task_user.enter(attempt_dir, env)
             env.update(more)
-        started = hostside.launch(str(attempt_dir), env, task_environ(), uid, python)
+        started = hostside.launch(
+            str(attempt_dir), env, task_environ(), uid, python, secrets=attempt.secrets
+        )
         if "error" in started:
             if self.task_user is not None:
                 self.task_user.leave(attempt_dir)

@@ -102,8 +102,11 @@ class SlurmHostProcessBackend:
                 env=env,
                 frozen=f"{work}/bundles/{bundle.digest}",
                 plane=self.plane,
+                secrets=bool(attempt.secrets),
             )
             shell.write(f"{location}/{SCRIPT}", script.encode())
+            if attempt.secrets:  # a file per rank, 0600, each deleted by its wrapper
+                shell.put_secrets(location, attempt.secrets, request.num_nodes)
         except Unreachable as exc:
             raise LaunchError(FailureReason.HOST_UNREACHABLE, str(exc)) from exc
         except OrbitError as exc:
@@ -327,10 +330,12 @@ class SlurmHostProcessBackend:
                 "sh",
                 "-c",
                 'scancel --batch --signal=TERM "$1" 2>/dev/null || scancel "$1"; '
-                '(sleep "$2"; scancel "$1") >/dev/null 2>&1 </dev/null &',
+                # a job cancelled before it started leaves no secrets unread (script.py)
+                '(sleep "$2"; scancel "$1"; rm -rf "$3/secrets") >/dev/null 2>&1 </dev/null &',
                 "-",
                 job_id,
                 str(later),
+                handle.location,
             ]
         )
 

@@ -131,7 +131,7 @@ class SshHostProcessBackend:
                 )
             location = str(prepared["location"])
             try:
-                started = ssh.hostside("launch", location, *env)
+                started = ssh.hostside("launch", location, *env, secrets=attempt.secrets)
             except Unreachable as exc:
                 started = {"uncertain": str(exc)}
             except OrbitError as exc:

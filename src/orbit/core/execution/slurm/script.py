@@ -144,6 +144,7 @@ def sbatch_script(
     env: dict[str, str],
     frozen: str,
     plane: str = "",
+    secrets: bool = False,
 ) -> str:
     """scripts/slurm.sbatch of one attempt: #SBATCH lines from the request, then the bundle's
     own wrapper in the foreground. Slurm's warning of the time limit (--signal=B:TERM) is told
@@ -153,7 +154,10 @@ def sbatch_script(
     runs this same script once per node (`--node`), which starts the wrapper there with
     ORBIT_NODE_RANK, ORBIT_NUM_NODES and ORBIT_MASTER_ADDR/PORT from Slurm's environment:
     rank 0 in the attempt's folder, each other rank in nodes/RANK/, its own copy of the frozen
-    bundle (`frozen`, the cluster's cached one) with its own runtime/ and artifacts/."""
+    bundle (`frozen`, the cluster's cached one) with its own runtime/ and artifacts/.
+
+    With `secrets`, each rank's wrapper reads its file of them (secrets/rank-N.json, which
+    the launch wrote and the wrapper deletes as it reads it); the job removes what is left."""
     spec, res = cluster.spec, request.resources
     partition = partition_for(cluster)
     q = shlex.quote
@@ -211,7 +215,7 @@ def sbatch_script(
         "",
     ]
     if nodes > 1:
-        lines += _node_lines(frozen)
+        lines += _node_lines(frozen, secrets)
     lines += [
         "on_term() {",
         "  # the time limit's warning (it comes past max_runtime_s, give or take Slurm's margin):",
@@ -229,7 +233,9 @@ def sbatch_script(
             "}",
             "trap on_term TERM",
             "",
-            '"$python" -S "$bundle/scripts/orbit_wrapper.py" --bundle "$bundle" &',
+            '"$python" -S "$bundle/scripts/orbit_wrapper.py" --bundle "$bundle"'
+            + (' --secrets "$bundle/secrets/rank-0.json"' if secrets else "")
+            + " &",
         ]
     else:
         cpus = f" --cpus-per-task={res.cpu_count}" if res.cpu_count else ""
@@ -267,13 +273,14 @@ def sbatch_script(
         'wait "$pid"',
         "code=$?",
         f'no_result "$bundle" {q(who)} "$code"{"" if nodes == 1 else " 0"}',
+        *(['rm -rf "$bundle/secrets"  # what a wrapper never read'] if secrets else []),
         'exit "$code"',
         "",
     ]
     return "\n".join(lines)
 
 
-def _node_lines(frozen: str) -> list[str]:
+def _node_lines(frozen: str, secrets: bool = False) -> list[str]:
     """The part srun runs on each node of a multi-node job."""
     return [
         'if [ "${1:-}" = "--node" ]; then',
@@ -299,7 +306,8 @@ def _node_lines(frozen: str) -> list[str]:
         '      && cp "$bundle/runtime/stop_request.json" "$dir/runtime/"',
         "  fi",
         "  trap : TERM  # the wrapper takes the stop; this shell outlives it, to say if it died",
-        '  "$python" -S "$dir/scripts/orbit_wrapper.py" --bundle "$dir"',
+        '  "$python" -S "$dir/scripts/orbit_wrapper.py" --bundle "$dir"'
+        + (' --secrets "$bundle/secrets/rank-$SLURM_NODEID.json"' if secrets else ""),
         "  code=$?",
         '  no_result "$dir" "the wrapper of rank $SLURM_NODEID on $SLURMD_NODENAME" "$code" \\',
         '    "$SLURM_NODEID"',

@@ -78,6 +78,18 @@ class ClusterShell:
             return self.ssh.hostside(*args, timeout=3600)
         return hostside.main(list(args))
 
+    def put_secrets(self, location: str, secrets: dict[str, str], ranks: int) -> None:
+        """The attempt's secrets as SECRETS_DIR/rank-N.json under its folder (mode 0600), for
+        each rank's wrapper to read and delete; over SSH, inside the program hostside reads."""
+        if self.ssh is not None:
+            found = self.ssh.hostside(
+                "put-secrets", location, str(ranks), secrets=secrets, timeout=TIMEOUT_S
+            )
+        else:
+            found = hostside.put_secrets(location, ranks, secrets)
+        if "error" in found:
+            raise OrbitError(f"{self.where}: {found['error']}")
+
     def write(self, path: str, data: bytes) -> None:
         if self.ssh is None:  # a submit host: no process for it
             tmp = f"{path}.tmp"

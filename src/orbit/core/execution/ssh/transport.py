@@ -91,9 +91,15 @@ def _hostside_source() -> bytes:
     program += [f"sibling('orbit_{name}', {source(name)})\n" for name in HOSTSIDE_SIBLINGS]
     program.append(
         f"exec(compile({source('hostside')}, 'orbit_hostside.py', 'exec', dont_inherit=True),"
-        " {'__name__': '__main__'})\n"
+        " {'__name__': '__main__', 'ORBIT_SECRETS': SECRETS})\n"
     )
     return "".join(program).encode("ascii")
+
+
+def hostside_program(secrets: dict[str, str] | None = None) -> bytes:
+    """The program `python3 -` reads: a launch's secrets come in it, as its first line, so
+    they cross the SSH connection inside its stdin and never touch a command line or a disk."""
+    return f"SECRETS = {secrets or None!a}\n".encode("ascii") + _hostside_source()
 
 
 def classify(spec: HostSpec, stderr: str) -> OrbitError:
@@ -220,9 +226,13 @@ class Ssh:
             timeout=30,
         )
 
-    def hostside(self, *args: str, timeout: float | None = None) -> dict[str, Any]:
-        """Run a command of orbit/runtime/hostside.py on the host with its python3."""
-        proc = self.run([self.spec.python, "-", *args], stdin=_hostside_source(), timeout=timeout)
+    def hostside(
+        self, *args: str, timeout: float | None = None, secrets: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Run a command of orbit/runtime/hostside.py on the host with its python3; `secrets`
+        (a launch's) inside the program it reads on stdin."""
+        program = hostside_program(secrets)
+        proc = self.run([self.spec.python, "-", *args], stdin=program, timeout=timeout)
         out = proc.stdout.decode(errors="replace").strip()
         if proc.returncode == 127 or (proc.returncode != 0 and not out):
             detail = last_line(proc.stderr.decode(errors="replace"))
