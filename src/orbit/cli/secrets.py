@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from orbit.cli.common import JSON, OUTPUT, console, emitted, output_format, service
+from orbit.cli.common import JSON, OUTPUT, console, emitted, output_format, print_json, service
 from orbit.cli.text import Table
 
 secrets_app = typer.Typer(
@@ -95,10 +95,14 @@ def secrets_rm(
 
 
 @secrets_app.command("rotate-key")
-def secrets_rotate_key() -> None:
+def secrets_rotate_key(as_json: bool = JSON) -> None:
     """Add a new key to the key set, re-seal every value under it and retire the old one, while
-    the server runs (admins). Replicas sharing the key file follow at their next use."""
+    the server runs (admins). Replicas sharing the key file follow at their next use; runs
+    going on are not touched (they were given their values at launch)."""
     done = service().rotate_secret_key()
+    if as_json:
+        print_json(done.model_dump(mode="json"))
+        return
     retired = ", ".join(done.retired) or "none"
     console.print(f"key {done.key_id} seals from now on; re-sealed {done.resealed} value(s); "
                   f"retired: {retired}")  # fmt: skip

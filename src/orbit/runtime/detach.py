@@ -1,7 +1,8 @@
-"""How the runtime wrapper starts: its command line, read by hand, and the double fork into a
-new session that lets the attempt outlive the shell, the SSH connection or the CLI that started
-it. It travels inside the bundle beside the wrapper (scripts/orbit_detach.py) and needs nothing
-but python3's standard library.
+"""How the runtime wrapper starts: its command line, read by hand, the run's secrets read
+before anything else (stdin is gone after the fork), and the double fork into a new session
+that lets the attempt outlive the shell, the SSH connection or the CLI that started it. It
+travels inside the bundle beside the wrapper (scripts/orbit_detach.py) and needs nothing but
+python3's standard library.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import fcntl
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # as mypy reads it
     from orbit.runtime import sidecars
@@ -83,3 +84,29 @@ def parse_args(argv: list[str]) -> tuple[str, bool, str | None] | None:
             return None
     bundle = found.get("--bundle") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     return (bundle, detached, found.get("--secrets"))
+
+
+def load_script(name: str, bundle: str) -> Any:
+    """scripts/NAME.py, imported only where it is used, so that a run needs nothing of what it
+    does not use: orbit_docker (a docker launch mode's), orbit_secret_env (a run with secrets;
+    as the package's own where the wrapper is)."""
+    import importlib
+
+    scripts = os.path.join(os.path.abspath(bundle), "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    try:
+        return importlib.import_module(name)
+    except ImportError:  # a bundle of an ORBIT before it: the package's own, if there is one
+        if name != "orbit_secret_env":
+            raise
+        return importlib.import_module("orbit.runtime.secret_env")
+
+
+def read_secrets(bundle: str, source: str | None) -> dict[str, str]:
+    """`--secrets -` (stdin) or `--secrets PATH` (a file, deleted as it is read): read before
+    the wrapper detaches, which leaves it no stdin."""
+    if source is None:
+        return {}
+    found: dict[str, str] = load_script("orbit_secret_env", bundle).read(source)
+    return found

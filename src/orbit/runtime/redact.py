@@ -6,6 +6,7 @@ standard library only) and where ORBIT shows or keeps text.
 
     redactor = Redactor([b"hf_abc...", b"wandb-key"])
     out.write(redactor.feed(chunk))   # as chunks come; holds back what may be a value's start
+    out.write(redactor.release())     # the output paused: all but what may begin a value
     out.write(redactor.flush())       # at the end
 
 Values shorter than MIN_VALUE bytes are not looked for (a one-letter value would take every
@@ -59,6 +60,7 @@ class Redactor:
         for value in values:
             forms.update(forms_of(value))
         ordered: list[bytes] = sorted(forms, key=lambda f: (-len(f), f))  # longest first
+        self.forms = ordered
         # at every position, the longest form that starts there: overlapping values (one's end
         # another's start) are each found, and the union of what they cover is masked
         alternatives = b"|".join(re.escape(f) for f in ordered)
@@ -73,6 +75,26 @@ class Redactor:
         out, self.tail = self._mask(data, final=len(data) > MAX_HELD)
         return out
 
+    def release(self) -> bytes:
+        """What is held back, masked, except its end that may begin a value (to be decided
+        by what comes next): a live log shows what is whole while the output pauses, and
+        the text put together is still the whole text's, masked."""
+        out, self.tail = self._mask(self.tail, final=False, keep=self._may_begin(self.tail))
+        return out
+
+    def _may_begin(self, data: bytes) -> int:
+        """The length of the longest end of `data` that some form begins with."""
+        best = 0
+        for form in self.forms:
+            first = form[:1]
+            at = data.find(first, max(len(data) - len(form) + 1, 0))
+            while at != -1 and len(data) - at > best:
+                if form.startswith(data[at:]):
+                    best = len(data) - at
+                    break
+                at = data.find(first, at + 1)
+        return best
+
     def flush(self) -> bytes:
         """What is held back, masked: the end of the text."""
         out, self.tail = self._mask(self.tail, final=True)
@@ -82,14 +104,16 @@ class Redactor:
         """Mask a whole text at once."""
         return self.feed(data) + self.flush()
 
-    def _mask(self, data: bytes, final: bool) -> tuple[bytes, bytes]:
+    def _mask(self, data: bytes, final: bool, keep: int | None = None) -> tuple[bytes, bytes]:
         """(what can be written of `data`, masked; the rest, held back). A value that may go on
         past the end of `data` is held back whole, with every value that overlaps it, unless
-        this is the end of the text (`final`)."""
+        this is the end of the text (`final`). `keep`: the end that may begin a value (by
+        default as long as the longest form, less a byte)."""
         if self.pattern is None:
             return data, b""
         # a form that starts at or after `seen` may run past the end, unseen: decided later
-        seen = len(data) if final else max(len(data) - self.hold, 0)
+        hold = self.hold if keep is None else keep
+        seen = len(data) if final else max(len(data) - hold, 0)
         out = []
         at = 0  # what is written so far
         start = end = -1  # the covered span being gathered

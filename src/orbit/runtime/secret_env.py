@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ else:
         from orbit.runtime import redact
 
 CHUNK = 1 << 16
+PAUSE_S = 0.2  # output paused this long: what cannot begin a value is written
 PUMP_JOIN_S = 10.0  # how long the end of the task's output is waited for after it exited
 
 
@@ -101,6 +103,10 @@ class Masked:
             with open(log_path, "ab", opener=opener) as out:
                 try:
                     while True:
+                        if not select.select([read_fd], [], [], PAUSE_S)[0]:
+                            out.write(self.stream.release())  # paused: what is whole
+                            out.flush()
+                            continue
                         chunk = os.read(read_fd, CHUNK)
                         if not chunk:
                             break

@@ -88,7 +88,9 @@ class Wrapper:
         # the run's secrets (scripts/orbit_secret_env.py): the task's environment, and masked
         # out of everything written here
         self.secrets = secrets or {}
-        self.masked = load_script("orbit_secret_env", bundle).Masked(secrets) if secrets else None
+        self.masked = None
+        if secrets:
+            self.masked = detach.load_script("orbit_secret_env", bundle).Masked(secrets)
         self.last_run: dict[str, Any] = {
             "schema_version": 1,
             **records.provenance(),
@@ -216,7 +218,7 @@ class Wrapper:
         argv = [str(a) for a in job["entrypoint"]]
         self.started_at = records.now()
         if (job.get("launch_mode") or {}).get("kind") == "docker":
-            docker = load_script("orbit_docker", self.bundle)
+            docker = detach.load_script("orbit_docker", self.bundle)
             self.docker = docker.DockerLaunch(self.bundle, job, env, self.log)
             failure = self.docker.prepare()  # the image, before anything runs in it
             if failure is not None:
@@ -362,32 +364,6 @@ class Wrapper:
         return 0 if state == "succeeded" else 1
 
 
-def load_script(name: str, bundle: str) -> Any:
-    """scripts/NAME.py, imported only where it is used, so that a run needs nothing of what it
-    does not use: orbit_docker (a docker launch mode's), orbit_secret_env (a run with secrets;
-    as the package's own where the wrapper is)."""
-    import importlib
-
-    scripts = os.path.join(os.path.abspath(bundle), "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        if name != "orbit_secret_env" or __name__ == "__main__":
-            raise
-        return importlib.import_module("orbit.runtime.secret_env")
-
-
-def read_secrets(bundle: str, source: str | None) -> dict[str, str]:
-    """`--secrets -` (stdin) or `--secrets PATH` (a file, deleted as it is read): read before
-    the wrapper detaches, which leaves it no stdin."""
-    if source is None:
-        return {}
-    found: dict[str, str] = load_script("orbit_secret_env", bundle).read(source)
-    return found
-
-
 def main(argv: list[str] | None = None) -> int:
     args = detach.parse_args(sys.argv[1:] if argv is None else argv)
     if args is None:
@@ -404,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         parsed = parser.parse_args(argv)  # exits on what it cannot read
         args = (parsed.bundle, parsed.detach, parsed.secrets)
     bundle, detached, source = args
-    secrets = read_secrets(bundle, source)
+    secrets = detach.read_secrets(bundle, source)
     launcher = detach.detach(bundle) if detached else 0
     return Wrapper(bundle, launcher, secrets).run()
 

@@ -151,6 +151,37 @@ def test_a_run_in_a_container_succeeds_and_leaves_no_container(
     assert shown_json["attempts"][0]["image"]["id"] == image["id"]
 
 
+def test_a_secret_is_the_containers_env_alone_never_a_label_or_a_command_line(
+    env: dict[str, str], docker_host: Dockerd, tmp_path: Path
+) -> None:
+    value = "hf_ContainerSecret_q1w2e3r4t5y6"
+    subprocess.run(
+        [*ORBIT, "secrets", "set", "hf"], env=env, input=value, text=True, check=True,
+        capture_output=True,
+    )  # fmt: skip
+    spec = docker_spec(
+        tmp_path, ["sh", "-c", 'echo "token=$HF_TOKEN"; echo started; sleep 30'],
+        secrets={"HF_TOKEN": "hf"},
+    )  # fmt: skip
+    run = orbit_json(env, "submit", str(spec), "--set", f"image={docker_host.image}")
+    attempt_id = run["attempts"][0]["id"]
+    location = Path(run["attempts"][0]["handle"]["location"])
+    eventually(lambda: "started" in text(location / "artifacts" / "training.log"), 30)
+    name = f"orbit-{attempt_id}-n0"
+    inspected = json.loads(docker_host.docker("inspect", name).stdout)[0]
+    assert f"HF_TOKEN={value}" in inspected["Config"]["Env"]  # the container's environment
+    for part in ("Labels", "Cmd", "Entrypoint"):
+        assert value not in json.dumps(inspected["Config"][part]), part
+    assert value not in json.dumps(inspected["Args"]) + inspected["Path"]
+    listed = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+    assert value not in listed.stdout  # nor any command line on the host
+    scripts = location / "scripts"
+    assert "-e HF_TOKEN" in (scripts / "docker_run.sh").read_text()
+    assert not any(value in p.read_text(errors="replace") for p in scripts.iterdir())
+    orbit_json(env, "cancel", run["id"])
+    assert "token=***" in (location / "artifacts" / "training.log").read_text()
+
+
 def test_a_container_cannot_rewrite_what_the_wrapper_runs_on_the_host(
     env: dict[str, str], docker_host: Dockerd, tmp_path: Path
 ) -> None:

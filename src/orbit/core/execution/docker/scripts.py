@@ -194,7 +194,7 @@ def _options(job: JobSpec, docker: DockerLaunch) -> list[str]:
     options += [f"-e {name}" for name in docker.env_passthrough]  # passed only where set
     # the run's secrets by name only: docker takes each value from the wrapper's environment
     # for the task, so no command line (nor the script) holds one
-    options += [f"-e {name}" for name in sorted(job.secrets)]
+    options += [f"-e {name}" for name in sorted(set(job.secrets) - set(docker.env_passthrough))]
     for mount in docker.parsed_mounts():
         spec = f"type=bind,source={mount.source},target={mount.target}"
         options.append(f"--mount {q(spec + (',readonly' if mount.read_only else ''))}")
