@@ -22,6 +22,7 @@ from orbit.cli import (
     hosts,
     logs,
     nodes,
+    policy,
     runs,
     sched,
     sched_config,
@@ -79,6 +80,7 @@ app.command()(accounts.ui)
 app.add_typer(accounts.users_app, name="users")
 app.add_typer(accounts.tokens_app, name="tokens")
 app.add_typer(secrets.secrets_app, name="secrets")
+app.add_typer(policy.policy_app, name="policy")
 app.add_typer(schema.schema_app, name="schema")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -9,6 +10,7 @@ from orbit.cli.text import Printer, Table, paint
 from orbit.core.control.views import RunView, SecretUse, SubmitPlan, TemplateView, WaitView
 from orbit.model.hosts import HostFacts
 from orbit.model.models import RunState
+from orbit.model.policies import PolicyStamp
 from orbit.model.records import AttemptRecord, AuditEvent, ExperimentRecord
 
 STATE_STYLE = {
@@ -110,6 +112,7 @@ def run_json(view: RunView) -> dict[str, Any]:
         "created_at": run.created_at.isoformat(),
         "created_by": run.created_by,
         "replay_of": run.replay_of,
+        "policy": run.policy.model_dump(mode="json") if run.policy else None,
         "request": run.request.model_dump(mode="json"),
         "submission": run.submission.model_dump(mode="json"),
         "attempts": attempts,
@@ -185,6 +188,7 @@ def show_run(console: Printer, view: RunView) -> None:
         rows.append(("image", image))
     if run.replay_of:
         rows.append(("replays", run.replay_of))
+    rows += policy_rows(run.policy)
     after = run.submission.after
     for kind, runs in (("ok", after.ok), ("any", after.any)) if after else ():
         if runs:
@@ -279,6 +283,23 @@ def describe_facts(facts: HostFacts) -> list[tuple[str, str]]:
     ]
 
 
+def policy_rows(stamp: PolicyStamp | None) -> list[tuple[str, str]]:
+    """The policy a run was admitted under, and what it said of it."""
+    if stamp is None or stamp.version is None:
+        return []
+    rows = [("policy", f"version {stamp.version}")]
+    rows += [("warning", w) for w in stamp.warnings]
+    rows += [("default", f"{k}={v} (set by the policy)") for k, v in stamp.defaults.items()]
+    rows += [("rule error", e) for e in stamp.errors]
+    return rows
+
+
+def policy_warnings(stamp: PolicyStamp | None) -> None:
+    """What a submit's policy said beyond yes, on stderr: its warnings and defaults."""
+    for key, value in policy_rows(stamp)[1:]:
+        print(f"policy {key}: {value}", file=sys.stderr)
+
+
 def _secret_use(use: SecretUse) -> str:
     """`HF_TOKEN <- hf_token (yours: alice)`: never a value."""
     whose = {"user": f"yours: {use.owner}", "experiment": f"experiment {use.owner}"}
@@ -296,6 +317,7 @@ def show_plan(console: Printer, plan: SubmitPlan) -> None:
         ("entrypoint", " ".join(job.get("entrypoint", []))),
         ("env", ", ".join(env) if env else "-"),
         ("secrets", ", ".join(_secret_use(u) for u in plan.secrets) or "-"),
+        *policy_rows(plan.policy),
         ("resources", resources),
         ("template", plan.template_id),
         ("backend", plan.backend_key),

@@ -114,6 +114,7 @@ def submit(
     priority: normal             # agent pools: urgent | high | normal | batch
     preemptible: false
     after: {ok: [RUN], any: [RUN]}  # start once these succeeded (ok) / ended (any)
+    secrets: {HF_TOKEN: hf_token}   # env <- 'orbit secrets set hf_token'; never a value
     """
     from orbit.model.spec import add_after, load_spec, to_submission
 
@@ -130,6 +131,9 @@ def submit(
         render.show_plan(console, plan)
         return
     run = service().submit_task(submission, base_dir=base_dir, source=str(spec_file))
+    from orbit.cli.render import policy_warnings
+
+    policy_warnings(run.policy)
     wait = wait or not run.request.detach  # a template may ask to stay attached
     if not as_json and not wait:
         console.print(

@@ -15,6 +15,7 @@ from typing import Any
 from orbit.client.meter import QUIET, Meter
 from orbit.client.node_files import pull_file, push_file
 from orbit.client.remote_accounts import RemoteAccounts
+from orbit.client.remote_policy import RemotePolicy
 from orbit.client.session import RESEND_S, Session, part, query
 from orbit.client.streams import collect_artifacts, stream_log
 from orbit.client.uploads import upload
@@ -75,6 +76,12 @@ class RemoteControl:
         self.list_secrets = accounts.list_secrets
         self.remove_secret = accounts.remove_secret
         self.rotate_secret_key = accounts.rotate_secret_key
+        policy = RemotePolicy(self.session)  # the site's policy: remote_policy.py
+        self.check_policy = policy.check_policy
+        self.diff_policy = policy.diff_policy
+        self.apply_policy = policy.apply_policy
+        self.show_policy = policy.show_policy
+        self.policy_history = policy.policy_history
 
     def close(self) -> None:
         self.session.close()

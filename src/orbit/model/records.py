@@ -14,6 +14,7 @@ from orbit.model.models import (
     RunState,
     TaskSubmission,
 )
+from orbit.model.policies import PolicyStamp
 
 
 class ExperimentRecord(Record):
@@ -81,6 +82,8 @@ class RunRecord(Record):
     created_at: datetime
     created_by: str
     replay_of: str | None = None  # the run whose bundle this one replays
+    # the policy it was admitted under and what that said (none: made before policies)
+    policy: PolicyStamp | None = None
     attempts: tuple[AttemptRecord, ...]
 
     @property

@@ -113,6 +113,13 @@ OPERATION_IDS = {
     "set_secret": "secrets_set",
     "remove_secret": "secrets_remove",
     "rotate_key": "secrets_rotate_key",
+    # policy
+    "show_policy": "policy_show",
+    "policy_history": "policy_history",
+    "policy_version": "policy_version",
+    "check_policy": "policy_check",
+    "diff_policy": "policy_diff",
+    "apply_policy": "policy_apply",
     # audit
     "audit": "audit_list",
     "verify": "audit_verify",
@@ -144,6 +151,7 @@ TAGS: list[dict[str, Any]] = [
     {"name": "scheduler", "description": "The queue, why a run waits, quotas and the policy."},
     {"name": "users", "description": "Users, roles and API tokens."},
     {"name": "secrets", "description": "Secrets set and listed, never read back; key rotation."},
+    {"name": "policy", "description": "Submission rules in CEL: checked, replayed, applied."},
     {"name": "audit", "description": "The tamper-evident audit trail."},
     {"name": "server", "description": "Health (no token needed) and Prometheus metrics."},
     {

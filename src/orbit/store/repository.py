@@ -18,6 +18,7 @@ from orbit.store.node_commands import NodeCommands
 from orbit.store.node_heartbeats import NodeHeartbeats
 from orbit.store.nodes import Nodes
 from orbit.store.placement import Placements
+from orbit.store.policies import Policies
 from orbit.store.runs import Runs
 from orbit.store.sched_config_table import SchedConfigTable
 from orbit.store.scheduling import SchedulerRows
@@ -59,6 +60,7 @@ class Store:
         self.hosts = HostTable(db)
         self.storage = StorageTable(db)
         self.secrets = Secrets(db)  # values sealed under the server's keys, never shown
+        self.policies = Policies(db)  # applied policy files, the newest in force
 
     @property
     def dialect(self) -> str:

@@ -18,6 +18,7 @@ from orbit.model.models import (
     RunState,
     TaskSubmission,
 )
+from orbit.model.policies import PolicyStamp
 from orbit.model.records import AttemptRecord, RunRecord
 from orbit.store.sql import Row, Tx, expand, like_prefix, read_json, read_time, read_time_required
 
@@ -29,7 +30,8 @@ ATTEMPT_COLUMNS = (
 )
 RUN_COLUMNS = (
     "r.id, r.experiment_id, e.name AS experiment_name, r.task_type, r.template_id, "
-    "r.bundle_digest, r.submission, r.request, r.created_at, r.created_by, r.replay_of"
+    "r.bundle_digest, r.submission, r.request, r.created_at, r.created_by, r.replay_of, "
+    "r.policy"
 )
 RUNS_FROM = "runs r JOIN experiments e ON e.id = r.experiment_id"
 AMBIGUOUS_SHOWN = 5  # matches named when a run id prefix is ambiguous
@@ -41,6 +43,15 @@ def stored_request(raw: str | dict[str, Any]) -> ExecutionRequest:
     if isinstance(raw, str):
         return ExecutionRequest.model_validate_json(raw)
     return ExecutionRequest.model_validate(raw)
+
+
+def stored_policy(raw: str | dict[str, Any] | None) -> PolicyStamp | None:
+    """What a run recorded of its admission, as its column holds it (none before 0017)."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return PolicyStamp.model_validate_json(raw)
+    return PolicyStamp.model_validate(raw)
 
 
 def stored_submission(raw: str | dict[str, Any]) -> TaskSubmission:
@@ -244,6 +255,7 @@ def run_records(tx: Tx, rows: list[Row]) -> list[RunRecord]:
             created_at=read_time_required(r["created_at"]),
             created_by=r["created_by"],
             replay_of=r["replay_of"],
+            policy=stored_policy(r["policy"]),
             attempts=tuple(attempts[r["id"]]),
         )
         for r in rows

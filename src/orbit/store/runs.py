@@ -10,6 +10,7 @@ from typing import Any
 
 from orbit.model.errors import InvalidInput, NotFound
 from orbit.model.models import ExecutionRequest, RunState, TaskSubmission
+from orbit.model.policies import PolicyStamp
 from orbit.model.records import AttemptRecord, RunRecord
 from orbit.store import base
 from orbit.store.attempt_leases import Lease, set_launch_claim
@@ -186,6 +187,7 @@ class Runs(Part):
         replay_of: str | None = None,
         launcher: Lease | None = None,
         key: SubmitKey | None = None,
+        policy: PolicyStamp | None = None,
     ) -> RunRecord:
         """A new run with its first attempt, in state prepared; with `launcher`, claimed for
         launching by it in the same transaction (no other process can launch it first); with
@@ -197,9 +199,9 @@ class Runs(Part):
                 remember(tx, key, run_id)
             tx.execute(
                 "INSERT INTO runs (id, experiment_id, task_type, template_id, bundle_digest, "
-                "submission, request, created_at, created_by, replay_of) VALUES (:id, "
+                "submission, request, created_at, created_by, replay_of, policy) VALUES (:id, "
                 ":experiment_id, :task_type, :template_id, :bundle_digest, :submission, "
-                ":request, :created_at, :created_by, :replay_of)",
+                ":request, :created_at, :created_by, :replay_of, :policy)",
                 {
                     "id": run_id,
                     "experiment_id": experiment_id,
@@ -211,6 +213,7 @@ class Runs(Part):
                     "created_at": utcnow(),
                     "created_by": actor,
                     "replay_of": replay_of,
+                    "policy": policy.model_dump(mode="json") if policy is not None else None,
                 },
             )
             append_event(

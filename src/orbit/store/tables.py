@@ -46,6 +46,9 @@ class RunRow(Base):
     # its current attempt's state (highest number, rank 0), kept by orbit.store.attempt_states
     # in the transaction that moves or opens an attempt: `runs list --state S` newest first
     state: Mapped[str] = mapped_column(String(16), server_default="prepared")
+    # what it recorded of its admission (orbit.model.policies.PolicyStamp); none: made before
+    # policies were kept
+    policy: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     __table_args__ = (
         # `runs list --user U`: a user's runs, newest first
         Index("ix_runs_created_by_created_at", "created_by", "created_at"),
@@ -265,6 +268,18 @@ class SecretRow(Base):
     rotated_at: Mapped[datetime | None]
     used_at: Mapped[datetime | None]
     __table_args__ = (Index("ix_secrets_scope_owner_name", "scope", "owner", "name", unique=True),)
+
+
+class PolicyRow(Base):
+    """An applied policy file (orbit.store.policies): the newest version is in force."""
+
+    __tablename__ = "policies"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    body: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    rules: Mapped[int] = mapped_column(Integer)
+    applied_at: Mapped[datetime]
+    applied_by: Mapped[str] = mapped_column(String(128))
 
 
 class EventRow(Base):

@@ -6,7 +6,7 @@ tell the two apart."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,9 +34,12 @@ from orbit.model.hosts import HostRecord, HostSpec
 from orbit.model.layers import LogLayer
 from orbit.model.models import ExecutionOverrides, RunState, TaskSubmission
 from orbit.model.nodes import JoinTokenRecord, NewJoinToken, NodeRecord
+from orbit.model.policies import PolicyVersion
 from orbit.model.records import AuditEvent, CollectResult, ExperimentRecord, RunRecord
 from orbit.model.secrets import KeyRotation, Scope, SecretRecord
 from orbit.model.storage import GcReport, RunStorage, Usage
+from orbit.policy.check import CheckReport
+from orbit.policy.replay import DiffReport
 
 
 class ControlAPI(Protocol):
@@ -152,6 +155,13 @@ class ControlAPI(Protocol):
         self, name: str, scope: Scope = ..., experiment: str | None = ...
     ) -> SecretRecord: ...
     def rotate_secret_key(self) -> KeyRotation: ...
+
+    # policies: anyone reads and checks; a server lets only an admin replay or apply one
+    def check_policy(self, text: str, source: str = ...) -> CheckReport: ...
+    def diff_policy(self, text: str, source: str = ..., since: timedelta = ...) -> DiffReport: ...
+    def apply_policy(self, text: str, source: str = ...) -> PolicyVersion: ...
+    def show_policy(self, version: int | None = ...) -> PolicyVersion: ...
+    def policy_history(self) -> list[PolicyVersion]: ...
 
     # agent nodes (in-house servers running `orbit agent`); a server allows admins only,
     # but for reading the nodes

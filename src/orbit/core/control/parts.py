@@ -1,9 +1,10 @@
 """What the parts of the control service ask of one another, and the registry they ask it
 through: a launch that fails ends its attempt (lifecycle), an ended attempt's retry is launched
 (launching), a launch asks for a pass (scheduling), a bulk action cancels or retries each run
-(actions), a submit checks and a launch opens a run's secrets (secrets). These calls go round
-in a circle, so no part can be handed the others as it is made: CoreControlService makes every
-part, then names these six here before any is called.
+(actions), a submit checks and a launch opens a run's secrets (secrets), a submit is admitted
+under the policy in force (policy). These calls go round in a circle, so no part can be handed
+the others as it is made: CoreControlService makes every part, then names these seven here
+before any is called.
 
 Each is a Protocol of the calls made between parts, no more: the whole surface one part uses of
 another is on this page, and naming it imports no part (no import circle)."""
@@ -16,7 +17,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from orbit.core.control.views import QueueEntry, SecretUse
     from orbit.model.dependencies import After
-    from orbit.model.models import ExecutionOverrides, ExecutionRequest, RunStatus
+    from orbit.model.models import (
+        ExecutionOverrides,
+        ExecutionRequest,
+        ExecutionTemplate,
+        RunStatus,
+        TaskSubmission,
+    )
+    from orbit.model.policies import PolicyStamp
     from orbit.model.records import AttemptRecord, RunRecord
     from orbit.scheduler.model import Quota
 
@@ -71,6 +79,16 @@ class Keeper(Protocol):  # core/control/secrets.py
     def deliver(self, run: RunRecord, attempt_id: str) -> dict[str, str]: ...
 
 
+class Admitter(Protocol):  # core/control/policy.py
+    def admit(
+        self,
+        request: ExecutionRequest,
+        submission: TaskSubmission,
+        template: ExecutionTemplate,
+        experiment: str,
+    ) -> tuple[ExecutionRequest, PolicyStamp]: ...
+
+
 class Parts:
     gate: Gate  # `after:`: holds a launch back until what it waits for has ended
     launching: Launcher  # claim, stage, start: the one launch path
@@ -78,3 +96,4 @@ class Parts:
     scheduling: Passes  # passes of the scheduler and the placements they launch
     actions: Actions  # cancel, retry, replay
     secrets: Keeper  # a run's secrets: checked at submit, opened for each launch
+    policy: Admitter  # the policy in force, at each submit

@@ -25,6 +25,7 @@ from orbit.core.control.launching import Launching
 from orbit.core.control.lifecycle import Lifecycle
 from orbit.core.control.nodes import Nodes
 from orbit.core.control.parts import Parts
+from orbit.core.control.policy import PolicyPart
 from orbit.core.control.reading import Reading
 from orbit.core.control.sched_queries import SchedulerQueries
 from orbit.core.control.scheduling import Scheduling
@@ -120,6 +121,7 @@ class CoreControlService:
         nodes = Nodes(shared, parts)
         clusters = Clusters(shared, parts)
         parts.secrets = secrets = SecretsPart(shared, parts)
+        parts.policy = policy = PolicyPart(shared, parts)
         # runs read: views, logs, evidence, inspect, diff, collect (reading.py)
         self.get_run = reading.get_run
         self.list_runs = reading.list_runs
@@ -198,6 +200,12 @@ class CoreControlService:
         self.rotate_secret_key = secrets.rotate_secret_key
         self.check_secret_keys = secrets.check_secret_keys
         self.deliver_secrets = secrets.deliver
+        # policies: checked, replayed, applied, in force at each submit (policy.py)
+        self.check_policy = policy.check_policy
+        self.diff_policy = policy.diff_policy
+        self.apply_policy = policy.apply_policy
+        self.show_policy = policy.show_policy
+        self.policy_history = policy.policy_history
         # join tokens, nodes, their files (nodes.py)
         self.create_join_token = nodes.create_join_token
         self.list_join_tokens = nodes.list_join_tokens

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,7 @@ from orbit.model.models import (
     PrecheckSpec,
     TaskSubmission,
 )
+from orbit.model.policies import PolicyStamp
 from orbit.model.records import RunRecord
 from orbit.model.task import CommonTaskFields, ShapedTask
 from orbit.store.submit_keys import KeyTaken
@@ -118,6 +119,7 @@ class _Shaped:
     job: JobSpec
     after: After | None = None  # the runs it waits for, by full id
     secrets: tuple[SecretUse, ...] = ()  # which of the submitter's secrets it would use
+    policy: PolicyStamp = field(default_factory=PolicyStamp)  # what the policy said of it
 
 
 class Submitting(ServicePart):
@@ -188,6 +190,7 @@ class Submitting(ServicePart):
                 actor=self.actor,
                 launcher=self.parts.lifecycle.claim(),
                 key=key,
+                policy=prepared.policy,
             )
         except KeyTaken:  # the same request, sent again while this one was at work
             assert key is not None
@@ -234,6 +237,7 @@ class Submitting(ServicePart):
             bundle_files=len(files),
             bundle_bytes=size,
             secrets=list(prepared.secrets),
+            policy=prepared.policy,
         )
 
     def _prepare(
@@ -248,7 +252,8 @@ class Submitting(ServicePart):
         from orbit.model.overrides import resolve
         from orbit.store.experiments import check_experiment_name
 
-        if self.store.experiments.find_experiment(submission.experiment_id) is None:
+        experiment = self.store.experiments.find_experiment(submission.experiment_id)
+        if experiment is None:
             check_experiment_name(submission.experiment_id)  # before a bundle is frozen for it
         if shaped is None:  # else shaped here over what a client sent (see _shape_sent)
             shaped = self.tasks.shape(
@@ -272,6 +277,12 @@ class Submitting(ServicePart):
                     f"{request.placement.kind}: {instead}"
                 )
             request = request.model_copy(update={"selector": {**request.selector, **needs}})
+        request, policy = self.parts.policy.admit(
+            request,
+            submission,
+            template,
+            experiment.name if experiment is not None else submission.experiment_id,
+        )
         self.tasks.check_resources(submission.task_type, submission.task_request, source, request)
         self.execution.backend(request.backend_key).validate(request)
         self.parts.scheduling.check_schedulable(request, submission.queue_anyway, service_field)
@@ -298,7 +309,7 @@ class Submitting(ServicePart):
         check_env(job.env)
         secrets = self._secrets(job, submission.experiment_id)
         after = self.parts.gate.resolve_after(submission.after, source)
-        return _Shaped(shaped, common, template, request, job, after, secrets)
+        return _Shaped(shaped, common, template, request, job, after, secrets, policy)
 
     def _secrets(self, job: JobSpec, experiment: str) -> tuple[SecretUse, ...]:
         """Each of the run's secret references, resolved for the submitter: one that does not

@@ -11,6 +11,7 @@ from orbit.forensics.progress import Progress
 from orbit.forensics.rundiff import Difference
 from orbit.model.hosts import HostRecord
 from orbit.model.models import ExecutionRequest, ExecutionTemplate, Record
+from orbit.model.policies import PolicyStamp
 from orbit.model.records import RunRecord
 from orbit.model.secrets import Scope
 from orbit.model.storage import RunStorage
@@ -123,6 +124,7 @@ class SubmitPlan(Record):
     bundle_files: int
     bundle_bytes: int
     secrets: list[SecretUse] = []  # which would be used, and from which scope
+    policy: PolicyStamp = PolicyStamp()  # what the policy in force says of it
 
 
 class Explanation(Record):

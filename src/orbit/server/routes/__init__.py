@@ -19,6 +19,7 @@ from orbit.server.routes.catalogue import make_catalogue_router
 from orbit.server.routes.hosts import make_hosts_router
 from orbit.server.routes.logs import make_logs_router
 from orbit.server.routes.nodes import make_nodes_router
+from orbit.server.routes.policy import make_policy_router
 from orbit.server.routes.runs import make_runs_router
 from orbit.server.routes.scheduling import make_sched_router
 from orbit.server.routes.secrets import make_secrets_router
@@ -33,6 +34,7 @@ def api_routers(
     return [
         make_accounts_router(service),
         make_secrets_router(service),
+        make_policy_router(service),
         make_catalogue_router(service),
         make_runs_router(service, config, metrics),
         make_logs_router(service),

@@ -4,9 +4,12 @@ per node, each rank told its place by Slurm's environment and writing its own fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +94,31 @@ def test_two_nodes_are_one_job_with_a_wrapper_on_each_node_and_their_files_colle
     again = json.loads(proc.stdout)
     assert again["verified"] is False and who(tmp_path / "again")["rank"] == "0"
     assert [p for p in again["problems"] if p.startswith("rank 1: never started")], again
+
+
+def test_every_rank_reads_its_own_copy_of_the_secrets_and_none_is_left_on_disk(
+    env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    value = "hf_EveryRank_0a9b8c7d6e5f"
+    subprocess.run(
+        [sys.executable, "-m", "orbit", "secrets", "set", "hf"], env=env, input=value,
+        text=True, check=True, capture_output=True,
+    )  # fmt: skip
+    command = 'echo "rank $ORBIT_NODE_RANK token=$HF_TOKEN"; printf %s "$HF_TOKEN" | sha256sum'
+    path = spec(tmp_path, command, "multi", num_nodes=2)
+    path.write_text(path.read_text() + "secrets: {HF_TOKEN: hf}\n")
+    run = dict(orbit_json(env, "submit", str(path)))
+    orbit(env, "logs", run["id"], "--follow", timeout=120)
+    assert orbit_json(env, "status", run["id"])["state"] == "succeeded"
+    location = Path(run["attempts"][0]["handle"]["location"])
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    for rank, folder in ((0, location), (1, location / "nodes" / "1")):
+        log = (folder / "artifacts" / "training.log").read_text()
+        assert f"rank {rank} token=***" in log and digest in log, log
+    assert not (location / "secrets").exists()  # each rank's file read and deleted
+    for found in tmp_path.rglob("*"):
+        if found.is_file() and not found.is_symlink():
+            assert value.encode() not in found.read_bytes(), found
 
 
 def test_a_failing_rank_fails_the_run_naming_it_and_ends_the_whole_job(

@@ -1,0 +1,177 @@
+"""Policies: check a file, replay it against past submissions, apply it (the newest version is
+in force), show and list the versions; and admit a submission under the policy in force: its
+refusal in one line naming the rule, its warnings and the defaults it sets, recorded on the
+run with the version (core/control/submit.py calls `admit`). Who may apply is the server's to
+check (an admin); these only do it, for the caller, and the store audits it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from orbit.core.control.base import ServicePart
+from orbit.model.errors import InvalidInput, Refused
+from orbit.model.models import ExecutionRequest, ExecutionTemplate, TaskSubmission
+from orbit.model.overrides import set_paths
+from orbit.model.policies import PolicyStamp, PolicyVersion
+from orbit.policy.check import CheckReport, check_policy
+from orbit.policy.engine import CompiledPolicy, compile_policy, request_view, variables
+from orbit.policy.replay import DiffReport, Recorded, diff
+from orbit.policy.rules import parse_policy
+
+MAX_SINCE = timedelta(days=400)
+
+
+class PolicyPart(ServicePart):
+    _compiled: tuple[int, CompiledPolicy] | None = None  # the version in force, compiled once
+
+    def check_policy(self, text: str, source: str = "policy") -> CheckReport:
+        """The file read, compiled, type-checked and its tests run (InvalidInput in one line
+        when it cannot be used; failing tests are in the report)."""
+        return check_policy(text, source)[2]
+
+    def diff_policy(
+        self, text: str, source: str = "policy", since: timedelta = timedelta(days=30)
+    ) -> DiffReport:
+        """What the file would change, against every submission recorded in `since`."""
+        if not timedelta(0) < since <= MAX_SINCE:
+            raise InvalidInput(f"--since: between 1s and {MAX_SINCE.days}d")
+        _, candidate, report = check_policy(text, source)
+        current = self.store.policies.current()
+        start = datetime.now(UTC) - since
+        return diff(
+            self._compile(current) if current is not None else None,
+            current.version if current is not None else None,
+            candidate,
+            report.sha256,
+            self._recorded(start),
+            start,
+        )
+
+    def apply_policy(self, text: str, source: str = "policy") -> PolicyVersion:
+        """The file as the next version, in force from the next submit; refused, nothing
+        applied, when it cannot be used or one of its own tests fails."""
+        policy, _, report = check_policy(text, source)
+        failed = [t for t in report.tests if not t.passed]
+        if failed:
+            raise InvalidInput(
+                f"{source}: test '{failed[0].name}' fails ({'; '.join(failed[0].failures)}): "
+                "not applied (orbit policy check shows every test)"
+            )
+        return self.store.policies.apply(text, report.sha256, len(policy.rules), self.actor)
+
+    def show_policy(self, version: int | None = None) -> PolicyVersion:
+        if version is not None:
+            return self.store.policies.get(version)
+        found = self.store.policies.current()
+        if found is None:
+            raise InvalidInput("no policy applied yet (orbit policy apply FILE)")
+        return found
+
+    def policy_history(self) -> list[PolicyVersion]:
+        return self.store.policies.history()
+
+    def admit(
+        self,
+        request: ExecutionRequest,
+        submission: TaskSubmission,
+        template: ExecutionTemplate,
+        experiment: str,
+    ) -> tuple[ExecutionRequest, PolicyStamp]:
+        """The request under the policy in force: Refused in one line naming the rule when a
+        rule in enforce mode denies it; else the request with the defaults the rules set (where
+        neither the submission nor its template gives one) and what the run records."""
+        current = self.store.policies.current()
+        if current is None:
+            return request, PolicyStamp()
+        compiled = self._compile(current)
+        wants = compiled.variables()
+        role = self._role() if "user" in wants else "member"
+        usage = self._usage() if "usage" in wants else {}
+        view = request_view(
+            request.model_dump(mode="json"), submission.task_type, submission.task_request
+        )
+        verdict = compiled.evaluate(
+            variables(view, {"name": self.actor, "role": role}, experiment, _now(), usage)
+        )
+        refusal = verdict.refusal()
+        if refusal is not None:
+            raise Refused(refusal)
+        given = set(set_paths(submission.overrides)) | template.defaults.model_fields_set
+        defaults = {k: v for k, v in verdict.defaults.items() if k not in given}
+        replaced = {k: getattr(request, k) for k in defaults}
+        if defaults:
+            request = request.model_copy(update=defaults)
+        audited = {
+            r.rule.name: verdict.outcomes.get(r.rule.name, "allow")
+            for r in compiled.rules
+            if r.rule.mode == "audit"
+        }
+        return request, PolicyStamp(
+            version=current.version,
+            warnings=[f"{rule}: {message}" for rule, message in verdict.warnings],
+            audited=audited,
+            defaults=defaults,
+            replaced=replaced,
+            errors=[f"{rule}: {why}" for rule, why in verdict.errors],
+            role=role,
+            usage=usage,
+        )
+
+    def _compile(self, version: PolicyVersion) -> CompiledPolicy:
+        cached = self._compiled
+        if cached is not None and cached[0] == version.version:
+            return cached[1]
+        assert version.body is not None
+        source = f"policy version {version.version}"
+        compiled = compile_policy(parse_policy(version.body, source), source)
+        self._compiled = (version.version, compiled)
+        return compiled
+
+    def _role(self) -> str:
+        from orbit.model.errors import NotFound
+
+        try:
+            return self.store.users.get_user(self.actor).role.value
+        except NotFound:  # embedded: the local user, who may do anything
+            return "admin"
+
+    def _usage(self) -> dict[str, Any]:
+        from orbit.model.models import RunState
+        from orbit.scheduler.gpu_hours import gpus_of
+
+        active = {RunState.PROVISIONING, RunState.STARTING, RunState.RUNNING}
+        held = sum(
+            gpus_of(request if isinstance(request, dict) else {})
+            for user, _, request in self.store.runs.holding(active)
+            if user == self.actor
+        )
+        quota = next(
+            (int(q["gpus"]) for q in self.store.scheduling.list_quotas()
+             if q["scope"] == "user" and q["name"] == self.actor),
+            None,
+        )  # fmt: skip
+        return {"gpus": held, "quota_gpus": quota}
+
+    def _recorded(self, since: datetime) -> Iterator[Recorded]:
+        for row in self.store.policies.recorded_since(since):
+            stamp = row["policy"] or {}
+            submission = row["submission"] or {}
+            # as it was asked: what a rule's default filled in is given back its own value
+            request = {**row["request"], **(stamp.get("replaced") or {})}
+            yield Recorded(
+                run_id=row["id"],
+                at=row["created_at"],
+                user=row["created_by"],
+                role=stamp.get("role", "member"),
+                experiment=row["experiment"],
+                request=request_view(
+                    request, row["task_type"], submission.get("task_request") or {}
+                ),
+                usage=stamp.get("usage") or {},
+            )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
