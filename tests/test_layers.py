@@ -50,7 +50,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "orbit.integrations": (*BOTTOM, "orbit.runtime", *PLANES),
     "orbit.client": (*BOTTOM, "orbit.forensics", "orbit.policy", *PLANES),
     "orbit.agent": (*BOTTOM, "orbit.runtime", "orbit.core.execution"),
-    "orbit.server": (*BOTTOM, "orbit.store", "orbit.scheduler", "orbit.forensics", *PLANES),
+    "orbit.server": (
+        *BOTTOM,
+        "orbit.store",
+        "orbit.scheduler",
+        "orbit.forensics",
+        "orbit.policy",
+        *PLANES,
+    ),
     # the CLI reaches the control plane only through its one client interface (ControlAPI,
     # the records it returns, a wait in words), so that an HTTP client changes nothing for it
     "orbit.cli": (

@@ -202,3 +202,27 @@ def test_diff_replays_recorded_submissions_with_known_answers(svc: CoreControlSe
     # outside the window: nothing to replay
     with pytest.raises(InvalidInput, match="--since"):
         svc.diff_policy(POLICY, "site.yaml", timedelta(days=999))
+
+
+def test_a_retry_or_replay_of_a_run_made_under_an_older_version_meets_the_one_in_force(
+    svc: CoreControlService, tmp_path: Path
+) -> None:
+    svc.apply_policy(LOOSE, "site.yaml")
+    run = svc.submit_task(submission("box", resources={"cpu_count": 3}), base_dir=tmp_path)
+    run = svc.wait_for(run.id, timeout_s=60)
+    assert run.policy.version == 1  # type: ignore[union-attr]
+    again = svc.wait_for(svc.retry_run(run.id).id, timeout_s=60)  # the same version: as before
+    assert len(again.attempts) == 2
+    svc.apply_policy(LOOSE + """\
+  - name: three-cpus-at-most
+    deny: 'request.resources.cpu_count > 2'
+    message: 'at most 2 CPUs'
+""", "site.yaml")  # fmt: skip
+    for act in (svc.retry_run, svc.replay_run):
+        with pytest.raises(Refused) as caught:
+            act(run.id)
+        assert str(caught.value) == (
+            f"policy rule 'three-cpus-at-most': at most 2 CPUs (policy version 2; {run.id} was "
+            "made under version 1)"
+        )
+    assert len(svc.get_run(run.id).attempts) == 2 and len(svc.list_runs()) == 1

@@ -128,6 +128,7 @@ class RunActions(ServicePart):
         request, changed = self._same_bundle_request(
             run, overrides or ExecutionOverrides(), "a retry"
         )
+        self.parts.policy.readmit(run, request)  # made under an older version: today's too
         fenced = self._fenced_until(run)  # a lost attempt's node stops it first
         attempt = self.store.runs.add_attempt(
             run.id,
@@ -174,6 +175,7 @@ class RunActions(ServicePart):
         request, changed = self._same_bundle_request(
             original, overrides or ExecutionOverrides(), "a replay"
         )
+        stamp = self.parts.policy.readmit(original, request)
         try:
             run = self.store.runs.create_run(
                 experiment_id=original.experiment_id,
@@ -186,6 +188,7 @@ class RunActions(ServicePart):
                 replay_of=original.id,
                 launcher=self.parts.lifecycle.claim(),
                 key=key,
+                policy=stamp,
             )
         except KeyTaken:  # the same request, sent again while this one was at work
             assert key is not None

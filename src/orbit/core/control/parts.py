@@ -87,6 +87,7 @@ class Admitter(Protocol):  # core/control/policy.py
         template: ExecutionTemplate,
         experiment: str,
     ) -> tuple[ExecutionRequest, PolicyStamp]: ...
+    def readmit(self, run: RunRecord, request: ExecutionRequest) -> PolicyStamp: ...
 
 
 class Parts:

@@ -15,8 +15,9 @@ from orbit.model.errors import InvalidInput, Refused
 from orbit.model.models import ExecutionRequest, ExecutionTemplate, TaskSubmission
 from orbit.model.overrides import set_paths
 from orbit.model.policies import PolicyStamp, PolicyVersion
+from orbit.model.records import RunRecord
 from orbit.policy.check import CheckReport, check_policy
-from orbit.policy.engine import CompiledPolicy, compile_policy, request_view, variables
+from orbit.policy.engine import CompiledPolicy, Verdict, compile_policy, request_view, variables
 from orbit.policy.replay import DiffReport, Recorded, diff
 from orbit.policy.rules import parse_policy
 
@@ -85,39 +86,83 @@ class PolicyPart(ServicePart):
         current = self.store.policies.current()
         if current is None:
             return request, PolicyStamp()
+        verdict, role, usage = self._judge(current, request, submission, experiment)
+        refusal = verdict.refusal()
+        if refusal is not None:
+            raise Refused(refusal)
+        # given: set to a value by the submission or its template (a null is none given)
+        named = set(set_paths(submission.overrides)) | template.defaults.model_fields_set
+        defaults = {
+            k: v
+            for k, v in verdict.defaults.items()
+            if k not in named or getattr(request, k) is None
+        }
+        replaced = {k: getattr(request, k) for k in defaults}
+        if defaults:
+            request = request.model_copy(update=defaults)
+        return request, self._stamp(current, verdict, defaults, replaced, role, usage)
+
+    def _judge(
+        self,
+        current: PolicyVersion,
+        request: ExecutionRequest,
+        submission: TaskSubmission,
+        experiment: str,
+    ) -> tuple[Verdict, str, dict[str, Any]]:
+        """The policy's verdict on a request by the caller: (verdict, their role, usage)."""
         compiled = self._compile(current)
-        wants = compiled.variables()
+        wants = compiled.variables()  # who asks and what they hold: read only if a rule does
         role = self._role() if "user" in wants else "member"
         usage = self._usage() if "usage" in wants else {}
         view = request_view(
             request.model_dump(mode="json"), submission.task_type, submission.task_request
         )
-        verdict = compiled.evaluate(
-            variables(view, {"name": self.actor, "role": role}, experiment, _now(), usage)
-        )
-        refusal = verdict.refusal()
-        if refusal is not None:
-            raise Refused(refusal)
-        given = set(set_paths(submission.overrides)) | template.defaults.model_fields_set
-        defaults = {k: v for k, v in verdict.defaults.items() if k not in given}
-        replaced = {k: getattr(request, k) for k in defaults}
-        if defaults:
-            request = request.model_copy(update=defaults)
-        audited = {
-            r.rule.name: verdict.outcomes.get(r.rule.name, "allow")
-            for r in compiled.rules
-            if r.rule.mode == "audit"
-        }
-        return request, PolicyStamp(
+        who = {"name": self.actor, "role": role}
+        return compiled.evaluate(variables(view, who, experiment, _now(), usage)), role, usage
+
+    def _stamp(
+        self,
+        current: PolicyVersion,
+        verdict: Verdict,
+        defaults: dict[str, Any],
+        replaced: dict[str, Any],
+        role: str,
+        usage: dict[str, Any],
+    ) -> PolicyStamp:
+        compiled = self._compile(current)
+        return PolicyStamp(
             version=current.version,
             warnings=[f"{rule}: {message}" for rule, message in verdict.warnings],
-            audited=audited,
+            audited={
+                r.rule.name: verdict.outcomes.get(r.rule.name, "allow")
+                for r in compiled.rules
+                if r.rule.mode == "audit"
+            },
             defaults=defaults,
             replaced=replaced,
             errors=[f"{rule}: {why}" for rule, why in verdict.errors],
             role=role,
             usage=usage,
         )
+
+    def readmit(self, run: RunRecord, request: ExecutionRequest) -> PolicyStamp:
+        """A retry or replay of `run` (the same bundle, so no default is set): refused in one
+        line when the policy in force, newer than the one the run was made under, denies its
+        request; what the policy says of it otherwise."""
+        current = self.store.policies.current()
+        made_under = run.policy.version if run.policy is not None else None
+        if current is None:
+            return PolicyStamp()
+        if made_under == current.version and run.policy is not None:
+            return run.policy
+        verdict, role, usage = self._judge(current, request, run.submission, run.experiment_name)
+        refusal = verdict.refusal()
+        if refusal is not None:
+            was = f"version {made_under}" if made_under else "no policy"
+            raise Refused(
+                f"{refusal} (policy version {current.version}; {run.id} was made under {was})"
+            )
+        return self._stamp(current, verdict, {}, {}, role, usage)
 
     def _compile(self, version: PolicyVersion) -> CompiledPolicy:
         cached = self._compiled
