@@ -26,7 +26,7 @@ from orbit.policy.rules import Outcome, PolicyFile, Rule
 
 MAX_EXPR = 2000
 MAX_MACROS = 4
-_MACRO = re.compile(r"\.\s*(all|exists|exists_one|map|filter)\s*\(")
+_MACRO = re.compile(r"\.\s*(all|exists|exists_one|map|filter)\s*\((?:\s*([A-Za-z_]\w*)\s*,)?")
 _TEMPLATE = re.compile(r"\{\{(.*?)\}\}")
 VARIABLES = ("request", "user", "experiment", "now", "usage")
 RESOURCE_FIELDS = (
@@ -170,7 +170,8 @@ def _program(expression: str, field: str, where: str) -> Any:
         program = cel.compile(expression)
     except Exception as exc:
         raise InvalidInput(f"{field}: not CEL: {_why(exc)}") from None
-    unknown = sorted(set(program.variables()) - set(VARIABLES))
+    bound = {m.group(2) for m in _MACRO.finditer(expression) if m.group(2)}  # x of .all(x, ..)
+    unknown = sorted(set(program.variables()) - set(VARIABLES) - bound)
     if unknown:
         raise InvalidInput(
             f"{field}: unknown variable {', '.join(unknown)} (known: {', '.join(VARIABLES)})"

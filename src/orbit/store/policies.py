@@ -62,6 +62,12 @@ class Policies(Part):
                     raise
         raise AssertionError("unreachable")
 
+    def newest(self) -> int | None:
+        """The version in force (one index read: what a submit asks before it needs the file)."""
+        with self._read() as tx:
+            found = tx.scalar("SELECT MAX(version) FROM policies")
+        return int(found) if found is not None else None
+
     def current(self) -> PolicyVersion | None:
         """The policy in force, with its file; None before any was applied."""
         with self._read() as tx:

@@ -25,7 +25,8 @@ MAX_SINCE = timedelta(days=400)
 
 
 class PolicyPart(ServicePart):
-    _compiled: tuple[int, CompiledPolicy] | None = None  # the version in force, compiled once
+    # the version in force, its record and its rules compiled, read again when it changes
+    _compiled: tuple[PolicyVersion, CompiledPolicy] | None = None
 
     def check_policy(self, text: str, source: str = "policy") -> CheckReport:
         """The file read, compiled, type-checked and its tests run (InvalidInput in one line
@@ -83,7 +84,7 @@ class PolicyPart(ServicePart):
         """The request under the policy in force: Refused in one line naming the rule when a
         rule in enforce mode denies it; else the request with the defaults the rules set (where
         neither the submission nor its template gives one) and what the run records."""
-        current = self.store.policies.current()
+        current = self._in_force()
         if current is None:
             return request, PolicyStamp()
         verdict, role, usage = self._judge(current, request, submission, experiment)
@@ -149,7 +150,7 @@ class PolicyPart(ServicePart):
         """A retry or replay of `run` (the same bundle, so no default is set): refused in one
         line when the policy in force, newer than the one the run was made under, denies its
         request; what the policy says of it otherwise."""
-        current = self.store.policies.current()
+        current = self._in_force()
         made_under = run.policy.version if run.policy is not None else None
         if current is None:
             return PolicyStamp()
@@ -164,14 +165,24 @@ class PolicyPart(ServicePart):
             )
         return self._stamp(current, verdict, {}, {}, role, usage)
 
+    def _in_force(self) -> PolicyVersion | None:
+        """The policy in force: its number read each time, its file only when it changed."""
+        newest = self.store.policies.newest()
+        if newest is None:
+            return None
+        cached = self._compiled
+        if cached is not None and cached[0].version == newest:
+            return cached[0]
+        return self.store.policies.get(newest)
+
     def _compile(self, version: PolicyVersion) -> CompiledPolicy:
         cached = self._compiled
-        if cached is not None and cached[0] == version.version:
+        if cached is not None and cached[0].version == version.version:
             return cached[1]
         assert version.body is not None
         source = f"policy version {version.version}"
         compiled = compile_policy(parse_policy(version.body, source), source)
-        self._compiled = (version.version, compiled)
+        self._compiled = (version, compiled)
         return compiled
 
     def _role(self) -> str:
