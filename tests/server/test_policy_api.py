@@ -57,6 +57,10 @@ def test_policies_through_a_server_with_their_roles(orbit_server: Server, tmp_pa
     assert shown["policy"]["defaults"] == {"max_runtime_s": 259200}
     assert shown["request"]["max_runtime_s"] == 259200
     assert "version 1" in orbit(mia, "runs", "show", run["id"]).stdout
+    with orbit_server.client(mia["ORBIT_TOKEN"]) as http:  # and the console's run page
+        page = http.get(f"/ui/runs/{run['id']}").text
+    assert "admitted under policy version 1" in page
+    assert "policy warning: many-cpus: mia asks 2 CPUs" in page
     # anyone signed in reads the policy in force
     assert "  - name: batch-takes-two\n" in orbit(vic, "policy", "show").stdout
     assert [v["version"] for v in orbit_json(vic, "policy", "history")] == [1]
