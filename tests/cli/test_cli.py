@@ -186,7 +186,7 @@ BAD_SPECS = {
     "override outside whitelist": (
         CMD + "overrides: {target: h1}\n",
         r"override 'target' is not allowed by template 'local' "
-        r"\(allow_overrides: resources, runtime_env, stop_grace_s\)",
+        r"\(allow_overrides: resources, runtime_env, secrets, stop_grace_s\)",
     ),
     "unknown override field": (
         CMD + "overrides: {resources: {gpus: 2}}\n",
