@@ -51,12 +51,22 @@ def default_request() -> dict[str, Any]:
     return request_view(resolved, "command", {"command": "true", "env": {}})
 
 
+# the fields a request may leave null, given a value of their type: a condition is tried on
+# this whether or not its match holds (a match that guards a null, `request.max_runtime_s !=
+# null`, is not seen); a rule that compares a null at run time meets its on_error
+TYPED: dict[str, Any] = {
+    "resources": {"gpu_type": "", "gpu_memory_gb": 0.0, "gpu": "", "disk_gb": 0.0, "any_of": []},
+    "max_runtime_s": 0.0,
+    "target": "",
+}
+
+
 def check_policy(text: str, source: str) -> tuple[PolicyFile, CompiledPolicy, CheckReport]:
     """The file parsed, compiled and checked; InvalidInput (one line naming the file, the rule
     and its line) when it cannot be used at all. Failing test cases are in the report."""
     policy = parse_policy(text, source)
     compiled = compile_policy(policy, source)
-    for name, why in compiled.type_errors(sample()):
+    for name, why in compiled.type_errors(sample(TYPED)):
         rule = next(r for r in policy.rules if r.name == name)
         raise InvalidInput(f"{source}: rule '{name}' (line {rule.line}): {why}")
     results = [_run_case(compiled, case) for case in policy.tests]

@@ -51,6 +51,7 @@ class Verdict:
     denied: list[tuple[str, str]] = field(default_factory=list)  # (rule, message): enforced
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (rule, message)
     defaults: dict[str, Any] = field(default_factory=dict)  # applied (enforce mode)
+    setters: list[str] = field(default_factory=list)  # the rules that gave them
     errors: list[tuple[str, str]] = field(default_factory=list)  # (rule, why)
 
     def refusal(self) -> str | None:
@@ -120,6 +121,7 @@ class CompiledPolicy:
             if rule.kind == "set":
                 verdict.outcomes[rule.name] = "set"
                 if rule.mode == "enforce":
+                    verdict.setters.append(rule.name)
                     for key, value in rule.set.items():
                         verdict.defaults.setdefault(key, value)
                 continue
@@ -128,7 +130,7 @@ class CompiledPolicy:
 
     @staticmethod
     def _fired(verdict: Verdict, rule: Rule, message: str) -> None:
-        verdict.outcomes[rule.name] = rule.kind
+        verdict.outcomes.setdefault(rule.name, rule.kind)  # an error stays the outcome
         if rule.mode == "enforce" and rule.kind == "deny":
             verdict.denied.append((rule.name, message))
         elif rule.mode in ("enforce", "warn"):
@@ -164,13 +166,14 @@ def _program(expression: str, field: str, where: str) -> Any:
 
     if len(expression) > MAX_EXPR:
         raise InvalidInput(f"{field}: over {MAX_EXPR} characters")
-    if len(_MACRO.findall(expression)) > MAX_MACROS:
+    code = _STRINGS.sub('""', expression)  # what is not in a string literal
+    if len(_MACRO.findall(code)) > MAX_MACROS:
         raise InvalidInput(f"{field}: more than {MAX_MACROS} comprehensions (all, exists, map...)")
     try:
         program = cel.compile(expression)
     except Exception as exc:
         raise InvalidInput(f"{field}: not CEL: {_why(exc)}") from None
-    bound = {m.group(2) for m in _MACRO.finditer(expression) if m.group(2)}  # x of .all(x, ..)
+    bound = {m.group(2) for m in _MACRO.finditer(code) if m.group(2)}  # x of .all(x, ...)
     unknown = sorted(set(program.variables()) - set(VARIABLES) - bound)
     if unknown:
         raise InvalidInput(
@@ -195,7 +198,22 @@ SCHEMA: dict[str, Any] = {
     "experiment": {},
     "now": {},
 }  # fmt: skip
-_STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
+# CEL's string literals (raw, triple-quoted, or with escapes), to be left out of what is read
+_STRINGS = re.compile(
+    "|".join(
+        [
+            r"[rR]'''.*?'''",
+            r'[rR]""".*?"""',
+            r"[rR]'[^'\n]*'",
+            r'[rR]"[^"\n]*"',
+            r"'''(?:\\.|.)*?'''",
+            r'"""(?:\\.|.)*?"""',
+            r"'(?:\\.|[^'\\\n])*'",
+            r'"(?:\\.|[^"\\\n])*"',
+        ]
+    ),
+    re.S,
+)
 _PATH = re.compile(r"(?<![\w.])([A-Za-z_]\w*)((?:\s*\.\s*[A-Za-z_]\w*)+)\b(?!\s*\()")
 
 
@@ -227,6 +245,7 @@ def _truth(value: Any) -> bool:
 
 
 def _render(parts: tuple[tuple[str, Any], ...], context: Any) -> str:
+    """The message with its {{ CEL }} parts' values, on one line."""
     out = []
     for text, program in parts:
         if program is None:
@@ -236,7 +255,7 @@ def _render(parts: tuple[tuple[str, Any], ...], context: Any) -> str:
             out.append(str(program.execute(context)))
         except Exception:
             out.append("?")
-    return "".join(out)
+    return " ".join("".join(out).split())
 
 
 def _why(exc: Exception) -> str:

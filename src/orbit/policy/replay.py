@@ -128,7 +128,7 @@ def _changes(old: Verdict, new: Verdict) -> list[tuple[str, str]]:
     found += [("newly_warned", r) for r, _ in new.warnings if r not in old_warned]
     found += [("errors", r) for r, _ in new.errors]
     if old.defaults != new.defaults:
-        setters = [r for r, o in new.outcomes.items() if o == "set"]
-        setters += [r for r, o in old.outcomes.items() if o == "set" and r not in setters]
-        found += [("defaults_changed", r) for r in setters]
+        setters = [r for r in new.setters if r not in old.setters]
+        setters += [r for r in old.setters if r not in new.setters]
+        found += [("defaults_changed", r) for r in setters or new.setters]
     return found

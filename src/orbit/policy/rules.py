@@ -25,7 +25,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from orbit.model.errors import InvalidInput, describe_validation_error
-from orbit.model.models import NAME_PATTERN, Strict
+from orbit.model.models import NAME_PATTERN, ExecutionDefaults, Strict
 
 MODES = ("off", "audit", "warn", "enforce")
 Mode = Literal["off", "audit", "warn", "enforce"]
@@ -55,6 +55,8 @@ class Rule(Strict):
     def _shape(self) -> Rule:
         if self.deny is not None and self.warn is not None:
             raise ValueError("a rule has deny or warn, not both")
+        if (self.deny is not None or self.warn is not None) and self.set:
+            raise ValueError("a rule has deny or warn, or set, not both (make it two rules)")
         if self.deny is None and self.warn is None and not self.set:
             raise ValueError("a rule needs deny, warn or set")
         if (self.deny is not None or self.warn is not None) and not self.message:
@@ -65,6 +67,11 @@ class Rule(Strict):
                 raise ValueError(f"set: '{key}' cannot be set (settable: {', '.join(SETTABLE)})")
             if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
                 raise ValueError(f"set.{key}: expected {' or '.join(k.__name__ for k in kinds)}")
+        if self.set:  # within what a template's defaults may say (stop_grace_s <= 3600, ...)
+            try:
+                ExecutionDefaults.model_validate(self.set)
+            except ValidationError as exc:
+                raise ValueError(describe_validation_error("set", exc)) from None
         return self
 
     @property

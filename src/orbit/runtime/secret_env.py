@@ -16,6 +16,7 @@ but python3's standard library (3.8 and later)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -65,6 +66,16 @@ def read(source: str) -> dict[str, str]:
     return found
 
 
+def _write(out: Any, data: bytes) -> None:
+    """`data` into the log, flushed for those who follow it; a write that fails (a full disk)
+    loses that much of the log, never the task (its pipe is still read)."""
+    if out is None or not data:
+        return
+    with contextlib.suppress(OSError):
+        out.write(data)
+        out.flush()
+
+
 class Masked:
     """What the wrapper writes, with the secrets' values (and their encodings) masked."""
 
@@ -100,21 +111,25 @@ class Masked:
         comes (a value split between two reads is still found)."""
 
         def pump() -> None:
-            with open(log_path, "ab", opener=opener) as out:
-                try:
-                    while True:
-                        if not select.select([read_fd], [], [], PAUSE_S)[0]:
-                            out.write(self.stream.release())  # paused: what is whole
-                            out.flush()
-                            continue
-                        chunk = os.read(read_fd, CHUNK)
-                        if not chunk:
-                            break
-                        out.write(self.stream.feed(chunk))
-                        out.flush()  # followed live
-                finally:
-                    out.write(self.stream.flush())
-                    os.close(read_fd)
+            try:
+                out = open(log_path, "ab", opener=opener)  # noqa: SIM115 - closed below
+            except OSError:
+                out = None  # nowhere to write: the output is still read, so the task goes on
+            try:
+                while True:
+                    if not select.select([read_fd], [], [], PAUSE_S)[0]:
+                        _write(out, self.stream.release())  # paused: what is whole
+                        continue
+                    chunk = os.read(read_fd, CHUNK)
+                    if not chunk:
+                        break
+                    _write(out, self.stream.feed(chunk))  # followed live
+                _write(out, self.stream.flush())
+            finally:
+                os.close(read_fd)
+                if out is not None:
+                    with contextlib.suppress(OSError):
+                        out.close()
 
         self.pump = threading.Thread(target=pump, name="orbit-masked-output", daemon=True)
         self.pump.start()

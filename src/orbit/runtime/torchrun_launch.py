@@ -216,7 +216,7 @@ def rank(argv: list[str]) -> int:
     with open(os.path.join(ranks_dir(), f"{me}.log"), "ab") as log:
         if restart:
             log.write(f"--- torchrun restart {restart} ---\n".encode())
-        pump(child.stdout.fileno(), log, f"[rank{me}]: ".encode())
+        pump(child.stdout.fileno(), log, f"[rank{me}]: ".encode(), masker())
     code = child.wait()
     record = {"rank": int(me), "restart": restart, "code": code, "at": time.time()}
     # named as the wrapper's own (NAME.tmp-PID), which an agent does not send mid-write
@@ -227,12 +227,27 @@ def rank(argv: list[str]) -> int:
     return end_as(code)
 
 
-def pump(fd: int, log: Any, prefix: bytes) -> None:
-    """Everything the worker writes: as it is into its log, by whole lines to training.log
-    (so that the ranks' lines do not cut into each other there)."""
+def masker() -> Any:
+    """The run's secrets (ORBIT_SECRET_NAMES, which the wrapper sets beside them) as the
+    bundle's redactor (scripts/orbit_redact.py), for a rank's own log; None without any.
+    training.log is masked by the wrapper itself."""
+    names = [n for n in os.environ.get("ORBIT_SECRET_NAMES", "").split(",") if n]
+    values = [os.environ[n].encode("utf-8") for n in names if os.environ.get(n)]
+    if not values:
+        return None
+    scripts = os.path.join(os.environ.get("ORBIT_BUNDLE_DIR", ""), "scripts")
+    sys.path.insert(0, scripts)
+    import orbit_redact  # type: ignore[import-not-found]
+
+    return orbit_redact.Redactor(values)
+
+
+def pump(fd: int, log: Any, prefix: bytes, mask: Any = None) -> None:
+    """Everything the worker writes: into its log (its secrets masked), by whole lines to
+    training.log (so that the ranks' lines do not cut into each other there)."""
     pending = b""
     while chunk := os.read(fd, 1 << 16):
-        log.write(chunk)
+        log.write(mask.feed(chunk) if mask is not None else chunk)
         log.flush()
         *lines, pending = (pending + chunk).split(b"\n")
         if len(pending) > 1 << 16:  # a very long line with no end yet
@@ -241,6 +256,8 @@ def pump(fd: int, log: Any, prefix: bytes) -> None:
             write_all(1, b"".join(prefix + line + b"\n" for line in lines))
     if pending:
         write_all(1, prefix + pending + b"\n")
+    if mask is not None:
+        log.write(mask.flush())
 
 
 def write_all(fd: int, data: bytes) -> None:

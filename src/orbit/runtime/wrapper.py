@@ -207,6 +207,8 @@ class Wrapper:
         env = dict(os.environ)
         env.update(job.get("env", {}))
         env.update(self.secrets)
+        if self.secrets:  # their names (never values): what ORBIT's launchers mask
+            env["ORBIT_SECRET_NAMES"] = ",".join(sorted(self.secrets))
         env.update(
             ORBIT_RUN_ID=os.environ.get("ORBIT_RUN_ID", "manual"),
             ORBIT_ATTEMPT_ID=os.environ.get("ORBIT_ATTEMPT_ID", "manual"),
@@ -345,7 +347,12 @@ class Wrapper:
         )  # before the manifest: nothing writes into artifacts/ after it
         if self.masked is not None:
             self.end_output()  # what a leftover held open ends with its stop
-            self.masked.file(os.path.join(self.artifacts, "runtime-precheck.log"))
+            for path in (
+                os.path.join(self.artifacts, "runtime-precheck.log"),
+                os.path.join(self.runtime, "precheck.json"),
+                os.path.join(self.runtime, "wrapper.err"),
+            ):
+                self.masked.file(path)
             fields = self.masked.fields(fields)
         try:
             records.write_manifest(self.artifacts)

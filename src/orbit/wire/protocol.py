@@ -22,7 +22,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 # 2: accelerators carry their health; a start may carry a resume and carries its max_tasks
 # 4: the server says when a node cut off from it stops its attempts (fence_after_s) and which
@@ -299,6 +305,17 @@ class ClaimResponse(Message):
     # -> value), for the wrapper's stdin; or why they could not be had (the start fails)
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)
     secrets_error: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _none_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Without secrets, neither key: an agent of the protocol before them reads it."""
+        data = handler(self)
+        if isinstance(data, dict):
+            if not data.get("secrets"):
+                data.pop("secrets", None)
+            if data.get("secrets_error") is None:
+                data.pop("secrets_error", None)
+        return data
 
 
 # --- liveness ---------------------------------------------------------------------------------

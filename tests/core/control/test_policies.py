@@ -132,6 +132,12 @@ def test_each_mode_against_real_submissions_and_the_version_each_run_records(
          "rule 'cap-runtime' (line 7): set: 'gpus' cannot be set"),
         (("expect: {batch-takes-two: allow", "expect: {nope: allow"),
          "test 'small batch goes' expects of an unknown rule 'nope'"),
+        (("set: {max_runtime_s: 259200}", "set: {stop_grace_s: 99999}"),
+         "rule 'cap-runtime' (line 7): set: stop_grace_s: "),
+        (("    mode: audit\n", "    mode: audit\n    set: {priority: batch}\n"),
+         "rule 'gpus-seen' (line 12): a rule has deny or warn, or set, not both"),
+        (("'request.priority == \"batch\"'", "r'C:\\' + request.prioity == 'x'"),
+         "rule 'batch-takes-two' (line 2): match: no field 'prioity' in request"),
     ],
 )  # fmt: skip
 def test_a_file_that_cannot_be_used_is_refused_naming_rule_and_line_and_nothing_applied(
@@ -226,3 +232,59 @@ def test_a_retry_or_replay_of_a_run_made_under_an_older_version_meets_the_one_in
             "made under version 1)"
         )
     assert len(svc.get_run(run.id).attempts) == 2 and len(svc.list_runs()) == 1
+
+
+GUARDED = """\
+rules:
+  - name: long-runs-labelled
+    match: 'request.max_runtime_s != null'
+    deny: 'request.max_runtime_s > 259200 && !("APPROVED" in request.env)'
+    message: >
+      runs over 72 h need APPROVED
+      in their env
+  - name: needs-lr
+    deny: 'double(request.env.LR) > 0.1'
+    message: 'LR at most 0.1'
+tests:
+  - name: a task without LR cannot be judged
+    request: {}
+    expect: {needs-lr: error}
+  - name: long and unapproved
+    request: {max_runtime_s: 300000, env: {LR: "0.01"}}
+    expect: {long-runs-labelled: deny, needs-lr: allow}
+"""
+
+
+def test_guards_errors_and_messages_as_a_rule_writer_expects(
+    svc: CoreControlService, settings: Settings, tmp_path: Path
+) -> None:
+    report = svc.check_policy(GUARDED, "site.yaml")  # a match that guards a null is no error
+    assert report.passed, report.tests
+    svc.apply_policy(GUARDED, "site.yaml")
+    with pytest.raises(Refused) as caught:  # a condition that fails counts as on_error: deny
+        svc.submit_task(submission(), base_dir=tmp_path)
+    assert str(caught.value).startswith("policy rule 'needs-lr': could not be evaluated: ")
+    lr = {"command": "true", "env": {"LR": "0.01"}}
+    long = submission(max_runtime_s=300000).model_copy(update={"task_request": lr})
+    with pytest.raises(Refused) as caught:
+        svc.submit_task(long, base_dir=tmp_path)
+    assert str(caught.value) == (  # a folded YAML message is said on one line
+        "policy rule 'long-runs-labelled': runs over 72 h need APPROVED in their env"
+    )
+
+
+def test_a_retry_or_replay_is_judged_for_whoever_asks_it_now(
+    svc: CoreControlService, settings: Settings, tmp_path: Path
+) -> None:
+    svc.apply_policy(
+        "rules:\n  - name: not-bob\n    deny: 'user.name == \"bob\"'\n    message: not bob\n",
+        "site.yaml",
+    )
+    run = svc.wait_for(svc.submit_task(submission(), base_dir=tmp_path).id, timeout_s=60)
+    assert run.policy.role == "admin"  # type: ignore[union-attr]  # (embedded: the local user)
+    bob = CoreControlService.from_settings(settings, actor="bob")
+    try:
+        with pytest.raises(Refused, match=r"^policy rule 'not-bob': not bob \(policy version 1"):
+            bob.replay_run(run.id)
+    finally:
+        bob.close()

@@ -176,3 +176,36 @@ def test_a_retry_resolves_again_a_new_value_is_used_and_a_removed_one_fails_the_
     assert last.message.startswith("secrets.HF_TOKEN: no secret 'hf' for mia"), last.message
     replayed = svc.wait_for(svc.replay_run(run.id).id, timeout_s=60)
     assert replayed.current.reason is FailureReason.LAUNCH_FAILED
+
+
+def test_a_claim_without_secrets_reads_as_before_them_and_a_rank_log_is_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import shutil
+
+    from orbit.runtime import torchrun_launch
+    from orbit.wire import protocol as p
+
+    # an agent of the protocol before secrets reads a claim's answer without them
+    assert json.loads(p.ClaimResponse(granted=True).model_dump_json()) == {
+        "granted": True,
+        "why": "",
+    }
+    assert VALUE not in repr(p.ClaimResponse(granted=True, secrets={"HF_TOKEN": VALUE}))
+    # torchrun's launcher keeps each rank's output apart: masked there too
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    shutil.copy(Path(torchrun_launch.__file__).with_name("redact.py"), scripts / "orbit_redact.py")
+    monkeypatch.setenv("ORBIT_BUNDLE_DIR", str(tmp_path))
+    monkeypatch.setenv("ORBIT_SECRET_NAMES", "HF_TOKEN")
+    monkeypatch.setenv("HF_TOKEN", VALUE)
+    read, write = os.pipe()
+    os.write(write, f"loading with {VALUE[:7]}".encode())
+    os.write(write, f"{VALUE[7:]} done\n".encode())
+    os.close(write)
+    log = tmp_path / "0.log"
+    with log.open("ab") as f:  # (its lines go to stdout too: training.log, masked by the wrapper)
+        torchrun_launch.pump(read, f, b"[rank0]: ", torchrun_launch.masker())
+    os.close(read)
+    assert log.read_text() == "loading with *** done\n"

@@ -85,8 +85,8 @@ class PolicyPart(ServicePart):
         rule in enforce mode denies it; else the request with the defaults the rules set (where
         neither the submission nor its template gives one) and what the run records."""
         current = self._in_force()
-        if current is None:
-            return request, PolicyStamp()
+        if current is None:  # who asked is kept all the same: a later diff replays it
+            return request, PolicyStamp(role=self._role())
         verdict, role, usage = self._judge(current, request, submission, experiment)
         refusal = verdict.refusal()
         if refusal is not None:
@@ -99,8 +99,8 @@ class PolicyPart(ServicePart):
             if k not in named or getattr(request, k) is None
         }
         replaced = {k: getattr(request, k) for k in defaults}
-        if defaults:
-            request = request.model_copy(update=defaults)
+        if defaults:  # validated as any request is (rules.py checked their types)
+            request = ExecutionRequest.model_validate({**request.model_dump(), **defaults})
         return request, self._stamp(current, verdict, defaults, replaced, role, usage)
 
     def _judge(
@@ -112,9 +112,8 @@ class PolicyPart(ServicePart):
     ) -> tuple[Verdict, str, dict[str, Any]]:
         """The policy's verdict on a request by the caller: (verdict, their role, usage)."""
         compiled = self._compile(current)
-        wants = compiled.variables()  # who asks and what they hold: read only if a rule does
-        role = self._role() if "user" in wants else "member"
-        usage = self._usage() if "usage" in wants else {}
+        role = self._role()  # kept on the run, for a later diff to replay
+        usage = self._usage() if "usage" in compiled.variables() else {}  # a read of the fleet
         view = request_view(
             request.model_dump(mode="json"), submission.task_type, submission.task_request
         )
@@ -147,15 +146,13 @@ class PolicyPart(ServicePart):
         )
 
     def readmit(self, run: RunRecord, request: ExecutionRequest) -> PolicyStamp:
-        """A retry or replay of `run` (the same bundle, so no default is set): refused in one
-        line when the policy in force, newer than the one the run was made under, denies its
-        request; what the policy says of it otherwise."""
+        """A retry or replay of `run` by the caller (the same bundle, so no default is set;
+        its request with the retry's own target): refused in one line when the policy in
+        force denies it, now and for this caller; what the policy says of it otherwise."""
         current = self._in_force()
         made_under = run.policy.version if run.policy is not None else None
         if current is None:
-            return PolicyStamp()
-        if made_under == current.version and run.policy is not None:
-            return run.policy
+            return PolicyStamp(role=self._role())
         verdict, role, usage = self._judge(current, request, run.submission, run.experiment_name)
         refusal = verdict.refusal()
         if refusal is not None:
