@@ -75,5 +75,10 @@ def test_policies_through_a_server_with_their_roles(orbit_server: Server, tmp_pa
     gate = orbit(admin, "policy", "diff", str(stricter), "--max-denied", "0", check=False)
     assert gate.returncode == 1 and "over --max-denied 0" in gate.stderr
     assert orbit(admin, "policy", "diff", str(stricter), "--max-denied", "1").returncode == 0
+    out = tmp_path / "review.json"
+    orbit(admin, "policy", "review", "1", "--out", str(out))
+    review = json.loads(out.read_text())
+    assert review["version"]["body"] == POLICY and review["check"]["rules"] == 5
+    assert orbit(mia, "policy", "review", "1", check=False).returncode == 2  # admins only
     bad = orbit(admin, "policy", "apply", str(tmp_path / "nope.yaml"), "--yes", check=False)
     assert bad.returncode == 2 and "nope.yaml" in one_line(bad)

@@ -180,6 +180,26 @@ def policy_show(
     print(found.body or "", end="" if (found.body or "").endswith("\n") else "\n")
 
 
+@policy_app.command("review")
+def policy_review(
+    version: int = typer.Argument(..., metavar="N", help="The policy version."),
+    since: str = SINCE,
+    out: Path | None = typer.Option(None, "--out", metavar="FILE", help="Write it here."),
+) -> None:
+    """Version N as one JSON document for a review (admins): the file as applied and its
+    sha256, its check (its own tests), and what it changed against the version before it,
+    rule by rule, over the submissions of --since before it was applied."""
+    import json
+
+    found = service().review_policy(version, _since(since))
+    text = json.dumps(found.model_dump(mode="json"), indent=2) + "\n"
+    if out is None:
+        print(text, end="")
+        return
+    out.write_text(text, encoding="utf-8")
+    console.print(f"wrote the review of policy version {version} to {out}")
+
+
 @policy_app.command("history")
 def policy_history(as_json: bool = JSON) -> None:
     """Every policy version applied, newest first."""

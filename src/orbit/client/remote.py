@@ -81,6 +81,7 @@ class RemoteControl:
         self.diff_policy = policy.diff_policy
         self.apply_policy = policy.apply_policy
         self.show_policy = policy.show_policy
+        self.review_policy = policy.review_policy
         self.policy_history = policy.policy_history
 
     def close(self) -> None:

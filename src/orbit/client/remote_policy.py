@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from orbit.client.session import Session
+from orbit.core.control.views import PolicyReview
 from orbit.model.policies import PolicyVersion
 from orbit.policy.check import CheckReport
 from orbit.policy.replay import DiffReport
@@ -28,6 +29,11 @@ class RemotePolicy:
     def apply_policy(self, text: str, source: str = "policy") -> PolicyVersion:
         return self.session.post(
             PolicyVersion, "/policy/versions", {"text": text, "source": source}
+        )
+
+    def review_policy(self, version: int, since: timedelta = timedelta(days=30)) -> PolicyReview:
+        return self.session.get(
+            PolicyReview, f"/policy/versions/{int(version)}/review", since_s=since.total_seconds()
         )
 
     def show_policy(self, version: int | None = None) -> PolicyVersion:

@@ -120,6 +120,7 @@ OPERATION_IDS = {
     "check_policy": "policy_check",
     "diff_policy": "policy_diff",
     "apply_policy": "policy_apply",
+    "review_policy": "policy_review",
     # audit
     "audit": "audit_list",
     "verify": "audit_verify",

@@ -87,9 +87,12 @@ class Policies(Part):
             rows = tx.all(f"SELECT {COLUMNS} FROM policies ORDER BY version DESC", {})
         return [_version(r) for r in rows]
 
-    def recorded_since(self, since: datetime) -> Iterator[dict[str, Any]]:
-        """The runs made since `since`, oldest first: id, when, by whom, the experiment's name,
-        the task type, the request and submission, and what it recorded of its admission."""
+    def recorded_since(
+        self, since: datetime, until: datetime | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The runs made since `since` (and before `until`), oldest first: id, when, by whom,
+        the experiment's name, the task type, the request and submission, and what it recorded
+        of its admission."""
         after: tuple[Any, str] = (since, "")
         while True:
             with self._read() as tx:
@@ -101,6 +104,8 @@ class Policies(Part):
                     {"at": after[0], "id": after[1], "n": PAGE},
                 )
             for row in rows:
+                if until is not None and read_time_required(row["created_at"]) >= until:
+                    return
                 yield {
                     "id": row["id"],
                     "created_at": read_time_required(row["created_at"]),

@@ -288,3 +288,22 @@ def test_a_retry_or_replay_is_judged_for_whoever_asks_it_now(
             bob.replay_run(run.id)
     finally:
         bob.close()
+
+
+def test_a_version_exports_as_one_document_with_its_check_and_what_it_changed(
+    svc: CoreControlService,
+) -> None:
+    svc.apply_policy(LOOSE, "site.yaml")
+    for _ in range(2):
+        recorded(svc, "ann", "batch", 4)
+    recorded(svc, "bob", "batch", 1)
+    svc.apply_policy(POLICY, "site.yaml")
+    review = svc.review_policy(2, timedelta(days=1))
+    assert review.version.version == 2 and review.version.body == POLICY
+    assert review.check.passed and review.check.sha256 == review.version.sha256
+    assert review.diff.current_version == 1 and review.diff.submissions == 3
+    assert (review.diff.newly_denied, review.window_end) == (2, review.version.applied_at)
+    recorded(svc, "bob", "batch", 8)  # after it was applied: not what it was judged on
+    assert svc.review_policy(2, timedelta(days=1)).diff.submissions == 3
+    first = svc.review_policy(1, timedelta(days=1))
+    assert first.diff.current_version is None and first.diff.submissions == 0

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orbit.core.control.base import ServicePart
+from orbit.core.control.views import PolicyReview
 from orbit.model.errors import InvalidInput, Refused
 from orbit.model.models import ExecutionRequest, ExecutionTemplate, TaskSubmission
 from orbit.model.overrides import set_paths
@@ -62,6 +63,31 @@ class PolicyPart(ServicePart):
                 "not applied (orbit policy check shows every test)"
             )
         return self.store.policies.apply(text, report.sha256, len(policy.rules), self.actor)
+
+    def review_policy(self, version: int, since: timedelta = timedelta(days=30)) -> PolicyReview:
+        """Version `version` as one document for a review: the file, its check, and its diff
+        against the version before it over the submissions of `since` before it was applied
+        (the same document whenever it is exported, but for runs deleted since)."""
+        if not timedelta(0) < since <= MAX_SINCE:
+            raise InvalidInput(f"--since: between 1s and {MAX_SINCE.days}d")
+        target = self.store.policies.get(version)
+        before = self.store.policies.get(version - 1) if version > 1 else None
+        assert target.body is not None
+        _, candidate, report = check_policy(target.body, f"policy version {version}")
+        start = target.applied_at - since
+        return PolicyReview(
+            version=target,
+            check=report,
+            diff=diff(
+                self._compile_file(before) if before is not None else None,
+                before.version if before is not None else None,
+                candidate,
+                report.sha256,
+                self._recorded(start, until=target.applied_at),
+                start,
+            ),
+            window_end=target.applied_at,
+        )
 
     def show_policy(self, version: int | None = None) -> PolicyVersion:
         if version is not None:
@@ -176,9 +202,7 @@ class PolicyPart(ServicePart):
         cached = self._compiled
         if cached is not None and cached[0].version == version.version:
             return cached[1]
-        assert version.body is not None
-        source = f"policy version {version.version}"
-        compiled = compile_policy(parse_policy(version.body, source), source)
+        compiled = self._compile_file(version)
         self._compiled = (version, compiled)
         return compiled
 
@@ -207,8 +231,14 @@ class PolicyPart(ServicePart):
         )  # fmt: skip
         return {"gpus": held, "quota_gpus": quota}
 
-    def _recorded(self, since: datetime) -> Iterator[Recorded]:
-        for row in self.store.policies.recorded_since(since):
+    @staticmethod
+    def _compile_file(version: PolicyVersion) -> CompiledPolicy:
+        assert version.body is not None
+        source = f"policy version {version.version}"
+        return compile_policy(parse_policy(version.body, source), source)
+
+    def _recorded(self, since: datetime, until: datetime | None = None) -> Iterator[Recorded]:
+        for row in self.store.policies.recorded_since(since, until):
             stamp = row["policy"] or {}
             submission = row["submission"] or {}
             # as it was asked: what a rule's default filled in is given back its own value

@@ -205,6 +205,7 @@ class CoreControlService:
         self.diff_policy = policy.diff_policy
         self.apply_policy = policy.apply_policy
         self.show_policy = policy.show_policy
+        self.review_policy = policy.review_policy
         self.policy_history = policy.policy_history
         # join tokens, nodes, their files (nodes.py)
         self.create_join_token = nodes.create_join_token

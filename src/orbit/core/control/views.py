@@ -11,10 +11,12 @@ from orbit.forensics.progress import Progress
 from orbit.forensics.rundiff import Difference
 from orbit.model.hosts import HostRecord
 from orbit.model.models import ExecutionRequest, ExecutionTemplate, Record
-from orbit.model.policies import PolicyStamp
+from orbit.model.policies import PolicyStamp, PolicyVersion
 from orbit.model.records import RunRecord
 from orbit.model.secrets import Scope
 from orbit.model.storage import RunStorage
+from orbit.policy.check import CheckReport
+from orbit.policy.replay import DiffReport
 
 
 class WaitView(Record):
@@ -108,6 +110,17 @@ class SecretUse(Record):
     name: str
     scope: Scope
     owner: str  # the user's name, the experiment's id, or "" for a global one
+
+
+class PolicyReview(Record):
+    """One policy version as a document for a review: the file as applied, its check (its own
+    tests), and what it changed against the version before it over the submissions of the
+    window that ended when it was applied."""
+
+    version: PolicyVersion
+    check: CheckReport
+    diff: DiffReport
+    window_end: datetime
 
 
 class SubmitPlan(Record):

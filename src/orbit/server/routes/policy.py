@@ -4,10 +4,13 @@ users and their runs) or applies one."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from pydantic import Field
 
 from orbit.core.control.service import CoreControlService
+from orbit.core.control.views import PolicyReview
 from orbit.model.policies import PolicyVersion
 from orbit.policy.check import CheckReport
 from orbit.policy.replay import DiffReport
@@ -42,6 +45,17 @@ def make_policy_router(service: CoreControlService) -> APIRouter:
     @router.get("/policy/versions/{version}", response_model=PolicyVersion, tags=["policy"])
     def policy_version(who: me, version: int) -> PolicyVersion:
         return service.show_policy(version)
+
+    @router.get("/policy/versions/{version}/review", response_model=PolicyReview, tags=["policy"])
+    def review_policy(
+        who: me, version: int, since_s: Annotated[float, Query(gt=0, le=400 * DAY_S)] = 30 * DAY_S
+    ) -> PolicyReview:
+        """A version as one document for a review: its file, its check, and its diff against
+        the version before it over the submissions before it was applied (admins)."""
+        from datetime import timedelta
+
+        who.require("admin")
+        return service.review_policy(version, timedelta(seconds=since_s))
 
     @router.post("/policy/check", response_model=CheckReport, tags=["policy"])
     def check_policy(who: me, body: PolicyText) -> CheckReport:
