@@ -14,6 +14,7 @@ import typer
 from orbit.cli import (
     accounts,
     agent,
+    alerts,
     audit,
     bulk,
     catalog,
@@ -81,6 +82,7 @@ app.add_typer(accounts.users_app, name="users")
 app.add_typer(accounts.tokens_app, name="tokens")
 app.add_typer(secrets.secrets_app, name="secrets")
 app.add_typer(policy.policy_app, name="policy")
+app.add_typer(alerts.alerts_app, name="alerts")
 app.add_typer(schema.schema_app, name="schema")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from orbit.client.meter import QUIET, Meter
 from orbit.client.node_files import pull_file, push_file
 from orbit.client.remote_accounts import RemoteAccounts
+from orbit.client.remote_alerts import RemoteAlerts
 from orbit.client.remote_policy import RemotePolicy
 from orbit.client.session import RESEND_S, Session, part, query
 from orbit.client.streams import collect_artifacts, stream_log
@@ -82,6 +83,11 @@ class RemoteControl:
         self.apply_policy = policy.apply_policy
         self.show_policy = policy.show_policy
         self.review_policy = policy.review_policy
+        alerts = RemoteAlerts(self.session)  # the server's alerts: remote_alerts.py
+        self.list_alerts = alerts.list_alerts
+        self.acknowledge_alert = alerts.acknowledge_alert
+        self.silence_alert = alerts.silence_alert
+        self.alert_rules = alerts.alert_rules
         self.policy_history = policy.policy_history
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from orbit.model.config import Settings
 from orbit.model.nodes import MAX_TRANSFER_BYTES
 from orbit.model.version import __version__
 from orbit.server import problems
+from orbit.server.alerts.loop import AlertLoop
 from orbit.server.auth import RequireToken
 from orbit.server.auth_failures import AuthGuard
 from orbit.server.config import ServerConfig
@@ -58,6 +59,9 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
     )
     scheduler = SchedulerLoop(service, metrics, config.reconcile_every_s) if config.loops else None
     gc_loop = GcLoop(service, config.storage.gc_every_s) if config.loops else None
+    alert_loop = (
+        AlertLoop(service, config.alerts, settings.node_offline_s) if config.loops else None
+    )
     if scheduler is not None:
         service.pass_wanted.listen(scheduler.poke)
 
@@ -72,9 +76,13 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
             scheduler.start()
         if gc_loop is not None:
             gc_loop.start()
+        if alert_loop is not None:
+            alert_loop.start()
         try:
             yield
         finally:
+            if alert_loop is not None:
+                alert_loop.stop()
             if gc_loop is not None:
                 gc_loop.stop()
             if scheduler is not None:

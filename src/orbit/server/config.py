@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from orbit.model.alerts import AlertsConfig
 from orbit.model.auth import Role
 from orbit.model.models import Strict
 from orbit.model.retention import StorageConfig
@@ -82,6 +83,7 @@ class ServerConfig(Strict):
     min_free_disk_mb: int = Field(default=64, ge=0, le=1_000_000)
     nodes: NodeTimings = NodeTimings()
     storage: StorageConfig = StorageConfig()  # retention rules and the gc loop's period
+    alerts: AlertsConfig = AlertsConfig()  # thresholds and webhooks (orbit.server.alerts)
     loops: bool = True  # off: the API only (runs move when a client looks, as embedded)
     # who may submit, replay or retry into a template that runs on this server's own host
     # (placement kind `local`): such a task can read what the server's user can

@@ -121,6 +121,11 @@ OPERATION_IDS = {
     "diff_policy": "policy_diff",
     "apply_policy": "policy_apply",
     "review_policy": "policy_review",
+    # alerts
+    "list_alerts": "alerts_list",
+    "acknowledge_alert": "alerts_acknowledge",
+    "silence_alert": "alerts_silence",
+    "alert_rules": "alerts_rules",
     # audit
     "audit": "audit_list",
     "verify": "audit_verify",
@@ -153,6 +158,7 @@ TAGS: list[dict[str, Any]] = [
     {"name": "users", "description": "Users, roles and API tokens."},
     {"name": "secrets", "description": "Secrets set and listed, never read back; key rotation."},
     {"name": "policy", "description": "Submission rules in CEL: checked, replayed, applied."},
+    {"name": "alerts", "description": "Conditions that need a person, with their remedies."},
     {"name": "audit", "description": "The tamper-evident audit trail."},
     {"name": "server", "description": "Health (no token needed) and Prometheus metrics."},
     {

@@ -7,6 +7,7 @@ module its part names. How a run's state changes is one part: `store.attempts`
 
 from __future__ import annotations
 
+from orbit.store.alerts import Alerts
 from orbit.store.attempt_leases import AttemptLeases
 from orbit.store.attempt_states import AttemptStates
 from orbit.store.audit import AuditTrail
@@ -61,6 +62,7 @@ class Store:
         self.storage = StorageTable(db)
         self.secrets = Secrets(db)  # values sealed under the server's keys, never shown
         self.policies = Policies(db)  # applied policy files, the newest in force
+        self.alerts = Alerts(db)  # conditions that need a person, raised and resolved
 
     @property
     def dialect(self) -> str:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -280,6 +281,30 @@ class PolicyRow(Base):
     rules: Mapped[int] = mapped_column(Integer)
     applied_at: Mapped[datetime]
     applied_by: Mapped[str] = mapped_column(String(128))
+
+
+class AlertRow(Base):
+    """An alert (orbit.store.alerts): one open per key while its condition holds."""
+
+    __tablename__ = "alerts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    alert_key: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(32))
+    severity: Mapped[str] = mapped_column(String(16))
+    objects: Mapped[dict[str, Any]]
+    message: Mapped[str] = mapped_column(Text)
+    remedy: Mapped[str] = mapped_column(Text)
+    raised_at: Mapped[datetime] = mapped_column(index=True)
+    resolved_at: Mapped[datetime | None]
+    acked_by: Mapped[str | None] = mapped_column(String(128))
+    acked_at: Mapped[datetime | None]
+    silenced_until: Mapped[datetime | None]
+    __table_args__ = (
+        Index(
+            "ix_alerts_open_key", "alert_key", unique=True,
+            sqlite_where=text("resolved_at IS NULL"), postgresql_where=text("resolved_at IS NULL"),
+        ),
+    )  # fmt: skip
 
 
 class EventRow(Base):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from orbit.core.control.accounts import Accounts
 from orbit.core.control.actions import RunActions
+from orbit.core.control.alerts import AlertsPart
 from orbit.core.control.attempt_files import AttemptFiles
 from orbit.core.control.base import ServiceConfig, Shared, acting_as, current_actor
 from orbit.core.control.bulk import BulkActions
@@ -122,6 +123,7 @@ class CoreControlService:
         clusters = Clusters(shared, parts)
         parts.secrets = secrets = SecretsPart(shared, parts)
         parts.policy = policy = PolicyPart(shared, parts)
+        alerts = AlertsPart(shared, parts)
         # runs read: views, logs, evidence, inspect, diff, collect (reading.py)
         self.get_run = reading.get_run
         self.list_runs = reading.list_runs
@@ -206,6 +208,11 @@ class CoreControlService:
         self.apply_policy = policy.apply_policy
         self.show_policy = policy.show_policy
         self.review_policy = policy.review_policy
+        # alerts: listed, acknowledged, silenced; the server's loop raises them (alerts.py)
+        self.list_alerts = alerts.list_alerts
+        self.acknowledge_alert = alerts.acknowledge_alert
+        self.silence_alert = alerts.silence_alert
+        self.alert_rules = alerts.alert_rules
         self.policy_history = policy.policy_history
         # join tokens, nodes, their files (nodes.py)
         self.create_join_token = nodes.create_join_token

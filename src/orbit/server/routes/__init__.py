@@ -14,6 +14,7 @@ from orbit.core.control.service import CoreControlService
 from orbit.server.config import ServerConfig
 from orbit.server.metrics import Metrics
 from orbit.server.routes.accounts import make_accounts_router
+from orbit.server.routes.alerts import make_alerts_router
 from orbit.server.routes.audit import make_audit_router
 from orbit.server.routes.catalogue import make_catalogue_router
 from orbit.server.routes.hosts import make_hosts_router
@@ -35,6 +36,7 @@ def api_routers(
         make_accounts_router(service),
         make_secrets_router(service),
         make_policy_router(service),
+        make_alerts_router(service, config),
         make_catalogue_router(service),
         make_runs_router(service, config, metrics),
         make_logs_router(service),

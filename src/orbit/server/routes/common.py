@@ -8,7 +8,7 @@ import json
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,3 +90,7 @@ def api_router() -> APIRouter:
         responses=responses("a problem (RFC 9457)", 400, 401, 403, 404, 409, 422, 502),
         dependencies=[Depends(storable)],
     )
+
+
+# a row number of the store (a 32-bit integer column): larger is no row, said as a 422
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]

@@ -15,7 +15,7 @@ from orbit.model.policies import PolicyVersion
 from orbit.policy.check import CheckReport
 from orbit.policy.replay import DiffReport
 from orbit.policy.rules import MAX_FILE_BYTES
-from orbit.server.routes.common import Body, api_router, me
+from orbit.server.routes.common import Body, RowId, api_router, me
 
 DAY_S = 86400
 
@@ -43,12 +43,12 @@ def make_policy_router(service: CoreControlService) -> APIRouter:
         return service.policy_history()
 
     @router.get("/policy/versions/{version}", response_model=PolicyVersion, tags=["policy"])
-    def policy_version(who: me, version: int) -> PolicyVersion:
+    def policy_version(who: me, version: RowId) -> PolicyVersion:
         return service.show_policy(version)
 
     @router.get("/policy/versions/{version}/review", response_model=PolicyReview, tags=["policy"])
     def review_policy(
-        who: me, version: int, since_s: Annotated[float, Query(gt=0, le=400 * DAY_S)] = 30 * DAY_S
+        who: me, version: RowId, since_s: Annotated[float, Query(gt=0, le=400 * DAY_S)] = 30 * DAY_S
     ) -> PolicyReview:
         """A version as one document for a review: its file, its check, and its diff against
         the version before it over the submissions before it was applied (admins)."""
