@@ -5,16 +5,14 @@ events."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from typing import Any
 
 from orbit.model.alerts import AlertRecord, Firing
 from orbit.model.errors import NotFound
 from orbit.store.audit import append_event
 from orbit.store.base import Part, utcnow
 from orbit.store.drivers import Conflict
-from orbit.store.sql import Row, read_time, read_time_required
+from orbit.store.sql import Row, read_json, read_time, read_time_required
 
 COLUMNS = (
     "id, alert_key, kind, severity, objects, message, remedy, raised_at, resolved_at, "
@@ -23,13 +21,12 @@ COLUMNS = (
 
 
 def _record(row: Row) -> AlertRecord:
-    objects: Any = row["objects"]
     return AlertRecord(
         id=row["id"],
         key=row["alert_key"],
         kind=row["kind"],
         severity=row["severity"],
-        objects=json.loads(objects) if isinstance(objects, str) else objects,
+        objects=read_json(row["objects"]),
         message=row["message"],
         remedy=row["remedy"],
         raised_at=read_time_required(row["raised_at"]),

@@ -5,7 +5,6 @@ admission, read a page at a time."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -15,7 +14,7 @@ from orbit.model.policies import PolicyVersion
 from orbit.store.audit import append_event
 from orbit.store.base import Part, utcnow
 from orbit.store.drivers import Conflict
-from orbit.store.sql import Row, read_time_required
+from orbit.store.sql import Row, read_json, read_time_required
 
 COLUMNS = "version, sha256, rules, applied_at, applied_by"
 PAGE = 2000
@@ -30,10 +29,6 @@ def _version(row: Row, body: bool = False) -> PolicyVersion:
         applied_by=row["applied_by"],
         body=row["body"] if body else None,
     )
-
-
-def _json(raw: Any) -> Any:
-    return json.loads(raw) if isinstance(raw, str) else raw
 
 
 class Policies(Part):
@@ -112,9 +107,9 @@ class Policies(Part):
                     "created_by": row["created_by"],
                     "experiment": row["experiment"],
                     "task_type": row["task_type"],
-                    "request": _json(row["request"]),
-                    "submission": _json(row["submission"]),
-                    "policy": _json(row["policy"]),
+                    "request": read_json(row["request"]),
+                    "submission": read_json(row["submission"]),
+                    "policy": read_json(row["policy"]),
                 }
             if len(rows) < PAGE:
                 return
