@@ -11,6 +11,7 @@ import typer
 from orbit.cli.common import JSON, OUTPUT, RUN, console, emitted, output_format, print_json, service
 from orbit.cli.text import Table, paint
 from orbit.cli.watching import INTERVAL, WATCH, repeat
+from orbit.model.auth import say_duration
 
 quotas_app = typer.Typer(
     help="""GPU quotas: at most N GPUs at once per user or per experiment, and a fair-share
@@ -93,21 +94,13 @@ def _queue(fmt: str) -> bool:
         starts = "after deps" if e.outcome == "held" else "?"
         if e.estimated_start is not None:
             ahead = (e.estimated_start - now).total_seconds()
-            starts = f"in ~{_ago(ahead)}" if ahead > 0 else "now"
+            starts = f"in ~{say_duration(ahead)}" if ahead > 0 else "now"
         if e.position is None and e.outcome != "held":
             starts = "-"  # not in a pass's queue: its reason says what it waits for
         position = "-" if e.position is None else str(e.position)
-        table.add_row(position, e.tier, e.run, _ago(e.waited_s), starts, e.reason)
+        table.add_row(position, e.tier, e.run, say_duration(e.waited_s), starts, e.reason)
     console.print(table)
     return False
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 @quotas_app.command("list")

@@ -59,6 +59,15 @@ def parse_duration(text: str, field: str) -> timedelta:
     raise InvalidInput(f"{field}: expected a duration like 30d, 12h or 45m, got {text!r}")
 
 
+def say_duration(seconds: float) -> str:
+    """A span as a person reads it at a glance: `95s`, `12m`, `1.5h`."""
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
 def can(role: Role, action: str, *, own: bool = True) -> bool:
     """Whether `role` may do `action` (one of ACTIONS); `own`: the run is the caller's own.
     An unknown action is a bug in the caller, not a refusal: it raises ValueError."""

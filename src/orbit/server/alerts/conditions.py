@@ -8,15 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from orbit.model.alerts import AlertsConfig, Firing
+from orbit.model.auth import say_duration
 from orbit.model.nodes import NodeRecord, NodeState
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def node_alerts(nodes: Iterable[NodeRecord], now: datetime, offline_s: float) -> list[Firing]:
@@ -35,8 +28,8 @@ def node_alerts(nodes: Iterable[NodeRecord], now: datetime, offline_s: float) ->
                     kind="node_offline",
                     severity="critical",
                     objects={"node": node.name},
-                    message=f"{node.name}: no word for {_ago(ago)} (offline after "
-                    f"{_ago(offline_s)}){running}",
+                    message=f"{node.name}: no word for {say_duration(ago)} (offline after "
+                    f"{say_duration(offline_s)}){running}",
                     remedy=f"check its agent and network (systemctl status orbit-agent on "
                     f"{node.name}); what ran there is retried elsewhere once it is given up on; "
                     f"to stop placing work there: orbit nodes drain {node.name}",
@@ -86,7 +79,7 @@ def run_alerts(
                 kind="run_waiting",
                 severity="warning",
                 objects={"run": run, "user": user},
-                message=f"{run} of {user} has waited {_ago(waited)} to be placed",
+                message=f"{run} of {user} has waited {say_duration(waited)} to be placed",
                 remedy=f"see why: orbit explain {run} (a node that fits, a quota, a dependency)",
             )
         )
