@@ -23,6 +23,7 @@ from orbit.model.states import TERMINAL_STATES as TERMINAL_STATES
 from orbit.model.states import FailureKind as FailureKind
 from orbit.model.states import FailureReason as FailureReason
 from orbit.model.states import RunState as RunState
+from orbit.wire.leftout import LeavesOutEmpty
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
@@ -220,8 +221,12 @@ def is_overridable(path: str) -> bool:
 ATTEMPT_FIELDS = frozenset({"target", "detach"})
 
 
-class ExecutionRequest(Record):
+class ExecutionRequest(Record, LeavesOutEmpty):
     """A template with the submission's overrides applied: everything a backend needs."""
+
+    # no secrets, no key: a stored request, and what an agent that predates them reads, stay
+    # as they were
+    LEFT_OUT_EMPTY = ("secrets",)
 
     template_id: str
     placement: Placement
@@ -238,15 +243,6 @@ class ExecutionRequest(Record):
     num_nodes: int = 1
     # env name -> secret name: references, resolved for the run's submitter at each launch
     secrets: dict[str, str] = {}
-
-    @model_serializer(mode="wrap")
-    def _no_secrets_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """No secrets, no key: a stored request, and what an agent that predates them reads,
-        stay as they were."""
-        data = handler(self)
-        if isinstance(data, dict) and not data.get("secrets"):
-            data.pop("secrets", None)
-        return data
 
     @property
     def backend_key(self) -> str:
@@ -276,24 +272,20 @@ class TaskSubmission(Record):
     after: After | None = None  # runs it waits for (orbit.model.dependencies); full ids once made
 
 
-class PrecheckSpec(Record):
+class PrecheckSpec(Record, LeavesOutEmpty):
     """What the precheck verifies in the task's own interpreter before the task starts."""
 
+    # no optional imports, no key: job.json (so a bundle's digest) stays as it was
+    LEFT_OUT_EMPTY = ("optional_imports",)
     interpreter: str = "python3"
     critical_imports: tuple[str, ...] = ()
     optional_imports: tuple[str, ...] = ()  # recorded; absent ones are said, not fatal
 
-    @model_serializer(mode="wrap")
-    def _none_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """No optional imports, no key: job.json (so a bundle's digest) stays as it was."""
-        data = handler(self)
-        if isinstance(data, dict) and not data.get("optional_imports"):
-            data.pop("optional_imports", None)
-        return data
 
-
-class JobSpec(Record):
+class JobSpec(Record, LeavesOutEmpty):
     """job.json: what runs, frozen into the bundle. No run, attempt or placement details."""
+
+    LEFT_OUT_EMPTY = ("secrets",)  # no secrets, no key: a bundle's digest stays as it was
 
     schema_version: int = 1
     task_type: str
@@ -308,14 +300,6 @@ class JobSpec(Record):
     task_request: dict[str, Any] = {}
     # env name -> secret name: what the wrapper is given at launch (never a value here)
     secrets: dict[str, str] = {}
-
-    @model_serializer(mode="wrap")
-    def _no_secrets_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """No secrets, no key: job.json, so a bundle's digest, stays as it was."""
-        data = handler(self)
-        if isinstance(data, dict) and not data.get("secrets"):
-            data.pop("secrets", None)
-        return data
 
 
 class RunHandle(Record):

@@ -22,13 +22,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
-)
+from pydantic import BaseModel, ConfigDict, Field
+
+from orbit.wire.leftout import LeavesOutEmpty
 
 # 2: accelerators carry their health; a start may carry a resume and carries its max_tasks
 # 4: the server says when a node cut off from it stops its attempts (fence_after_s) and which
@@ -298,24 +294,15 @@ class ClaimRequest(Message):
     refuse: str | None = Field(default=None, max_length=2000)
 
 
-class ClaimResponse(Message):
+class ClaimResponse(Message, LeavesOutEmpty):
+    # without secrets, neither key: an agent of the protocol before them reads it
+    LEFT_OUT_EMPTY = ("secrets", "secrets_error")
     granted: bool
     why: str = ""
     # granted a start of a run with secrets: their values for this attempt alone (env name
     # -> value), for the wrapper's stdin; or why they could not be had (the start fails)
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)
     secrets_error: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _none_left_out(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Without secrets, neither key: an agent of the protocol before them reads it."""
-        data = handler(self)
-        if isinstance(data, dict):
-            if not data.get("secrets"):
-                data.pop("secrets", None)
-            if data.get("secrets_error") is None:
-                data.pop("secrets_error", None)
-        return data
 
 
 # --- liveness ---------------------------------------------------------------------------------
