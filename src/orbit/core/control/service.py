@@ -3,8 +3,8 @@ all call. Its parts live beside it, one concern each: submit (validate, shape, f
 launching (claim, stage, start; dependencies holds a launch back on `after:`; leases: who
 holds a launch), lifecycle (look, end, retry), scheduling (passes; sched_queries: explain,
 queue, quotas, simulate), actions (cancel, retry, replay; bulk: of many runs at once),
-reading (views, logs, evidence, inspect, diff, collect) and storage (pin, delete, gc, usage);
-this module adds the catalogue (templates, experiments, the audit trail, hosts) and builds the
+reading (views, logs, evidence, inspect, diff, collect), storage (pin, delete, gc, usage),
+accounts, secrets, policy, alerts, nodes, clusters and hosts; this module adds the catalogue (templates, experiments, the audit trail) and builds the
 whole from settings."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from orbit.core.control.bulk import BulkActions
 from orbit.core.control.clusters import Clusters
 from orbit.core.control.dependencies import DependencyGate
 from orbit.core.control.host_registry import HostRegistry
+from orbit.core.control.hosts import Hosts
 from orbit.core.control.launching import Launching
 from orbit.core.control.lifecycle import Lifecycle
 from orbit.core.control.nodes import Nodes
@@ -33,8 +34,8 @@ from orbit.core.control.scheduling import Scheduling
 from orbit.core.control.secrets import SecretsPart
 from orbit.core.control.storage import Storage
 from orbit.core.control.submit import Submitting
-from orbit.core.control.views import HostCheck, SchedConfigView, TemplateView
-from orbit.model.hosts import HostRecord, HostSpec
+from orbit.core.control.views import SchedConfigView, TemplateView
+from orbit.model.hosts import HostRecord
 from orbit.model.records import AuditEvent, ExperimentRecord
 from orbit.model.signals import Signal
 
@@ -63,7 +64,7 @@ class CoreControlService:
     """Built from its parts, each a class of its own module made here with what every part
     shares (base.Shared) and the five the others call (parts.Parts); each call of the API is
     one part's method, named below by the part it lives in.
-    This module adds the catalogue (templates, experiments, the audit trail, hosts)."""
+    This module adds the catalogue (templates, experiments, the audit trail)."""
 
     acting_as = staticmethod(acting_as)
 
@@ -121,6 +122,7 @@ class CoreControlService:
         accounts = Accounts(shared, parts)
         nodes = Nodes(shared, parts)
         clusters = Clusters(shared, parts)
+        hosts = Hosts(shared, parts)
         parts.secrets = secrets = SecretsPart(shared, parts)
         parts.policy = policy = PolicyPart(shared, parts)
         alerts = AlertsPart(shared, parts)
@@ -225,6 +227,12 @@ class CoreControlService:
         self.remove_node = nodes.remove_node
         self.push_file = nodes.push_file
         self.pull_file = nodes.pull_file
+        # SSH hosts (hosts.py)
+        self.add_host = hosts.add_host
+        self.list_hosts = hosts.list_hosts
+        self.get_host = hosts.get_host
+        self.check_host = hosts.check_host
+        self.remove_host = hosts.remove_host
         # Slurm clusters (clusters.py)
         self.add_cluster = clusters.add_cluster
         self.list_clusters = clusters.list_clusters
@@ -373,33 +381,6 @@ class CoreControlService:
         self._scheduling.live_config.set_text(text, self.actor)
         self.request_schedule()  # the new tiers, weights or quotas may place a run now
         return self.scheduler_config_view()
-
-    # --- hosts ----------------------------------------------------------------------------
-
-    def add_host(self, spec: HostSpec, *, check: bool = True) -> HostRecord:
-        return self.hosts.add(spec, check=check)
-
-    def list_hosts(self) -> list[HostRecord]:
-        return self.hosts.all()
-
-    def get_host(self, name: str) -> HostRecord:
-        return self.hosts.get(name)
-
-    def check_host(self, name: str) -> HostCheck:
-        host, swept, stopped = self.hosts.check(name)
-        return HostCheck(
-            host=host,
-            removed_containers=tuple(c.name for c in swept.removed) if swept else (),
-            sweep_errors=tuple(swept.errors) if swept else (),
-            stopped_processes=dict(stopped.stopped) if stopped else {},
-            process_errors=tuple(stopped.errors) if stopped else (),
-        )
-
-    def remove_host(self, name: str) -> list[str]:
-        """Forget a host; returns the runs still active there (they keep what they need)."""
-        active = self.hosts.active_runs(name)
-        self.hosts.remove(name)
-        return active
 
     def close(self) -> None:
         self.store.close()
