@@ -4,8 +4,8 @@ launching (claim, stage, start; dependencies holds a launch back on `after:`; le
 holds a launch), lifecycle (look, end, retry), scheduling (passes; sched_queries: explain,
 queue, quotas, simulate), actions (cancel, retry, replay; bulk: of many runs at once),
 reading (views, logs, evidence, inspect, diff, collect), storage (pin, delete, gc, usage),
-accounts, secrets, policy, alerts, nodes, clusters and hosts; this module adds the catalogue (templates, experiments, the audit trail) and builds the
-whole from settings."""
+accounts, secrets, policy, alerts, nodes, clusters and hosts; this module adds the catalogue
+(templates, experiments, the audit trail) and builds the whole from settings."""
 
 from __future__ import annotations
 
