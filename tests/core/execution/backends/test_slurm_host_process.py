@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.helpers import eventually, orbit, orbit_json, write_spec
+from tests.helpers import ORBIT, eventually, orbit, orbit_json, write_spec
 from tests.slurm import GPU_TYPE, NODES, SlurmCluster
 
 
@@ -186,6 +186,26 @@ def test_a_submission_slurm_refuses_fails_launch_failed_with_its_message(
         "cluster 'proj' refused the job: Invalid account or account/partition combination specified"
     )
     assert slurm.queue() == []
+
+
+def test_a_refused_submission_of_a_run_with_secrets_leaves_none_of_their_files(
+    env: dict[str, str], slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    add_cluster(
+        env, slurm, tmp_path, "proj", "--partition", "proj", "--account", "bad", "--no-check"
+    )
+    subprocess.run(
+        [*ORBIT, "secrets", "set", "hf"], env=env, input="hf_Refused_0a1b2c3d4e", text=True,
+        check=True, capture_output=True,
+    )  # fmt: skip
+    path = spec(tmp_path, "true", "proj", {"max_retries": 0})
+    path.write_text(path.read_text() + "secrets: {HF_TOKEN: hf}\n")
+    run = orbit_json(env, "submit", str(path))
+    attempt = run["attempts"][0]
+    assert attempt["reason"] == "launch_failed" and "refused the job" in attempt["message"]
+    location = tmp_path / "cluster-work" / "attempts" / attempt["id"]
+    assert (location / "scripts" / "slurm.sbatch").is_file()  # staged, then refused
+    assert not (location / "secrets").exists()
 
 
 def test_a_pending_job_is_provisioning_with_slurms_reason_and_estimated_start(

@@ -10,7 +10,6 @@ end the wrapper could not record: Slurm's reason for it).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Callable
@@ -115,11 +114,13 @@ class SlurmHostProcessBackend:
         try:
             done = shell.run(["sbatch", "--parsable", f"{location}/{SCRIPT}"])
         except OrbitError as exc:
-            self._drop_secrets(shell, location, attempt)
+            if attempt.secrets:
+                shell.drop_secrets(location)
             raise LaunchError(FailureReason.LAUNCH_FAILED, str(exc)) from exc
         job_id = done.stdout.strip().split(";")[0]
         if done.returncode != 0 or not job_id.isdigit():
-            self._drop_secrets(shell, location, attempt)
+            if attempt.secrets:
+                shell.drop_secrets(location)
             raise LaunchError(
                 FailureReason.LAUNCH_FAILED,
                 f"{shell.where} refused the job: {slurm_message(done.stderr) or 'no message'}",
@@ -129,13 +130,6 @@ class SlurmHostProcessBackend:
         if request.num_nodes > 1:
             data["num_nodes"] = request.num_nodes
         return handle.model_copy(update={"data": data})
-
-    @staticmethod
-    def _drop_secrets(shell: ClusterShell, location: str, attempt: AttemptContext) -> None:
-        """No job will read them: the files of secrets go (as far as the cluster answers)."""
-        if attempt.secrets:
-            with contextlib.suppress(OrbitError):
-                shell.run(["rm", "-rf", f"{location}/secrets"])
 
     def _stage(self, shell: ClusterShell, bundle: FrozenBundle) -> tuple[str, dict[str, object]]:
         """The bundle's frozen parts into WORK/bundles/DIGEST/, once per digest."""

@@ -3,6 +3,7 @@ or on its login node over the SSH transport. Holds no connection between calls."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -89,6 +90,12 @@ class ClusterShell:
             found = hostside.put_secrets(location, ranks, secrets)
         if "error" in found:
             raise OrbitError(f"{self.where}: {found['error']}")
+
+    def drop_secrets(self, location: str) -> None:
+        """No job will read them (sbatch refused it): put_secrets' files go, as far as the
+        cluster answers."""
+        with contextlib.suppress(OrbitError):
+            self.run(["rm", "-rf", f"{location}/{hostside.SECRETS_DIR}"])
 
     def write(self, path: str, data: bytes) -> None:
         if self.ssh is None:  # a submit host: no process for it
