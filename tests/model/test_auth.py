@@ -11,9 +11,7 @@ import pytest
 from orbit.model.auth import (
     TOKEN_PREFIX,
     NewToken,
-    Role,
     TokenRecord,
-    can,
     new_token,
     parse_duration,
     token_hash,
@@ -64,29 +62,6 @@ def test_bad_durations_are_refused_naming_the_field(text: str) -> None:
     with pytest.raises(InvalidInput) as raised:
         parse_duration(text, "--expires")
     assert str(raised.value) == expected
-
-
-MATRIX = {
-    # role: (read, submit, control own, control other's, admin)
-    Role.ADMIN: (True, True, True, True, True),
-    Role.MEMBER: (True, True, True, False, False),
-    Role.VIEWER: (True, False, False, False, False),
-}
-
-
-@pytest.mark.parametrize("role", list(Role))
-def test_who_may_do_what(role: Role) -> None:
-    read, submit, control_own, control_other, admin = MATRIX[role]
-    assert can(role, "read") is read and can(role, "read", own=False) is read
-    assert can(role, "submit") is submit
-    assert can(role, "control", own=True) is control_own
-    assert can(role, "control", own=False) is control_other
-    assert can(role, "admin") is admin and can(role, "admin", own=False) is admin
-
-
-def test_an_unknown_action_is_a_bug_not_a_refusal() -> None:
-    with pytest.raises(ValueError, match="unknown action 'delete'"):
-        can(Role.ADMIN, "delete")
 
 
 def test_a_token_record_is_active_until_revoked_or_expired() -> None:

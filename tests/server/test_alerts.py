@@ -14,13 +14,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
+from orbit.store import Store
 from tests.agents import NVML_DATA, AgentProc, nvml_env, wait_online, with_xids
 from tests.helpers import eventually, orbit, orbit_json, write_spec
 from tests.orbit_server import Server
 from tests.server.test_console import token_for
+from tests.store.raw import execute
 
 
 class Receiver:
@@ -110,7 +113,7 @@ def test_real_faults_raise_alerts_delivered_once_and_resolved(
     assert any("orbit nodes drain gpu-a" in t for t in texts)
     # only an admin acknowledges or silences
     refused = orbit(mia, "alerts", "ack", str(offline["id"]), check=False)
-    assert refused.returncode == 2 and "admin" in refused.stderr
+    assert refused.returncode == 2 and "permission alerts.manage" in refused.stderr
     orbit(admin, "alerts", "ack", str(offline["id"]))
     waiting_id = waiting[0][1]
     orbit(admin, "alerts", "silence", str(waiting_id), "--for", "1h")
@@ -137,3 +140,87 @@ def test_real_faults_raise_alerts_delivered_once_and_resolved(
     names = [r["alert"] for r in rules["groups"][0]["rules"]]
     assert "OrbitNodeOffline" in names and "OrbitGpuUnhealthy" in names
     assert all(r["annotations"]["remedy"] for r in rules["groups"][0]["rules"])
+
+
+def test_a_stalled_run_a_starved_user_a_low_disk_and_a_tampered_audit_raise_alerts(
+    start_server: Callable[..., Server],
+    start_agent: Callable[..., AgentProc],
+    receivers: tuple[Receiver, Receiver],
+    store_url: str,
+    tmp_path: Path,
+) -> None:
+    plain, _ = receivers
+    config = tmp_path / "server.yaml"
+    config.write_text(json.dumps({"alerts": {
+        "every_s": 0.3, "no_progress_s": 3, "starved_s": 2, "audit_every_s": 0.5,
+        # more free disk than any work dir here has: every node's disk is "nearly full"
+        "disk_free_mb": 1024 * 1024 * 1024, "webhooks": [{"url": plain.url}],
+    }}))  # fmt: skip
+    server = start_server("--config", str(config))
+    admin = server.env()
+    mia = server.env(token_for(server, "mia", "member"))
+    start_agent(server, "cpu-a")
+    wait_online(server, "cpu-a")
+    # a node whose work dir's disk is under the threshold
+    disk = eventually(lambda: events(plain, "disk_low"), timeout=30, every=0.2)
+    low = next(a for a in orbit_json(mia, "alerts", "list") if a["id"] == disk[0][1])
+    assert low["objects"] == {"node": "cpu-a"} and "free in its work dir" in low["message"]
+    assert "orbit gc" in low["remedy"] and "orbit nodes drain cpu-a" in low["remedy"]
+
+    # a run that logs three steps, then hangs: no progress past no_progress_s
+    steps = (
+        'for i in 1 2 3; do echo "{\\"step\\": $i, \\"loss\\": 0.5}" '
+        ">> $ORBIT_ARTIFACTS_DIR/logging.jsonl; done; sleep 120"
+    )
+    spec = write_spec(tmp_path, template="pool", task={"command": steps})
+    hung = orbit_json(mia, "submit", str(spec))["id"]
+    stalled = eventually(lambda: events(plain, "run_stalled"), timeout=60, every=0.2)
+    alert = next(a for a in orbit_json(mia, "alerts", "list") if a["id"] == stalled[0][1])
+    assert alert["objects"] == {"run": hung, "user": "mia"}
+    assert alert["message"].startswith(f"{hung} of mia has logged no progress for ")
+    assert alert["message"].endswith(" at step 3")
+    assert f"orbit cancel {hung}" in alert["remedy"]
+    orbit(mia, "cancel", hung)
+    eventually(lambda: ("resolved", alert["id"]) in events(plain, "run_stalled"), timeout=30)
+
+    # mia's runs wait while she holds none of her 4 GPUs: starved
+    orbit(admin, "quotas", "set", "user", "mia", "--gpus", "4")
+    spec = write_spec(tmp_path, template="pool", task={"command": "true"})
+    waits = orbit_json(mia, "submit", str(spec), "--set", "resources.gpu_count=8", "--queue-anyway")
+    starved = eventually(lambda: events(plain, "user_starved"), timeout=30, every=0.2)
+    alert = next(a for a in orbit_json(mia, "alerts", "list") if a["id"] == starved[0][1])
+    assert alert["objects"] == {"user": "mia", "run": waits["id"]}
+    assert alert["message"].endswith("while mia holds 0 of 4 GPUs (quota)")
+    assert "orbit quotas set user mia" in alert["remedy"]
+    # the console's alerts page: what is wrong and the remedy; a member has no buttons there
+    as_mia = {"Authorization": f"Bearer {mia['ORBIT_TOKEN']}"}
+    shown = httpx.get(f"{server.url}/ui/alerts", headers=as_mia)
+    assert shown.status_code == 200
+    assert alert["message"].replace("'", "&#39;") in shown.text and "Acknowledge" not in shown.text
+    refused = httpx.post(f"{server.url}/ui/alerts/{alert['id']}/ack", headers=as_mia)
+    assert refused.status_code == 403 and "alerts.manage" in refused.text
+    as_admin = {"Authorization": f"Bearer {server.admin_token}"}
+    assert "Acknowledge" in httpx.get(f"{server.url}/ui/alerts", headers=as_admin).text
+    httpx.post(f"{server.url}/ui/alerts/{alert['id']}/ack", headers=as_admin)
+    acked = next(a for a in orbit_json(mia, "alerts", "list") if a["id"] == alert["id"])
+    assert acked["acked_by"] == "admin"
+
+    # an audit event changed under the server: the chain's check fails, said as critical
+    store = Store(store_url)
+    try:
+        first = store.audit.list_events()[0]
+        execute(store, "UPDATE events SET actor = 'mallory' WHERE id = :id", id=first.id)
+    finally:
+        store.close()
+    broken = eventually(lambda: events(plain, "audit_broken"), timeout=30, every=0.2)
+    alert = next(a for a in orbit_json(admin, "alerts", "list") if a["id"] == broken[0][1])
+    assert alert["severity"] == "critical"
+    assert alert["message"].startswith(f"the audit chain fails its check: event {first.id}: ")
+    assert "orbit audit verify" in alert["remedy"]
+    # each is one of /metrics' open alerts, as the rules file expects
+    scraped = orbit(admin, "alerts", "rules").stdout
+    assert 'orbit_alerts_open{kind="run_stalled"} > 0' in scraped
+    metrics = httpx.get(
+        f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.admin_token}"}
+    ).text
+    assert 'orbit_alerts_open{kind="audit_broken",severity="critical"} 1.0' in metrics

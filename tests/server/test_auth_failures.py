@@ -88,7 +88,10 @@ def test_only_an_admin_makes_or_revokes_tokens_for_others(orbit_server: Server) 
                 orbit_server.env(token), "tokens", "create", "--user", user, check=False
             )
             assert refused.returncode == 2
-            assert refused.stderr == f"orbit: error: {who} may not do this (admins only)\n"
+            assert refused.stderr == (
+                f"orbit: error: {who} may not add and remove users, and manage anyone's "
+                "tokens: that needs the permission users.manage\n"
+            )
         with orbit_server.client(token) as http:
             answer = http.delete(f"/api/v1/tokens/{admins_token}")
             assert answer.status_code == 403 and answer.json()["error"] == "Forbidden"

@@ -40,7 +40,12 @@ def test_a_member_acts_on_its_own_runs_and_the_others_are_refused(
     for run in mine:
         assert outcomes[run][:2] == ("cancelled", "mia")
     for run in theirs:
-        refused = ("refused", "admin", "admin's run: a member controls only its own runs")
+        refused = (
+            "refused",
+            "admin",
+            "admin's run: mia (member) may not cancel anyone's runs: that needs the permission "
+            "runs.cancel.any",
+        )
         assert outcomes[run] == refused
     eventually(lambda: {orbit_json(admin, "status", r)["state"] for r in mine} == {"terminated"})
     assert running(admin, theirs)
@@ -59,7 +64,10 @@ def test_a_member_acts_on_its_own_runs_and_the_others_are_refused(
     # a viewer controls nothing: one line, exit 2, nothing done
     denied = orbit(vic, "cancel", "--user", "mia", "--yes", check=False)
     assert denied.returncode == 2
-    assert denied.stderr == "orbit: error: vic (viewer) may not control runs\n"
+    assert denied.stderr == (
+        "orbit: error: vic (viewer) may not cancel their own runs: that needs the permission "
+        "runs.cancel.own\n"
+    )
 
     # the API: one call, ids or a filter; a bad selection is one problem naming it
     with orbit_server.client(mia_token) as http:

@@ -100,6 +100,14 @@ def token_for(server: Server, user: str, role: str) -> str:
     return str(orbit_json(admin, "tokens", "create", "--user", user)["token"])
 
 
+# what a member or viewer is refused, and the permission each needs
+WHAT = (
+    "make and revoke agents' join tokens: that needs the permission nodes.join",
+    "drain, label, revoke and remove nodes: that needs the permission nodes.manage",
+    "push files to nodes and pull files from them: that needs the permission nodes.files",
+)
+
+
 def dump_store(url: str) -> str:
     """Every row of every table, as text."""
     store = Store(url)
@@ -242,21 +250,21 @@ def test_members_and_viewers_may_read_nodes_and_nothing_more(
         env = orbit_server.env(secret)
         assert [n["name"] for n in orbit_json(env, "nodes", "list")] == ["gpu-a"]
         assert orbit_json(env, "nodes", "show", "gpu-a")["condition"] == "ready"
-        denied = f"{user} ({role}) may not do this (admins only)"
-        for args in (
-            ["nodes", "join-token", "create"],
-            ["nodes", "join-token", "list"],
-            ["nodes", "drain", "gpu-a"],
-            ["nodes", "cordon", "gpu-a"],
-            ["nodes", "revoke", "gpu-a"],
-            ["nodes", "remove", "gpu-a"],
-            ["nodes", "pull", "gpu-a", "x"],
+        joins, manage, files = (f"{user} ({role}) may not {what}" for what in WHAT)
+        for args, denied in (
+            (["nodes", "join-token", "create"], joins),
+            (["nodes", "join-token", "list"], joins),
+            (["nodes", "drain", "gpu-a"], manage),
+            (["nodes", "cordon", "gpu-a"], manage),
+            (["nodes", "revoke", "gpu-a"], manage),
+            (["nodes", "remove", "gpu-a"], manage),
+            (["nodes", "pull", "gpu-a", "x"], files),
         ):
             one_line_error(orbit(env, *args, check=False), 2, denied)
         with orbit_server.client(secret) as http:
             made = http.post("/api/v1/nodes/join-tokens", json={"labels": {}})
             assert made.status_code == 403, made.text
-            assert made.json()["detail"] == denied
+            assert made.json()["detail"] == joins
             drain = http.post("/api/v1/nodes/gpu-a", json={"max_tasks": 0})
             assert drain.status_code == 403, drain.text
             assert http.get("/api/v1/nodes").status_code == 200

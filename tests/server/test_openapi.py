@@ -130,4 +130,4 @@ def test_a_client_generated_from_the_document_compiles_and_calls_the_server(
         base_url=orbit_server.url, token=orbit_server.admin_token
     ) as client:
         me = whoami.sync(client=client)
-    assert me.name == "admin" and me.role.value == "admin", me
+    assert me.name == "admin" and me.role == "admin", me

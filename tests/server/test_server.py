@@ -69,7 +69,9 @@ def test_roles_decide_who_may_do_what_and_the_audit_names_who_did_it(
     assert orbit_json(viewer, "runs", "list") == []
     refused = orbit(viewer, "submit", str(spec), check=False)
     assert refused.returncode == 2
-    assert refused.stderr == "orbit: error: vic (viewer) may not submit runs\n"
+    assert refused.stderr == (
+        "orbit: error: vic (viewer) may not submit runs: that needs the permission runs.submit\n"
+    )
     assert orbit(viewer, "users", "list", check=False).returncode == 2
 
     # a member submits; the audit names the token's user, never what the client claims
@@ -83,7 +85,10 @@ def test_roles_decide_who_may_do_what_and_the_audit_names_who_did_it(
     theirs = orbit_json(admin, "submit", str(spec))["id"]
     denied = orbit(member, "cancel", theirs, check=False)
     assert denied.returncode == 2
-    assert "mia (member) may not control this run (it is someone else's)" in denied.stderr
+    assert (
+        "admin's run: mia (member) may not cancel anyone's runs: that needs the permission "
+        "runs.cancel.any" in denied.stderr
+    )
     assert orbit_json(member, "cancel", mine)["state"] == "terminated"
     assert orbit(viewer, "cancel", theirs, check=False).returncode == 2
     assert orbit_json(admin, "cancel", theirs)["state"] == "terminated"  # an admin does anything

@@ -24,7 +24,7 @@ def now() -> datetime:
 def test_users_are_added_listed_and_removed_with_an_audit(store: Store) -> None:
     assert store.users.count_users() == 0
     root = store.users.create_user("root", Role.ADMIN, ACTOR)
-    assert root.role is Role.ADMIN and root.created_by == ACTOR and root.id.startswith("user-")
+    assert root.role == "admin" and root.created_by == ACTOR and root.id.startswith("user-")
     store.users.create_user("bob", Role.MEMBER, "root")
     store.users.create_user("alice.v_2-x", Role.VIEWER, "root")
     assert [u.name for u in store.users.list_users()] == ["alice.v_2-x", "bob", "root"]
@@ -39,7 +39,7 @@ def test_users_are_added_listed_and_removed_with_an_audit(store: Store) -> None:
     store.users.create_user("b" * 64, Role.MEMBER, ACTOR)
 
     removed = store.users.remove_user("bob", "root")
-    assert removed.name == "bob" and removed.role is Role.MEMBER
+    assert removed.name == "bob" and removed.role == Role.MEMBER
     with pytest.raises(NotFound, match="no user 'bob'"):
         store.users.get_user("bob")
     with pytest.raises(NotFound, match="no user 'bob'"):
@@ -66,6 +66,26 @@ def test_the_last_admin_is_not_removed(store: Store) -> None:
         store.users.remove_user("second", ACTOR)
     store.users.remove_user("viewer", ACTOR)  # no admin left is not a reason to keep others
     assert [u.name for u in store.users.list_users()] == ["second"]
+
+
+def test_a_role_changes_with_an_audit_and_the_last_admin_keeps_theirs(store: Store) -> None:
+    store.users.create_user("root", Role.ADMIN, ACTOR)
+    store.users.create_user("otto", "operator", ACTOR)  # a site's role: the store keeps names
+    assert store.users.get_user("otto").role == "operator"
+    changed = store.users.set_role("otto", "viewer", "root")
+    assert changed.role == "viewer" and store.users.get_user("otto").role == "viewer"
+    event = store.audit.list_events()[-1]
+    assert (event.action, event.actor) == ("user.role", "root")
+    assert event.data == {"user": "otto", "role": "viewer", "was": "operator"}
+    with pytest.raises(Refused, match="user 'root' is the last admin"):
+        store.users.set_role("root", "member", "root")
+    assert store.users.get_user("root").role == "admin"
+    with pytest.raises(NotFound):
+        store.users.set_role("nobody", "viewer", "root")
+    # the same role again changes nothing and writes no event
+    events = len(store.audit.list_events())
+    store.users.set_role("otto", "viewer", "root")
+    assert len(store.audit.list_events()) == events
 
 
 def test_tokens_are_created_listed_and_revoked(store: Store) -> None:
@@ -217,7 +237,7 @@ def test_neither_token_nor_hash_reaches_the_audit_trail(store: Store) -> None:
 def test_bootstrap_admin_creates_the_first_admin_once(store: Store) -> None:
     token = new_token()
     user = store.users.bootstrap_admin(name="root", token_hash=token_hash(token), actor="server")
-    assert user is not None and user.name == "root" and user.role is Role.ADMIN
+    assert user is not None and user.name == "root" and user.role == Role.ADMIN
     assert [(t.user, t.name, t.expires_at) for t in store.users.list_tokens()] == [
         ("root", "bootstrap", None)
     ]

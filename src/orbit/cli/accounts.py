@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,13 +15,18 @@ if TYPE_CHECKING:
     from orbit.model.auth import TokenRecord, UserRecord
 
 users_app = typer.Typer(
-    help="Users of an orbit server and their roles (admins only).", no_args_is_help=True
+    help="Users of an orbit server and their roles (users.manage: admins, unless a site role "
+    "says otherwise). `orbit users roles` lists each role's permissions.",
+    no_args_is_help=True,
 )
 tokens_app = typer.Typer(
     help="API tokens: each is shown once, when made; the server keeps only its hash.",
     no_args_is_help=True,
 )
-ROLE_HELP = "viewer: reads; member: submits and controls its own runs; admin: everything."
+ROLE_HELP = (
+    "viewer: reads; member: submits and controls its own runs; admin: everything; or a role "
+    "of the site's (server setting roles; see orbit users roles)."
+)
 
 
 def login(
@@ -58,7 +64,7 @@ def login(
         remote.close()
     assert user is not None
     save_login(settings().credentials_file, url, found)
-    console.print(f"logged in to {url} as {paint(user.name, 'bold')} ({user.role.value})")
+    console.print(f"logged in to {url} as {paint(user.name, 'bold')} ({user.role})")
 
 
 TOKEN_SOURCES = "--token-file PATH, --token-file - (stdin), ORBIT_TOKEN, or the hidden prompt"
@@ -129,7 +135,7 @@ def whoami(as_json: bool = JSON) -> None:
     elif user is None:
         console.print("embedded mode: no server, no token (the local user acts)")
     else:
-        console.print(f"{user.name} ({user.role.value}) at {settings().server}")
+        console.print(f"{user.name} ({user.role}) at {settings().server}")
 
 
 def ui() -> None:
@@ -153,7 +159,7 @@ def ui() -> None:
 
 
 def _user_row(user: UserRecord) -> list[str]:
-    return [user.name, user.role.value, f"{user.created_at:%Y-%m-%d %H:%M}", user.created_by]
+    return [user.name, user.role, f"{user.created_at:%Y-%m-%d %H:%M}", user.created_by]
 
 
 @users_app.command("add")
@@ -163,20 +169,11 @@ def users_add(
     as_json: bool = JSON,
 ) -> None:
     """Add a user. Then make them a token: orbit tokens create --user NAME."""
-    from orbit.model.auth import Role
-    from orbit.model.errors import InvalidInput
-
-    try:
-        chosen = Role(role)
-    except ValueError:
-        raise InvalidInput(
-            f"--role: unknown role '{role}' (expected admin, member or viewer)"
-        ) from None
-    user = service().add_user(name, chosen)
+    user = service().add_user(name, _role(role))
     if as_json:
         print_json(user.model_dump(mode="json"))
     else:
-        console.print(f"added {paint(user.name, 'bold')} ({user.role.value})")
+        console.print(f"added {paint(user.name, 'bold')} ({user.role})")
         console.print(f"  give them a token: orbit tokens create --user {user.name}", style="dim")
 
 
@@ -191,6 +188,50 @@ def users_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     for user in users:
         table.add_row(*_user_row(user))
     console.print(table)
+
+
+@users_app.command("set-role")
+def users_set_role(
+    name: str = typer.Argument(..., metavar="NAME"),
+    role: str = typer.Argument(..., metavar="ROLE", help=ROLE_HELP),
+    as_json: bool = JSON,
+) -> None:
+    """Give a user another role; it applies to their next request (audited as user.role)."""
+    user = service().set_role(name, _role(role))
+    if as_json:
+        print_json(user.model_dump(mode="json"))
+    else:
+        console.print(f"{paint(user.name, 'bold')} is now {user.role}")
+
+
+@users_app.command("roles")
+def users_roles(as_json: bool = JSON) -> None:
+    """Each role the server knows (built in, and the site's) and the permissions it holds."""
+    from orbit.model.permissions import PERMISSIONS
+
+    views = service().roles()
+    if as_json:
+        print_json([v.model_dump(mode="json") for v in views])
+        return
+    for view in views:
+        kind = "built in" if view.built_in else "the site's"
+        console.print(f"{paint(view.name, 'bold')} ({kind}): {view.description}")
+        for name in view.permissions:
+            console.print(f"  {name:<22} {PERMISSIONS[name]}", style="dim")
+
+
+def _role(role: str) -> str:
+    """A role's name as the server stores one; whether the server knows it is its to say
+    (embedded, with no server: a built-in role)."""
+    from orbit.client.remote import RemoteControl
+    from orbit.model.errors import InvalidInput
+    from orbit.model.permissions import ROLE_NAME, Roles
+
+    if not re.fullmatch(ROLE_NAME, role):
+        raise InvalidInput(f"--role: {role!r} is not a role's name (admin, member, viewer, ...)")
+    if not isinstance(service(), RemoteControl):
+        Roles().check(role, "--role")
+    return role
 
 
 @users_app.command("remove")

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from orbit.cli.common import JSON, OUTPUT, console, emitted, output_format, print_json, service
+
+if TYPE_CHECKING:
+    from orbit.model.records import ExperimentRecord
 
 templates_app = typer.Typer(
     help="Execution templates: where and how runs execute.", no_args_is_help=True
@@ -67,3 +71,53 @@ def experiments_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
     experiments = service().list_experiments()
     if not emitted(fmt, lambda: [e.model_dump(mode="json") for e in experiments], "name"):
         console.print(render.experiments_table(experiments))
+
+
+@experiments_app.command("show")
+def experiments_show(name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON) -> None:
+    """One experiment: its runs, whether it is restricted, and its members."""
+    _said(service().get_experiment(name), as_json)
+
+
+@experiments_app.command("restrict")
+def experiments_restrict(
+    name: str = typer.Argument(..., metavar="NAME"),
+    members: list[str] = typer.Option(
+        [], "--member", "-m", help="A user to add as a member (again for more)."
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Restrict an experiment: only its members (and those who may manage experiments, admins
+    by default) see its runs, logs and artifacts, or submit to it. Needs experiments.manage."""
+    _said(service().set_experiment(name, True, add=members), as_json)
+
+
+@experiments_app.command("unrestrict")
+def experiments_unrestrict(
+    name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON
+) -> None:
+    """Open a restricted experiment to everyone who reads runs again (its members stay)."""
+    _said(service().set_experiment(name, False), as_json)
+
+
+@experiments_app.command("members")
+def experiments_members(
+    name: str = typer.Argument(..., metavar="NAME"),
+    add: list[str] = typer.Option([], "--add", help="A user to add (again for more)."),
+    remove: list[str] = typer.Option([], "--remove", help="A user to remove (again for more)."),
+    as_json: bool = JSON,
+) -> None:
+    """Show an experiment's members, or add and remove some (audited). Needs
+    experiments.manage to change them."""
+    control = service()
+    found = control.set_experiment(name, add=add, remove=remove) if add or remove else None
+    _said(found or control.get_experiment(name), as_json)
+
+
+def _said(found: ExperimentRecord, as_json: bool) -> None:
+    if as_json:
+        print_json(found.model_dump(mode="json"))
+        return
+    access = "restricted to its members" if found.restricted else "open to every reader"
+    console.print(f"{found.name} ({found.id}): {found.run_count} runs, {access}")
+    console.print(f"  members: {', '.join(found.members) or '(none)'}")

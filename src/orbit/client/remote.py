@@ -70,6 +70,8 @@ class RemoteControl:
         self.list_users = accounts.list_users
         self.add_user = accounts.add_user
         self.remove_user = accounts.remove_user
+        self.set_role = accounts.set_role
+        self.roles = accounts.roles
         self.create_token = accounts.create_token
         self.list_tokens = accounts.list_tokens
         self.revoke_token = accounts.revoke_token
@@ -103,8 +105,23 @@ class RemoteControl:
     def create_experiment(self, name: str) -> ExperimentRecord:
         return self.session.post(ExperimentRecord, "/experiments", {"name": name})
 
-    def list_experiments(self) -> list[ExperimentRecord]:
+    def list_experiments(self, viewer: str | None = None) -> list[ExperimentRecord]:
+        """Those the caller sees (`viewer` is the server's to decide)."""
         return self.session.get_list(ExperimentRecord, "/experiments")
+
+    def get_experiment(self, name: str) -> ExperimentRecord:
+        return self.session.get(ExperimentRecord, f"/experiments/{part(name)}")
+
+    def set_experiment(
+        self,
+        name: str,
+        restricted: bool | None = None,
+        add: Sequence[str] = (),
+        remove: Sequence[str] = (),
+    ) -> ExperimentRecord:
+        body = {"restricted": restricted, "add": list(add), "remove": list(remove)}
+        response = self.session.send("PATCH", f"/experiments/{part(name)}", json=body)
+        return ExperimentRecord.model_validate_json(response.content)
 
     # -- submitting ------------------------------------------------------------------------
     def submit_task(

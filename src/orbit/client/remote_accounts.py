@@ -5,7 +5,8 @@ body, and never comes back."""
 from __future__ import annotations
 
 from orbit.client.session import Session, part, query
-from orbit.model.auth import NewToken, Role, TokenRecord, UserRecord
+from orbit.model.auth import NewToken, TokenRecord, UserRecord
+from orbit.model.permissions import RoleView
 from orbit.model.secrets import KeyRotation, Scope, SecretRecord
 
 
@@ -23,8 +24,16 @@ class RemoteAccounts:
     def list_users(self) -> list[UserRecord]:
         return self.session.get_list(UserRecord, "/users")
 
-    def add_user(self, name: str, role: Role) -> UserRecord:
-        return self.session.post(UserRecord, "/users", {"name": name, "role": role.value})
+    def add_user(self, name: str, role: str) -> UserRecord:
+        return self.session.post(UserRecord, "/users", {"name": name, "role": role})
+
+    def set_role(self, name: str, role: str) -> UserRecord:
+        response = self.session.send("PATCH", f"/users/{part(name)}", json={"role": role})
+        return UserRecord.model_validate_json(response.content)
+
+    def roles(self) -> list[RoleView]:
+        """Every role the server knows, with its permissions."""
+        return self.session.get_list(RoleView, "/roles")
 
     def remove_user(self, name: str) -> UserRecord:
         return UserRecord.model_validate_json(

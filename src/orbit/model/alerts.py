@@ -30,6 +30,14 @@ class AlertsConfig(Strict):
     every_s: float = Field(default=15.0, gt=0, le=3600)  # how often the conditions are looked at
     run_waiting_s: float = Field(default=3600.0, gt=0)  # a run not placed after this long
     retries_over: int = Field(default=3, ge=1)  # a run on more attempts than this, still going
+    # a running run whose logging.jsonl has not moved for this long (a hung job on a GPU); only
+    # runs that log progress, whose files are on the server (agent pools, local)
+    no_progress_s: float = Field(default=1800.0, gt=0)
+    # a user whose runs have waited this long to be placed while they hold fewer GPUs than
+    # their quota (or, with no quota, no GPU at all); runs held on their dependencies aside
+    starved_s: float = Field(default=1800.0, gt=0)
+    disk_free_mb: int = Field(default=10_240, ge=0)  # a node with less free in its work dir
+    audit_every_s: float = Field(default=3600.0, gt=0)  # how often the audit chain is verified
     webhooks: list[Webhook] = []
     tries: int = Field(default=5, ge=1, le=20)  # a delivery tried this often, backing off
 

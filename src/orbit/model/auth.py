@@ -1,5 +1,6 @@
-"""Who may do what: users' roles, API tokens, and the rule table between the two. Pure records
-and functions (stdlib and pydantic): the store keeps users and token hashes, the server asks."""
+"""Who is who: users and their roles, API tokens, durations. Pure records and functions (stdlib
+and pydantic): the store keeps users and token hashes; what a role allows is
+orbit.model.permissions'."""
 
 from __future__ import annotations
 
@@ -23,12 +24,6 @@ class Role(StrEnum):
 
 TOKEN_PREFIX = "orbit_"  # says what a leaked string is (secret scanners look for prefixes)
 TOKEN_BYTES = 32
-
-# "read": everyone (collecting a run's artifacts is reading it); "submit": members and admins
-# (a replay is a new run of the replayer's own); "control" (cancel, retry, leftovers of a run):
-# admins, and members for their own runs; "admin" (users, other users'
-# tokens, hosts add/remove/check): admins only
-ACTIONS = frozenset({"read", "submit", "control", "admin"})
 
 _DURATION = re.compile(r"([0-9]+)([smhdw])")
 MAX_DURATION = timedelta(days=100 * 365)
@@ -68,23 +63,10 @@ def say_duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def can(role: Role, action: str, *, own: bool = True) -> bool:
-    """Whether `role` may do `action` (one of ACTIONS); `own`: the run is the caller's own.
-    An unknown action is a bug in the caller, not a refusal: it raises ValueError."""
-    if action not in ACTIONS:
-        raise ValueError(f"unknown action {action!r} (one of {sorted(ACTIONS)})")
-    role = Role(role)
-    if role is Role.ADMIN or action == "read":
-        return True
-    if role is Role.MEMBER:
-        return action == "submit" or (action == "control" and own)
-    return False
-
-
 class UserRecord(Record):
     id: str
     name: str
-    role: Role
+    role: str  # a built-in Role's value, or a role of the site's (orbit.model.permissions)
     created_at: datetime
     created_by: str
 

@@ -24,6 +24,9 @@ class RunSelection(Record):
     experiment: str | None = None
     states: tuple[RunState, ...] = ()
     user: str | None = None
+    # a filter leaves out the runs of the restricted experiments this user is not a member of
+    # (the server's to set for its caller; never sent)
+    viewer: str | None = Field(default=None, exclude=True)
 
     @property
     def by_filter(self) -> bool:

@@ -22,6 +22,9 @@ class ExperimentRecord(Record):
     name: str
     created_at: datetime
     run_count: int = 0
+    # only its members (and those who manage experiments) see its runs, logs and artifacts
+    restricted: bool = False
+    members: list[str] = []  # user names (shown to those who see the experiment)
 
 
 class AttemptRecord(Record):

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
@@ -29,10 +29,10 @@ from orbit.server.config import ServerConfig
 from orbit.server.fleet_metrics import GpuUtilization
 from orbit.server.health import Health
 from orbit.server.loops import Reconciler, SchedulerLoop
-from orbit.server.metrics import Metrics, SchedConfigState, StorageUsage
+from orbit.server.metrics import Metrics, OpenAlerts, SchedConfigState, StorageUsage
 from orbit.server.openapi import document, operation_id
 from orbit.server.routes import api_routers
-from orbit.server.routes.common import me
+from orbit.server.routes.common import api_gate, me
 from orbit.server.storage_loop import GcLoop
 from orbit.wire.protocol import PREFIX as AGENT_PREFIX
 from orbit.wire.protocol import REGISTER_PATH
@@ -51,6 +51,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
 
     metrics = Metrics(service.store)
     metrics.registry.register(SchedConfigState(service.live_config))
+    metrics.registry.register(OpenAlerts(service.store))
     mailbox, beats = Mailbox(service), Heartbeats(service)
     reconciler = (
         Reconciler(service, metrics, config.reconcile_every_s, config.reconcile_workers)
@@ -114,6 +115,7 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
     )
     app.state.service = service
     app.state.config = config
+    app.state.roles = config.known_roles()  # built in, and the site's (server setting roles)
     app.state.reconciler = reconciler
     problems.install(app, problems.internal_paths(settings))
     for router in api_routers(service, config, metrics):
@@ -148,13 +150,14 @@ def create_app(service: CoreControlService, config: ServerConfig, settings: Sett
         "/metrics",
         tags=["server"],
         response_class=PlainTextResponse,
-        responses=problems.responses("no valid token", 401),
+        responses=problems.responses("no valid token", 401, 403),
+        dependencies=[Depends(api_gate)],
     )
     def metrics_text(who: me) -> PlainTextResponse:
         """Prometheus text exposition (scrape it with a viewer's token as bearer token)."""
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/openapi.json", include_in_schema=False)
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(api_gate)])
     def openapi(who: me) -> JSONResponse:
         """This API's OpenAPI document."""
         return JSONResponse(document(app))

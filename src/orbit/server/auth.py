@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
+from functools import cached_property, partial
+from typing import TypeVar
 
 import anyio
 from fastapi import Request
@@ -16,31 +17,29 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orbit.core.control.service import CoreControlService
 from orbit.core.execution.service import canonical_placement
-from orbit.model.auth import Role, TokenRecord, UserRecord, can, token_hash
-from orbit.model.errors import Forbidden, StoreError
+from orbit.model.auth import Role, TokenRecord, UserRecord, token_hash
+from orbit.model.errors import Forbidden, InvalidInput, NotFound, StoreError
+from orbit.model.permissions import PERMISSIONS, Roles
 from orbit.model.records import RunRecord
 from orbit.server.auth_failures import MALFORMED, MISSING, AuthFailed, AuthGuard
 from orbit.wire.protocol import PREFIX as AGENT_PREFIX
 from orbit.wire.protocol import REGISTER_PATH, VERSION_HEADER
 
+T = TypeVar("T")
 # placement kinds whose tasks run on the server's own host, as the server's user
 SERVER_HOST = frozenset({"local"})
-
-WHAT = {
-    "submit": "submit runs",
-    "control": "control this run (it is someone else's)",
-    "admin": "do this (admins only)",
-}
 
 
 @dataclass(frozen=True)
 class Caller:
-    """The authenticated user of one request, and the service acting for them."""
+    """The authenticated user of one request, the roles the server knows, and the service
+    that will act for them."""
 
     user: UserRecord
     service: CoreControlService
     token: TokenRecord | None = None  # the token this request came with
-    local_roles: tuple[Role, ...] = (Role.ADMIN,)  # the server setting of that name
+    local_roles: tuple[str, ...] = (Role.ADMIN.value,)  # the server setting of that name
+    roles: Roles = field(default_factory=Roles)  # the built-in ones and the site's
 
     @contextmanager
     def acting(self) -> Iterator[CoreControlService]:
@@ -48,16 +47,73 @@ class Caller:
         with self.service.acting_as(self.user.name):
             yield self.service
 
-    def require(self, action: str, *, own: bool = True) -> None:
-        if not can(self.user.role, action, own=own):
-            why = WHAT.get(action, action)
-            if action == "control" and self.user.role is Role.VIEWER:
-                why = "control runs"
-            raise Forbidden(f"{self.user.name} ({self.user.role.value}) may not {why}")
+    def may(self, permission: str) -> bool:
+        return self.roles.grants(self.user.role, permission)
 
-    def require_run(self, run: RunRecord) -> None:
-        """Control of a run: its owner (a member or admin), or any admin."""
-        self.require("control", own=run.created_by == self.user.name)
+    def require(self, permission: str) -> None:
+        """Refuse (403) unless the user's role holds `permission`, saying which it lacks."""
+        if not self.may(permission):
+            raise Forbidden(self._lacks(permission))
+
+    def require_run(self, run: RunRecord, family: str) -> None:
+        """`family.any`, or `family.own` on the user's own run (`runs.cancel`, `logs.read`)."""
+        why = self.refusal(run, family)
+        if why is not None:
+            raise (NotFound if run.experiment_id in self.hidden else Forbidden)(why)
+
+    def refusal(self, run: RunRecord, family: str) -> str | None:
+        """Why this user may not do `family` to `run` (one of many acted on at once), or None."""
+        if run.experiment_id in self.hidden:
+            return f"unknown run '{run.id}'"
+        if self.may(f"{family}.any"):
+            return None
+        if not self.may(f"{family}.own"):
+            return self._lacks(f"{family}.own")
+        if run.created_by == self.user.name:
+            return None
+        return f"{run.created_by}'s run: " + self._lacks(f"{family}.any")
+
+    def _lacks(self, permission: str) -> str:
+        return (
+            f"{self.user.name} ({self.user.role}) may not {PERMISSIONS[permission]}: "
+            f"that needs the permission {permission}"
+        )
+
+    @property
+    def viewer(self) -> str | None:
+        """Whose view of the runs this is: None for one who sees every run (experiments.manage),
+        else the user, who does not see restricted experiments they are not a member of."""
+        return None if self.may("experiments.manage") else self.user.name
+
+    @cached_property
+    def hidden(self) -> frozenset[str]:
+        """The ids of the experiments whose runs this user does not see."""
+        if self.viewer is None:
+            return frozenset()
+        return frozenset(self.service.store.experiments.hidden_from(self.viewer))
+
+    def see_run(self, ref: str) -> RunRecord:
+        """The run, or NotFound as for a run that is not there when its experiment is
+        restricted and the user not a member."""
+        try:
+            run = self.service.get_run(ref)
+        except InvalidInput:  # an ambiguous prefix: its matches may be runs not to be named
+            if not self.hidden:
+                raise
+            raise InvalidInput(f"run id '{ref}' is ambiguous (give more characters)") from None
+        if run.experiment_id in self.hidden:
+            raise NotFound(f"unknown run '{ref}' (see 'orbit runs list')")
+        return run
+
+    def seen(self, items: list[T], run_of: Callable[[T], str | None]) -> list[T]:
+        """The `items` this user may see: not those about a run (`run_of`) of a restricted
+        experiment they are not a member of (queue entries, audit events, alerts)."""
+        if not self.hidden:
+            return items
+        assert self.viewer is not None
+        runs = [r for r in map(run_of, items) if r is not None]
+        gone = self.service.store.experiments.hidden_runs(self.viewer, runs)
+        return [i for i in items if run_of(i) not in gone]
 
     def require_placement(self, template_id: str, kind: str) -> None:
         """Submitting, replaying or retrying into a template whose placement runs on this
@@ -65,22 +121,12 @@ class Caller:
         admin token), so only the roles the server setting `local_roles` names may."""
         if canonical_placement(kind) not in SERVER_HOST or self.user.role in self.local_roles:
             return
-        allowed = " and ".join(f"{r.value}s" for r in self.local_roles)
+        allowed = " and ".join(f"{r}s" for r in self.local_roles)
         raise Forbidden(
-            f"{self.user.name} ({self.user.role.value}) may not run template '{template_id}': "
+            f"{self.user.name} ({self.user.role}) may not run template '{template_id}': "
             f"it runs on the server's own host, which only {allowed} may use "
             "(server setting local_roles)"
         )
-
-    def refusal(self, run: RunRecord) -> str | None:
-        """Why this user may not control `run` (one of many acted on at once), or None."""
-        if can(self.user.role, "control", own=run.created_by == self.user.name):
-            return None
-        return f"{run.created_by}'s run: a {self.user.role.value} controls only its own runs"
-
-    @property
-    def admin(self) -> bool:
-        return self.user.role is Role.ADMIN
 
 
 def authenticate(service: CoreControlService, request: Request) -> tuple[UserRecord, TokenRecord]:

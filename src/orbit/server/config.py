@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from orbit.model.alerts import AlertsConfig
 from orbit.model.auth import Role
 from orbit.model.models import Strict
+from orbit.model.permissions import Roles, SiteRole, check_site_roles
 from orbit.model.retention import StorageConfig
 
 MiB = 1024 * 1024
@@ -85,21 +86,34 @@ class ServerConfig(Strict):
     storage: StorageConfig = StorageConfig()  # retention rules and the gc loop's period
     alerts: AlertsConfig = AlertsConfig()  # thresholds and webhooks (orbit.server.alerts)
     loops: bool = True  # off: the API only (runs move when a client looks, as embedded)
+    # roles of the site's own, beside admin, member and viewer: each a set of permissions
+    # (orbit.model.permissions; `orbit users roles` lists them), from a built-in `base`
+    roles: dict[str, SiteRole] = Field(default={}, max_length=100)
     # who may submit, replay or retry into a template that runs on this server's own host
     # (placement kind `local`): such a task can read what the server's user can
-    local_roles: tuple[Role, ...] = (Role.ADMIN,)
+    local_roles: tuple[str, ...] = (Role.ADMIN.value,)
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     ssl_keyfile_password: str | None = None
     log_level: str = "info"
 
+    _check_roles = field_validator("roles")(check_site_roles)
+
     @field_validator("local_roles")
     @classmethod
-    def _admins_always(cls, roles: tuple[Role, ...]) -> tuple[Role, ...]:
-        """An admin does everything; a viewer submits nothing anywhere."""
-        if Role.VIEWER in roles:
-            raise ValueError("a viewer submits nothing: name admin and member only")
-        return tuple(dict.fromkeys((Role.ADMIN, *roles)))
+    def _admins_always(cls, roles: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        """An admin does everything; a viewer submits nothing anywhere; a role named is one
+        this server knows (built in, or in `roles` above)."""
+        known = Roles(info.data.get("roles"))
+        for role in roles:
+            if role == Role.VIEWER:
+                raise ValueError("a viewer submits nothing: name admin and member only")
+            if not known.known(role):
+                raise ValueError(f"unknown role {role!r} (one of {', '.join(known.names())})")
+        return tuple(dict.fromkeys((Role.ADMIN.value, *roles)))
+
+    def known_roles(self) -> Roles:
+        return Roles(self.roles)
 
 
 def load_config(path: Path | None) -> ServerConfig:

@@ -36,6 +36,28 @@ class RunsByState(Collector):
         yield family
 
 
+class OpenAlerts(Collector):
+    """The server's own alerts open now, by kind and severity: every condition of `orbit
+    alerts list` as a series Alertmanager can match (orbit alerts rules)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "orbit_alerts_open",
+            "The server's alerts open now, by kind and severity.",
+            labels=["kind", "severity"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for alert in self.store.alerts.list_alerts():
+            key = (alert.kind, alert.severity)
+            counts[key] = counts.get(key, 0) + 1
+        for (kind, severity), count in sorted(counts.items()):
+            family.add_metric([kind, severity], count)
+        yield family
+
+
 class SchedConfigState(Collector):
     """1 while the scheduler config file holds a config that was refused (the last good one
     is live): the alert to set on it."""

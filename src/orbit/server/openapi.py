@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
+from orbit.server import permissions
 from orbit.server.problems import PROBLEM, PROBLEM_SCHEMA, TITLES
 
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
@@ -67,6 +68,8 @@ OPERATION_IDS = {
     # catalogue
     "list_experiments": "experiments_list",
     "create_experiment": "experiments_create",
+    "get_experiment": "experiments_get",
+    "set_experiment": "experiments_set",
     "list_templates": "templates_list",
     "get_template": "templates_get",
     # hosts and clusters
@@ -102,8 +105,10 @@ OPERATION_IDS = {
     # users and tokens
     "whoami": "users_whoami",
     "console_link": "users_console_link",
+    "roles": "users_roles",
     "list_users": "users_list",
     "add_user": "users_add",
+    "set_user": "users_set",
     "remove_user": "users_remove",
     "list_tokens": "tokens_list",
     "create_token": "tokens_create",
@@ -213,6 +218,9 @@ def document(app: FastAPI) -> dict[str, Any]:
                 operation["security"] = []
             if AGENT_TAG in operation.get("tags", []):
                 operation["x-internal"] = True
+            # the one permission the route checks (orbit.server.permissions; `orbit users
+            # roles` says which roles hold it): `open` needs no token, `agent` a node's
+            operation["x-permission"] = permissions.API.get(operation.get("operationId", ""))
     for unused in ("HTTPValidationError", "ValidationError"):  # answered as a Problem instead
         schemas.pop(unused, None)
     app.openapi_schema = doc

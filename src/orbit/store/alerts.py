@@ -123,13 +123,16 @@ class Alerts(Part):
 
     def waiting_runs(self, before: datetime) -> list[tuple[str, str, datetime]]:
         """(run, user, since) of the runs whose current attempt is not placed yet, made before
-        `before` (by the runs' state index)."""
+        `before` (by the runs' state index); not those held on a run they wait for (`after:`)
+        that has not ended."""
         with self._read() as tx:
             rows = tx.all(
                 "SELECT r.id, r.created_by, a.created_at FROM runs r JOIN attempts a ON "
                 "a.run_id = r.id AND a.rank = 0 AND a.number = (SELECT MAX(number) FROM "
                 "attempts b WHERE b.run_id = r.id AND b.rank = 0) WHERE r.state = 'prepared' "
-                "AND r.created_at < :before AND a.created_at < :before",
+                "AND r.created_at < :before AND a.created_at < :before AND NOT EXISTS (SELECT 1 "
+                "FROM run_dependencies d JOIN runs n ON n.id = d.needs WHERE d.run_id = r.id "
+                "AND n.state NOT IN ('succeeded', 'failed', 'terminated'))",
                 {"before": before},
             )
         return [(r["id"], r["created_by"], read_time_required(r["created_at"])) for r in rows]

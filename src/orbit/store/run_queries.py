@@ -125,6 +125,7 @@ class RunFilter:
     template_id: str | None = None
     text: str | None = None
     before: tuple[datetime, str] | None = None
+    viewer: str | None = None  # leave out the restricted experiments this user is not in
 
     def but(self, **changes: Any) -> RunFilter:
         return replace(self, **changes)
@@ -139,7 +140,15 @@ class RunFilter:
             "template_id": self.template_id,
             "text": self.text,
             "before": self.before,
+            "viewer": self.viewer,
         }
+
+
+# the restricted experiments a viewer is not a member of
+HIDDEN = (
+    "SELECT x.id FROM experiments x WHERE x.restricted AND NOT EXISTS (SELECT 1 FROM "
+    "experiment_members m WHERE m.experiment_id = x.id AND m.user_name = :viewer)"
+)
 
 
 def runs_filter(
@@ -150,6 +159,7 @@ def runs_filter(
     template_id: str | None = None,
     text: str | None = None,
     before: tuple[datetime, str] | None = None,
+    viewer: str | None = None,
 ) -> tuple[str, dict[str, object]]:
     """The WHERE clause shared by list_runs and count_runs (runs are `r`). `states` filters on
     each run's current attempt, its highest number (the copy of its state in runs.state,
@@ -157,7 +167,8 @@ def runs_filter(
     `node` on where its current attempt is: an agent node by name or id (attempts.node_id, any
     rank of a gang), or a host, cluster or pinned node by name (ix_attempts_target); `text` on
     a run id it begins, or an experiment name holding it; `before`: runs after that one in the
-    order newest first (created_at DESC, id)."""
+    order newest first (created_at DESC, id); `viewer`: not the runs of a restricted
+    experiment that user is not a member of."""
     clauses: list[str] = []
     params: dict[str, object] = {"experiment_id": experiment_id, "user": user, "node": node}
     if template_id is not None:
@@ -183,6 +194,9 @@ def runs_filter(
         params.update(before_at=before[0], before_id=before[1])
     if experiment_id is not None:
         clauses.append("r.experiment_id = :experiment_id")
+    if viewer is not None:
+        clauses.append(f"r.experiment_id NOT IN ({HIDDEN})")
+        params["viewer"] = viewer
     if user is not None:
         clauses.append("r.created_by = :user")
     if node is not None:

@@ -69,11 +69,12 @@ class Runs(Part):
         template_id: str | None = None,
         text: str | None = None,
         before: tuple[datetime, str] | None = None,
+        viewer: str | None = None,
     ) -> list[RunRecord]:
         """Newest first. `states` and `node` filter on each run's current attempt, `user` on
         who submitted it (the others: see runs_filter)."""
         condition, params = runs_filter(
-            experiment_id, states, user, node, template_id, text, before
+            experiment_id, states, user, node, template_id, text, before, viewer
         )
         page = " LIMIT :limit" if limit is not None else ""
         with self._read() as tx:
@@ -93,13 +94,14 @@ class Runs(Part):
         template_id: str | None = None,
         text: str | None = None,
         before: tuple[datetime, str] | None = None,
+        viewer: str | None = None,
         cap: int | None = None,
     ) -> int:
         """How many runs `list_runs` would list with the same filters and no limit; with
         `cap`, counted no further than cap + 1 (a page that says "more than 1,000" need not
         count 100,000)."""
         condition, params = runs_filter(
-            experiment_id, states, user, node, template_id, text, before
+            experiment_id, states, user, node, template_id, text, before, viewer
         )
         query = f"SELECT count(*) FROM runs r{condition}"
         if cap is not None:
@@ -160,9 +162,10 @@ class Runs(Part):
         states: set[RunState] | None,
         user: str | None,
         limit: int,
+        viewer: str | None = None,
     ) -> list[RunRecord]:
-        """Newest first, at most `limit`."""
-        condition, params = runs_filter(experiment_id, states)
+        """Newest first, at most `limit`; `viewer`: as runs_filter's."""
+        condition, params = runs_filter(experiment_id, states, viewer=viewer)
         if user is not None:
             joiner = " AND " if " WHERE " in condition else " WHERE "
             condition += f"{joiner}r.created_by = :user"

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -30,6 +31,16 @@ class ExperimentRow(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     created_at: Mapped[datetime]
+    # only its members (experiment_members) and those who manage experiments see its runs
+    restricted: Mapped[bool] = mapped_column(Boolean, server_default=false())
+
+
+class ExperimentMemberRow(Base):
+    __tablename__ = "experiment_members"
+    experiment_id: Mapped[str] = mapped_column(ForeignKey("experiments.id"), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+    added_at: Mapped[datetime]
+    added_by: Mapped[str] = mapped_column(String(128))
 
 
 class RunRow(Base):

@@ -35,7 +35,7 @@ def user_record(row: Row) -> UserRecord:
     return UserRecord(
         id=row["id"],
         name=row["name"],
-        role=Role(row["role"]),
+        role=row["role"],
         created_at=read_time_required(row["created_at"]),
         created_by=row["created_by"],
     )
@@ -79,17 +79,36 @@ def lock_users(tx: Tx) -> None:
         tx.execute("LOCK TABLE users IN EXCLUSIVE MODE")
 
 
+def _locked_user(tx: Tx, name: str) -> UserRecord:
+    """User `name`, read under the users' lock (a change of who is admin waits for another)."""
+    lock_users(tx)
+    row = tx.one(f"SELECT {USER_COLUMNS} FROM users u WHERE u.name = :name", {"name": name})
+    if row is None:
+        raise no_user(name)
+    return user_record(row)
+
+
+def _not_the_last_admin(tx: Tx, user: UserRecord) -> None:
+    if user.role != Role.ADMIN:
+        return
+    admins = tx.scalar(
+        "SELECT count(*) FROM users WHERE role = :admin", {"admin": Role.ADMIN.value}
+    )
+    if admins <= 1:
+        raise Refused(f"user '{user.name}' is the last admin; add another admin first")
+
+
 class Users(Part):
-    def create_user(self, name: str, role: Role, actor: str) -> UserRecord:
+    def create_user(self, name: str, role: str, actor: str) -> UserRecord:
         check_user_name(name)
         try:
             with self._write() as tx:
-                return self._insert_user(tx, name, Role(role), actor)
+                return self._insert_user(tx, name, getattr(role, "value", role), actor)
         except Conflict:  # the name is taken (perhaps by a writer that just committed)
             raise InvalidInput(f"user '{name}' already exists") from None
 
     @staticmethod
-    def _insert_user(tx: Tx, name: str, role: Role, actor: str) -> UserRecord:
+    def _insert_user(tx: Tx, name: str, role: str, actor: str) -> UserRecord:
         record = UserRecord(
             id=new_id("user"), name=name, role=role, created_at=utcnow(), created_by=actor
         )
@@ -99,12 +118,12 @@ class Users(Part):
             {
                 "id": record.id,
                 "name": name,
-                "role": role.value,
+                "role": role,
                 "created_at": record.created_at,
                 "created_by": actor,
             },
         )
-        append_event(tx, actor, "user.add", user=name, role=role.value)
+        append_event(tx, actor, "user.add", user=name, role=role)
         return record
 
     def list_users(self) -> list[UserRecord]:
@@ -125,24 +144,32 @@ class Users(Part):
             return int(tx.scalar("SELECT count(*) FROM users") or 0)
 
     def remove_user(self, name: str, actor: str) -> UserRecord:
-        """Remove a user and delete its tokens with it: they stop working at once. The last
-        admin stays (no one could add another)."""
+        """Remove a user and delete its tokens with it: they stop working at once; and their
+        places among restricted experiments' members (a new user of that name gets none). The
+        last admin stays (no one could add another)."""
         with self._write() as tx:
-            lock_users(tx)
-            row = tx.one(f"SELECT {USER_COLUMNS} FROM users u WHERE u.name = :name", {"name": name})
-            if row is None:
-                raise no_user(name)
-            user = user_record(row)
-            if user.role is Role.ADMIN:
-                admins = tx.scalar(
-                    "SELECT count(*) FROM users WHERE role = :admin", {"admin": Role.ADMIN.value}
-                )
-                if admins <= 1:
-                    raise Refused(f"user '{name}' is the last admin; add another admin first")
+            user = _locked_user(tx, name)
+            _not_the_last_admin(tx, user)
             tokens = tx.execute("DELETE FROM tokens WHERE user_id = :id", {"id": user.id})
             tx.execute("DELETE FROM users WHERE id = :id", {"id": user.id})
-            append_event(tx, actor, "user.remove", user=name, role=user.role.value, tokens=tokens)
+            tx.execute("DELETE FROM experiment_members WHERE user_name = :name", {"name": name})
+            append_event(tx, actor, "user.remove", user=name, role=user.role, tokens=tokens)
         return user
+
+    def set_role(self, name: str, role: str, actor: str) -> UserRecord:
+        """Give user `name` another role (audited as `user.role`, with the one it had); the
+        last admin keeps theirs."""
+        with self._write() as tx:
+            user = _locked_user(tx, name)
+            if user.role == role:
+                return user
+            if role != Role.ADMIN:
+                _not_the_last_admin(tx, user)
+            tx.execute(
+                "UPDATE users SET role = :role WHERE id = :id", {"role": role, "id": user.id}
+            )
+            append_event(tx, actor, "user.role", user=name, role=role, was=user.role)
+        return user.model_copy(update={"role": role})
 
     def create_token(
         self,
@@ -304,7 +331,7 @@ class Users(Part):
             lock_users(tx)
             if tx.scalar("SELECT count(*) FROM users"):
                 return None
-            user = self._insert_user(tx, name, Role.ADMIN, actor)
+            user = self._insert_user(tx, name, Role.ADMIN.value, actor)
             self._insert_token(
                 tx,
                 user.id,

@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from orbit.core.control.base import ServicePart
-from orbit.model.auth import NewToken, Role, TokenRecord, UserRecord, new_token, parse_duration
+from orbit.model.auth import NewToken, TokenRecord, UserRecord, new_token, parse_duration
 from orbit.model.auth import token_hash as hash_of
 from orbit.model.errors import InvalidInput
+from orbit.model.permissions import Roles, RoleView
 
 
 class Accounts(ServicePart):
@@ -19,8 +20,18 @@ class Accounts(ServicePart):
     def list_users(self) -> list[UserRecord]:
         return self.store.users.list_users()
 
-    def add_user(self, name: str, role: Role) -> UserRecord:
+    def add_user(self, name: str, role: str) -> UserRecord:
+        """A new user with `role` (the caller checks it is one the server knows)."""
         return self.store.users.create_user(name, role, self.actor)
+
+    def roles(self) -> list[RoleView]:
+        """The roles and their permissions: embedded, the built-in ones (a server adds its
+        site's)."""
+        return Roles().views()
+
+    def set_role(self, name: str, role: str) -> UserRecord:
+        """Give a user another role (the caller checks it is one the server knows)."""
+        return self.store.users.set_role(name, role, self.actor)
 
     def remove_user(self, name: str) -> UserRecord:
         """Remove a user; their tokens stop working at once."""

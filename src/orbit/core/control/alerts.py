@@ -32,8 +32,10 @@ class AlertsPart(ServicePart):
 
 
 def prometheus_rules(config: AlertsConfig) -> str:
-    """A Prometheus rules file of the conditions that /metrics shows (a run retried too often
-    is the server's own alert alone: no metric counts attempts)."""
+    """A Prometheus rules file of the conditions that /metrics shows: the fleet's own series,
+    and for what only the server's loop judges (a stalled run, a starved user, a disk, the
+    audit chain) its open alerts (orbit_alerts_open). A run retried too often is the server's
+    own alert alone."""
     wait = int(config.run_waiting_s)
     rules = [
         ("OrbitNodeOffline", 'orbit_nodes{condition="offline"} > 0', "2m", "critical",
@@ -52,6 +54,20 @@ def prometheus_rules(config: AlertsConfig) -> str:
         ("OrbitReconcileErrors", "increase(orbit_reconcile_errors_total[10m]) > 0", "0m",
          "warning", "the server's looks at runs fail",
          "see the server's log; orbit runs list --state running for the runs concerned"),
+        # the conditions only the server judges (its loop), as the alerts it has open
+        ("OrbitRunStalled", 'orbit_alerts_open{kind="run_stalled"} > 0', "0m", "warning",
+         "{{ $value }} running run(s) logging no progress (hung, holding GPUs)",
+         "orbit alerts list names them; orbit logs RUN --tail 50, then orbit cancel RUN"),
+        ("OrbitUserStarved", 'orbit_alerts_open{kind="user_starved"} > 0', "0m", "warning",
+         "{{ $value }} user(s) waiting while under their quota",
+         "orbit queue and orbit explain RUN say what holds the GPUs; a quota's weight or "
+         "preemption gives them their share"),
+        ("OrbitNodeDiskLow", 'orbit_alerts_open{kind="disk_low"} > 0', "0m", "warning",
+         "{{ $value }} node(s) nearly out of disk in their work dir",
+         "orbit gc frees ended runs' files; orbit nodes drain NODE until it is cleaned"),
+        ("OrbitAuditBroken", 'orbit_alerts_open{kind="audit_broken"} > 0', "0m", "critical",
+         "the audit chain fails its check",
+         "orbit audit verify says where; compare with a checkpoint (--anchor FILE)"),
     ]  # fmt: skip
     import yaml
 

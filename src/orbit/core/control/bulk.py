@@ -60,6 +60,7 @@ class BulkActions(ServicePart):
                     states=states,
                     user=selection.user,
                     limit=MAX_RUNS + 1,
+                    viewer=selection.viewer,
                 )
 
             if self.config.looks_on_read:  # embedded: the states a filter reads are looked at first

@@ -210,7 +210,7 @@ class PolicyPart(ServicePart):
         from orbit.model.errors import NotFound
 
         try:
-            return self.store.users.get_user(self.actor).role.value
+            return self.store.users.get_user(self.actor).role
         except NotFound:  # embedded: the local user, who may do anything
             return "admin"
 

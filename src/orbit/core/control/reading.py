@@ -62,16 +62,20 @@ class Reading(ServicePart):
         text: str | None = None,
         before: tuple[datetime, str] | None = None,
         count_cap: int | None = None,
+        viewer: str | None = None,
     ) -> RunPage:
         """`list_runs` as views, with how many runs match in all. `user`: runs that user
         submitted (`mine`: the caller's own); `node`: runs whose current attempt is on that
         node, host or cluster; `template`, `text` (in a run's id or experiment's name) and
         `before` (the page after that run: its created_at and id) as the console asks;
-        `count_cap`: `total` counts no further than that and one more."""
+        `count_cap`: `total` counts no further than that and one more; `viewer`: not the
+        runs of the restricted experiments that user is not a member of."""
         if mine and user is not None:
             raise InvalidInput("--mine and --user: give one of them")
         experiment_id = self.store.experiments.get_experiment(experiment).id if experiment else None
-        found = RunFilter(experiment_id, states, self.actor if mine else user, node, template, text)
+        found = RunFilter(
+            experiment_id, states, self.actor if mine else user, node, template, text
+        ).but(viewer=viewer)
         runs = self._list_runs(found.but(before=before), limit)
         total = self.store.runs.count_runs(**found.query(), cap=count_cap)
         waits = self.waits_of(runs)

@@ -4,8 +4,8 @@ launching (claim, stage, start; dependencies holds a launch back on `after:`; le
 holds a launch), lifecycle (look, end, retry), scheduling (passes; sched_queries: explain,
 queue, quotas, simulate), actions (cancel, retry, replay; bulk: of many runs at once),
 reading (views, logs, evidence, inspect, diff, collect), storage (pin, delete, gc, usage),
-accounts, secrets, policy, alerts, nodes, clusters and hosts; this module adds the catalogue
-(templates, experiments, the audit trail) and builds the whole from settings."""
+accounts, secrets, policy, alerts, nodes, clusters, hosts and experiments; this module adds
+the templates and the audit trail, and builds the whole from settings."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from orbit.core.control.base import ServiceConfig, Shared, acting_as, current_ac
 from orbit.core.control.bulk import BulkActions
 from orbit.core.control.clusters import Clusters
 from orbit.core.control.dependencies import DependencyGate
+from orbit.core.control.experiments import Experiments
 from orbit.core.control.host_registry import HostRegistry
 from orbit.core.control.hosts import Hosts
 from orbit.core.control.launching import Launching
@@ -36,7 +37,7 @@ from orbit.core.control.storage import Storage
 from orbit.core.control.submit import Submitting
 from orbit.core.control.views import SchedConfigView, TemplateView
 from orbit.model.hosts import HostRecord
-from orbit.model.records import AuditEvent, ExperimentRecord
+from orbit.model.records import AuditEvent
 from orbit.model.signals import Signal
 
 if TYPE_CHECKING:  # what only some commands need is loaded by them
@@ -123,6 +124,7 @@ class CoreControlService:
         nodes = Nodes(shared, parts)
         clusters = Clusters(shared, parts)
         hosts = Hosts(shared, parts)
+        experiments = Experiments(shared, parts)
         parts.secrets = secrets = SecretsPart(shared, parts)
         parts.policy = policy = PolicyPart(shared, parts)
         alerts = AlertsPart(shared, parts)
@@ -192,6 +194,8 @@ class CoreControlService:
         self.list_users = accounts.list_users
         self.add_user = accounts.add_user
         self.remove_user = accounts.remove_user
+        self.set_role = accounts.set_role
+        self.roles = accounts.roles
         self.create_token = accounts.create_token
         self.list_tokens = accounts.list_tokens
         self.revoke_token = accounts.revoke_token
@@ -227,6 +231,11 @@ class CoreControlService:
         self.remove_node = nodes.remove_node
         self.push_file = nodes.push_file
         self.pull_file = nodes.pull_file
+        # experiments, restricted ones and their members (experiments.py)
+        self.create_experiment = experiments.create_experiment
+        self.list_experiments = experiments.list_experiments
+        self.get_experiment = experiments.get_experiment
+        self.set_experiment = experiments.set_experiment
         # SSH hosts (hosts.py)
         self.add_host = hosts.add_host
         self.list_hosts = hosts.list_hosts
@@ -351,13 +360,7 @@ class CoreControlService:
     def get_template(self, template_id: str) -> TemplateView:
         return self._template_view(self.templates.source(template_id))
 
-    # --- experiments and audit ------------------------------------------------------------
-
-    def create_experiment(self, name: str) -> ExperimentRecord:
-        return self.store.experiments.create_experiment(name, self.actor)
-
-    def list_experiments(self) -> list[ExperimentRecord]:
-        return self.store.experiments.list_experiments()
+    # --- the audit trail ------------------------------------------------------------------
 
     def audit(self, run: str | None = None, limit: int | None = None) -> list[AuditEvent]:
         run_id = self.store.runs.resolve_run_id(run) if run else None

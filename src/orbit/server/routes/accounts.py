@@ -1,5 +1,6 @@
-"""/api/v1/whoami, /users and /tokens: who the caller is, the users (admins), and API tokens
-(the caller's own; an admin's: anyone's)."""
+"""/api/v1/whoami, /roles, /users and /tokens: who the caller is, the roles the server knows and
+what each allows, the users (users.manage), and API tokens (the caller's own; with
+users.manage: anyone's)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,19 @@ from pydantic import Field
 from orbit.core.control.service import CoreControlService
 from orbit.model.auth import NewToken, Role, TokenRecord, UserRecord
 from orbit.model.errors import Forbidden
+from orbit.model.permissions import ROLE_NAME, RoleView
 from orbit.server.routes.common import Body, api_router, me
+
+RoleName = Annotated[str, Field(pattern=ROLE_NAME, examples=["member"])]
 
 
 class NewUser(Body):
     name: str = Field(min_length=1, max_length=64)
-    role: Role = Role.MEMBER
+    role: RoleName = Role.MEMBER.value
+
+
+class UserChange(Body):
+    role: RoleName
 
 
 class NewTokenBody(Body):
@@ -34,20 +42,28 @@ def make_accounts_router(service: CoreControlService) -> APIRouter:
         return who.user
 
     # -- users and tokens ------------------------------------------------------------------
+    @router.get("/roles", response_model=list[RoleView], tags=["users"])
+    def roles(who: me) -> list[RoleView]:
+        """Every role this server knows (built in, and the site's) with its permissions."""
+        return who.roles.views()
+
     @router.get("/users", response_model=list[UserRecord], tags=["users"])
     def list_users(who: me) -> list[UserRecord]:
-        who.require("admin")
         return service.list_users()
 
     @router.post("/users", response_model=UserRecord, status_code=201, tags=["users"])
     def add_user(who: me, body: NewUser) -> UserRecord:
-        who.require("admin")
         with who.acting() as svc:
-            return svc.add_user(body.name, body.role)
+            return svc.add_user(body.name, who.roles.check(body.role))
+
+    @router.patch("/users/{name}", response_model=UserRecord, tags=["users"])
+    def set_user(who: me, name: str, body: UserChange) -> UserRecord:
+        """Give a user another role (audited as `user.role`); the last admin keeps theirs."""
+        with who.acting() as svc:
+            return svc.set_role(name, who.roles.check(body.role))
 
     @router.delete("/users/{name}", response_model=UserRecord, tags=["users"])
     def remove_user(who: me, name: str) -> UserRecord:
-        who.require("admin")
         with who.acting() as svc:
             return svc.remove_user(name)
 
@@ -55,8 +71,8 @@ def make_accounts_router(service: CoreControlService) -> APIRouter:
     def list_tokens(
         who: me, user: Annotated[str | None, Query(max_length=64)] = None
     ) -> list[TokenRecord]:
-        """The caller's own tokens; an admin's: everyone's, or one user's."""
-        if not who.admin:
+        """The caller's own tokens; with users.manage: everyone's, or one user's."""
+        if not who.may("users.manage"):
             if user not in (None, who.user.name):
                 raise Forbidden(f"{who.user.name} may list only their own tokens")
             user = who.user.name
@@ -68,7 +84,7 @@ def make_accounts_router(service: CoreControlService) -> APIRouter:
         later than the token that asks for it (`clamped` says when that cut it short)."""
         user = body.user or who.user.name
         if user != who.user.name:
-            who.require("admin")
+            who.require("users.manage")
         not_after = who.token.expires_at if who.token is not None else None
         with who.acting() as svc:
             return svc.create_token(user, body.name, body.expires, not_after=not_after)
@@ -77,7 +93,7 @@ def make_accounts_router(service: CoreControlService) -> APIRouter:
     def revoke_token(who: me, token_id: str) -> TokenRecord:
         found = service.store.users.get_token(token_id)
         if found.user != who.user.name:
-            who.require("admin")
+            who.require("users.manage")
         with who.acting() as svc:
             return svc.revoke_token(token_id)
 

@@ -32,7 +32,11 @@ def make_audit_router(service: CoreControlService) -> APIRouter:
         run: Annotated[str | None, Query(max_length=64)] = None,
         limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
     ) -> list[AuditEvent]:
-        return service.audit(run, limit)
+        """The newest `limit` events (of a run), oldest first; not those about the runs of a
+        restricted experiment the caller is not a member of."""
+        if run is not None:
+            who.see_run(run)
+        return who.seen(service.audit(run, limit), lambda e: e.run_id)
 
     @router.get("/audit/verify", response_model=ChainReport, tags=["audit"])
     def verify(

@@ -13,8 +13,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from orbit.model.auth import UserRecord
+from orbit.model.errors import Forbidden, OrbitError
 from orbit.server.auth import Caller
 from orbit.server.config import ServerConfig
+from orbit.server.permissions import AGENT, API, CONSOLE, OPEN, route_of
 from orbit.server.problems import responses
 
 RUN_REF = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -29,10 +31,56 @@ def caller(request: Request) -> Caller:
     and the service that will act for them."""
     user: UserRecord = request.state.user
     config: ServerConfig = request.app.state.config
-    return Caller(user, request.app.state.service, request.state.token, config.local_roles)
+    state = request.app.state
+    return Caller(user, state.service, request.state.token, config.local_roles, state.roles)
 
 
 me = Annotated[Caller, Depends(caller)]
+
+
+def api_gate(request: Request) -> None:
+    """The permission of the API route asked (orbit.server.permissions.API), held or 403."""
+    from orbit.server.openapi import operation_id
+
+    check(request, API, operation_id(route_of(request)))
+
+
+class ConsoleRefused(OrbitError):
+    """A console page's gate refused it (403, or 404 for a run not to be seen): shown as the
+    console's error page (ui.install_console), with the status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def console_gate(request: Request) -> None:
+    """The permission of the console route asked (orbit.server.permissions.CONSOLE)."""
+    from orbit.server.problems import status_of
+
+    try:
+        check(request, CONSOLE, route_of(request).name)
+    except OrbitError as exc:
+        raise ConsoleRefused(status_of(exc), str(exc)) from None
+
+
+def check(request: Request, table: dict[str, str], key: str) -> None:
+    """Refuse the caller (403) unless their role holds the permission `table` names for the
+    route asked (by `key`); a route no table names is closed to everyone."""
+    needed = table.get(key)
+    if needed is None:
+        raise Forbidden(f"no permission is declared for {key!r}, so it is closed to everyone")
+    if needed in (OPEN, AGENT):
+        return
+    who = caller(request)
+    who.require(needed)
+    ref = request.path_params.get("ref")
+    if ref is not None and "/runs/{ref}" in route_of(request).path:
+        run = who.see_run(ref)  # a restricted experiment's run is not there for a non-member
+        if needed.endswith(".own"):  # X.own: the caller's own run, or X.any
+            who.require_run(run, needed.removesuffix(".own"))
+
+
 NUL = "must not contain NUL (\\x00)"
 NOT_FINITE = "must be a finite number"
 Loc = tuple[str | int, ...]
@@ -88,7 +136,7 @@ def api_router() -> APIRouter:
     return APIRouter(
         prefix="/api/v1",
         responses=responses("a problem (RFC 9457)", 400, 401, 403, 404, 409, 422, 502),
-        dependencies=[Depends(storable)],
+        dependencies=[Depends(storable), Depends(api_gate)],
     )
 
 

@@ -63,20 +63,17 @@ def make_nodes_router(service: CoreControlService) -> APIRouter:
     def create_join_token(who: me, body: NewJoinTokenBody) -> NewJoinToken:
         """A token agents join with (`orbit agent --join-token`), shown in this answer only
         (the server keeps its hash). Nodes that join with it get its labels."""
-        who.require("admin")
         with who.acting() as svc:
             return svc.create_join_token(body.labels, body.expires)
 
     @router.get("/nodes/join-tokens", response_model=list[JoinTokenRecord], tags=["nodes"])
     def list_join_tokens(who: me) -> list[JoinTokenRecord]:
         """Join tokens, never the tokens themselves."""
-        who.require("admin")
         return service.list_join_tokens()
 
     @router.delete("/nodes/join-tokens/{token_id}", response_model=JoinTokenRecord, tags=["nodes"])
     def revoke_join_token(who: me, token_id: JOIN_ID) -> JoinTokenRecord:
         """No node joins with it from now on; nodes that joined with it are not touched."""
-        who.require("admin")
         with who.acting() as svc:
             svc.revoke_join_token(token_id)
         return next(t for t in service.list_join_tokens() if t.id == token_id)
@@ -93,7 +90,6 @@ def make_nodes_router(service: CoreControlService) -> APIRouter:
     def set_node(who: me, ref: NODE_REF, body: NodeSettings) -> NodeRecord:
         """Cordon or uncordon a node, or set how many attempts it runs at once (0: drain:
         no new work, and once what runs there ends the node is free for people)."""
-        who.require("admin")
         with who.acting() as svc:
             return svc.set_node(
                 ref, cordon=body.cordon, max_tasks=body.max_tasks, reason=body.reason
@@ -103,7 +99,6 @@ def make_nodes_router(service: CoreControlService) -> APIRouter:
     def revoke_node(who: me, ref: NODE_REF) -> NodeRecord:
         """Refuse the node's credential from now on; its attempts are lost (and retried
         elsewhere, as their retry policy says)."""
-        who.require("admin")
         with who.acting() as svc:
             return svc.revoke_node(ref)
 
@@ -111,7 +106,6 @@ def make_nodes_router(service: CoreControlService) -> APIRouter:
     def remove_node(who: me, ref: NODE_REF, force: bool = False) -> NodeRecord:
         """Forget a node (the answer is it as it was). Refused while it runs attempts,
         unless `force` (they are lost)."""
-        who.require("admin")
         with who.acting() as svc:
             return svc.remove_node(ref, force)
 
@@ -124,7 +118,6 @@ def make_nodes_router(service: CoreControlService) -> APIRouter:
         dest: Annotated[str, Form(min_length=1, max_length=4096, description="under its work dir")],
     ) -> Pushed:
         """Write a file to `dest` under the node's work dir (its agent fetches it)."""
-        who.require("admin")
         if "\x00" in dest:
             raise InvalidInput(f"dest: {NUL}")
         data = file.file.read(MAX_TRANSFER_BYTES + 1)
@@ -139,7 +132,6 @@ def make_nodes_router(service: CoreControlService) -> APIRouter:
     @on_slow_threads
     def pull_file(who: me, ref: NODE_REF, path: NODE_PATH) -> Response:
         """A file from under the node's work dir, as it is there."""
-        who.require("admin")
         with who.acting() as svc:
             data = svc.pull_file(ref, path)
         return Response(data, media_type="application/octet-stream")

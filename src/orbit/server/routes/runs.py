@@ -49,12 +49,17 @@ class BulkBody(Body):
     user: str | None = Field(default=None, min_length=1, max_length=64)
     dry_run: bool = Field(default=False, description="only say what would be done")
 
-    def selection(self) -> RunSelection:
+    def selection(self, who: Caller) -> RunSelection:
+        """For the caller: ids they may not see are not there (404); a filter leaves out the
+        runs of restricted experiments they are not a member of."""
+        for ref in self.ids:
+            who.see_run(ref)
         return RunSelection(
             ids=tuple(self.ids),
             experiment=self.experiment,
             states=tuple(self.states),
             user=self.user,
+            viewer=who.viewer,
         )
 
 
@@ -85,14 +90,22 @@ def make_runs_router(
 ) -> APIRouter:
     router = api_router()
 
-    def own_run(who: Caller, ref: str) -> RunRecord:
+    def own_run(who: Caller, ref: str, family: str) -> RunRecord:
+        """The run, when the caller holds `family.any`, or `family.own` and it is theirs."""
         run = service.get_run(ref)
-        who.require_run(run)
+        who.require_run(run, family)
         return run
 
-    def may_run(who: Caller, template_id: str) -> None:
-        """The template's placement is the caller's to use (an unknown template is left
-        for the submit itself to name)."""
+    def may_run(who: Caller, task: TaskSubmission) -> None:
+        """The experiment is one the caller sees, and the template's placement is theirs to
+        use (an unknown template is left for the submit itself to name)."""
+        found = service.store.experiments.find_experiment(task.experiment_id)
+        if found is not None and found.id in who.hidden:
+            raise Forbidden(
+                f"experiment: '{found.name}' is restricted to its members, and "
+                f"{who.user.name} is not one (orbit experiments members {found.name})"
+            )
+        template_id = task.template_id
         try:
             template = service.templates.get(template_id)
         except OrbitError:
@@ -133,9 +146,8 @@ def make_runs_router(
     ) -> RunRecord:
         """Freeze and start a run from a submission and the inputs its client gathered. The
         server shapes the task_request again and refuses a `shaped` that differs."""
-        who.require("submit")
         task, wire = _submission(submission, shaped, source)
-        may_run(who, task.template_id)
+        may_run(who, task)
         again = for_submit(key, submission, shaped, source, inputs.file)
         with unpack_inputs(inputs.file, config.limits) as folder, who.acting() as svc:
             try:
@@ -152,9 +164,8 @@ def make_runs_router(
         who: me, submission: SubmitForm, shaped: SubmitForm, source: Source, inputs: Inputs
     ) -> SubmitPlan:
         """What submitting would run and where (a dry run): nothing is written."""
-        who.require("submit")  # it unpacks and freezes what was sent: a reader has no need
         task, wire = _submission(submission, shaped, source)
-        may_run(who, task.template_id)
+        may_run(who, task)
         with unpack_inputs(inputs.file, config.limits) as folder:
             return service.plan_staged(task, wire, folder, source)
 
@@ -179,7 +190,12 @@ def make_runs_router(
         elif mine:
             raise InvalidInput("mine and user: give one of them")
         return service.run_page(
-            experiment=experiment, states=set(state or ()), limit=limit, user=user, node=node
+            experiment=experiment,
+            states=set(state or ()),
+            limit=limit,
+            user=user,
+            node=node,
+            viewer=who.viewer,
         )
 
     @router.get("/runs/{ref}", response_model=RunRecord, tags=["runs"])
@@ -202,9 +218,12 @@ def make_runs_router(
     def cancel_many(who: me, body: BulkBody) -> BulkResult:
         """Cancel many runs: these `ids`, or those a filter matches. A member's call acts on its
         own runs and reports the others refused; `dry_run` only says what would be done."""
-        who.require("control")
+
+        def may(run: RunRecord) -> str | None:
+            return who.refusal(run, "runs.cancel")
+
         with who.acting() as svc:
-            return svc.cancel_runs(body.selection(), dry_run=body.dry_run, may=who.refusal)
+            return svc.cancel_runs(body.selection(who), dry_run=body.dry_run, may=may)
 
     @router.post("/runs/retry", response_model=BulkResult, tags=["runs"])
     @on_slow_threads
@@ -212,17 +231,16 @@ def make_runs_router(
         """Retry many ended runs (a new attempt each): these `ids`, or those a filter matches.
         A member's call acts on its own runs and reports the others refused, as it does runs
         whose template runs on the server's own host where its role may not (local_roles)."""
-        who.require("control")
 
         def may(run: RunRecord) -> str | None:
             try:
                 may_push(who, run)
             except Forbidden as exc:
-                return who.refusal(run) or str(exc)
-            return who.refusal(run)
+                return who.refusal(run, "runs.retry") or str(exc)
+            return who.refusal(run, "runs.retry")
 
         with who.acting() as svc:
-            return svc.retry_runs(body.selection(), dry_run=body.dry_run, may=may)
+            return svc.retry_runs(body.selection(who), dry_run=body.dry_run, may=may)
 
     @router.post("/runs/{ref}/cancel", response_model=RunRecord, tags=["runs"])
     async def cancel(who: me, ref: RUN_REF, body: CancelBody | None = None) -> RunRecord:
@@ -230,7 +248,7 @@ def make_runs_router(
         and 5 s) for the run to end; the answer is the run as it then stands."""
 
         def ask() -> tuple[RunRecord, float | None]:
-            own_run(who, ref)
+            own_run(who, ref, "runs.cancel")
             with who.acting() as svc:
                 return svc.ask_to_cancel(ref, (body or CancelBody()).wait_s)
 
@@ -240,7 +258,7 @@ def make_runs_router(
     @router.post("/runs/{ref}/retry", response_model=RunRecord, tags=["runs"])
     @on_slow_threads
     def retry(who: me, ref: RUN_REF, body: OverridesBody | None = None) -> RunRecord:
-        may_push(who, own_run(who, ref))
+        may_push(who, own_run(who, ref, "runs.retry"))
         with who.acting() as svc:
             return svc.retry_run(ref, (body or OverridesBody()).overrides)
 
@@ -250,7 +268,6 @@ def make_runs_router(
         who: me, ref: RUN_REF, body: OverridesBody | None = None, key: IdempotencyKey = None
     ) -> RunRecord:
         """A new run of the same bundle: the caller's own, so any member may replay any run."""
-        who.require("submit")
         may_push(who, service.get_run(ref))
         overrides = (body or OverridesBody()).overrides
         again = for_replay(key, ref, overrides)
@@ -260,7 +277,7 @@ def make_runs_router(
     @router.post("/runs/{ref}/leftovers/stop", response_model=Stopped, tags=["runs"])
     @on_slow_threads
     def stop_leftovers(who: me, ref: RUN_REF) -> Stopped:
-        own_run(who, ref)
+        own_run(who, ref, "runs.cancel")
         with who.acting() as svc:
             return Stopped(stopped=svc.stop_leftovers(ref))
 
@@ -273,6 +290,7 @@ def make_runs_router(
 
     @router.get("/diff", response_model=RunDiff, tags=["forensics"])
     def diff(who: me, a: RUN_REF, b: RUN_REF) -> RunDiff:
+        who.see_run(a), who.see_run(b)
         return service.diff_runs(a, b)
 
     return router

@@ -10,8 +10,6 @@ from fastapi import APIRouter, Query, Response
 from pydantic import Field
 
 from orbit.core.control.service import CoreControlService
-from orbit.model.auth import Role
-from orbit.model.errors import Forbidden
 from orbit.model.secrets import MAX_VALUE_BYTES, KeyRotation, Scope, SecretRecord
 from orbit.server.auth import Caller
 from orbit.server.routes.common import Body, api_router, me
@@ -27,12 +25,9 @@ class SecretValue(Body):
 
 
 def _may(who: Caller, scope: Scope) -> None:
-    if who.user.role is Role.VIEWER:
-        raise Forbidden(
-            f"{who.user.name} (viewer) may not keep secrets: a viewer runs nothing to use them"
-        )
+    """A secret of the caller's own is the gate's (secrets.write); a shared one needs more."""
     if scope is not Scope.USER:
-        who.require("admin")  # shared secrets are an admin's to set and remove
+        who.require("secrets.shared.write")
 
 
 def make_secrets_router(service: CoreControlService) -> APIRouter:
@@ -41,9 +36,9 @@ def make_secrets_router(service: CoreControlService) -> APIRouter:
     @router.get("/secrets", response_model=list[SecretRecord], tags=["secrets"])
     def list_secrets(who: me, scope: Annotated[Scope | None, Query()] = None) -> list[SecretRecord]:
         """Names, scopes, owners and times, never values: a member's own and the shared ones;
-        an admin's: every one."""
+        with users.manage: every one."""
         found = service.list_secrets(scope)
-        if who.admin:
+        if who.may("users.manage"):
             return found
         return [s for s in found if s.scope is not Scope.USER or s.owner == who.user.name]
 
@@ -77,7 +72,6 @@ def make_secrets_router(service: CoreControlService) -> APIRouter:
     def rotate_key(who: me) -> KeyRotation:
         """A new key seals every value from now on; the old ones are retired once no value is
         sealed under them. Replicas sharing the key file follow at their next use."""
-        who.require("admin")
         with who.acting() as svc:
             return svc.rotate_secret_key()
 

@@ -92,13 +92,13 @@ def make_storage_router(service: CoreControlService) -> APIRouter:
     @router.post("/runs/{ref}/pin", response_model=RunStorage, tags=["storage"])
     def pin(who: me, ref: RUN_REF) -> RunStorage:
         """Retention and gc never touch a pinned run; it cannot be deleted until unpinned."""
-        who.require_run(service.get_run(ref))
+        who.require_run(service.get_run(ref), "storage.keep")
         with who.acting() as svc:
             return svc.pin_run(ref, True)
 
     @router.delete("/runs/{ref}/pin", response_model=RunStorage, tags=["storage"])
     def unpin(who: me, ref: RUN_REF) -> RunStorage:
-        who.require_run(service.get_run(ref))
+        who.require_run(service.get_run(ref), "storage.keep")
         with who.acting() as svc:
             return svc.pin_run(ref, False)
 
@@ -109,7 +109,7 @@ def make_storage_router(service: CoreControlService) -> APIRouter:
         runs' records and audit trails stay, marked deleted. All or nothing: refused (409)
         if one is pinned or running, or not the caller's (403, unless an admin)."""
         for ref in body.runs:
-            who.require_run(service.get_run(ref))
+            who.require_run(who.see_run(ref), "storage.keep")
         with who.acting() as svc:
             return svc.delete_runs(body.runs, dry_run=body.dry_run)
 
@@ -118,7 +118,6 @@ def make_storage_router(service: CoreControlService) -> APIRouter:
     def gc(who: me, body: GcAsk | None = None) -> GcReport:
         """Apply the server's retention rules now and remove what nothing refers to
         (admins); `dry_run`: say what would go."""
-        who.require("admin")
         with who.acting() as svc:
             return svc.collect_garbage(dry_run=(body or GcAsk()).dry_run)
 

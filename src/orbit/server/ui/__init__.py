@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from orbit.core.control.service import CoreControlService
 from orbit.server.agents.mailbox import Heartbeats
+from orbit.server.routes.common import ConsoleRefused, caller
+from orbit.server.ui.common import error_page
 
 STATIC = Path(__file__).parent / "static"
 
@@ -23,6 +25,7 @@ def install_console(app: FastAPI, service: CoreControlService, beats: Heartbeats
     """The console's routes, its files, and POST /api/v1/ui/links (`orbit ui`)."""
     from orbit.server.ui.actions import make_action_pages, make_link_route
     from orbit.server.ui.admin import make_admin_pages
+    from orbit.server.ui.alerts import make_alert_pages
     from orbit.server.ui.files import make_file_pages
     from orbit.server.ui.fleet import make_fleet_pages
     from orbit.server.ui.live import make_live_pages
@@ -34,6 +37,7 @@ def install_console(app: FastAPI, service: CoreControlService, beats: Heartbeats
         make_link_route(links),
         make_action_pages(service, links),
         make_admin_pages(service),
+        make_alert_pages(service),
         make_live_pages(service),
         make_file_pages(service),
         make_fleet_pages(service, beats),
@@ -41,6 +45,12 @@ def install_console(app: FastAPI, service: CoreControlService, beats: Heartbeats
     ]
     for router in routers:
         app.include_router(router)
+
+    @app.exception_handler(ConsoleRefused)
+    async def refused(request: Request, exc: ConsoleRefused) -> Response:
+        """A page the user's role does not open: the console's error page, not a problem."""
+        return error_page(request, caller(request), exc.status, str(exc))
+
     app.mount("/ui/static", ConsoleFiles(directory=STATIC), name="console-static")
 
 

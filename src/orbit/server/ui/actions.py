@@ -18,7 +18,7 @@ from orbit.core.control.service import CoreControlService
 from orbit.model.errors import Forbidden, InvalidInput, OrbitError
 from orbit.model.overrides import parse_overrides
 from orbit.model.spec import parse_sets
-from orbit.server.auth import check_token
+from orbit.server.auth import Caller, check_token
 from orbit.server.auth_failures import AuthFailed
 from orbit.server.routes.common import api_router, me
 from orbit.server.ui.common import console_router, error_page, status_of
@@ -144,8 +144,7 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
         response.delete_cookie(LOGIN_CSRF, path=f"{PREFIX}/login")
         return response
 
-    @router.post("/runs/{ref}/{action}")
-    async def run_action(request: Request, who: me, ref: str, action: str) -> Response:
+    async def run_action(request: Request, who: Caller, ref: str, action: str) -> Response:
         try:
             form = await csrf_checked(request)
             done = await _run_action(who, ref, action, form)
@@ -153,11 +152,23 @@ def make_action_pages(service: CoreControlService, links: SignInLinks) -> APIRou
             return refused(request, who, exc)
         return back(f"{PREFIX}/runs/{done[0]}", done[1])
 
+    # one route per action, each with its permission (server.permissions.CONSOLE)
+    @router.post("/runs/{ref}/cancel")
+    async def run_cancel(request: Request, who: me, ref: str) -> Response:
+        return await run_action(request, who, ref, "cancel")
+
+    @router.post("/runs/{ref}/retry")
+    async def run_retry(request: Request, who: me, ref: str) -> Response:
+        return await run_action(request, who, ref, "retry")
+
+    @router.post("/runs/{ref}/replay")
+    async def run_replay(request: Request, who: me, ref: str) -> Response:
+        return await run_action(request, who, ref, "replay")
+
     @router.post("/nodes/{name}/set")
     async def node_set(request: Request, who: me, name: str) -> Response:
         try:
             form = await csrf_checked(request)
-            who.require("admin")
             change = _node_change(form)
             with who.acting() as acting:
                 node = acting.set_node(name, **change)
@@ -188,7 +199,7 @@ async def _run_action(who: Any, ref: str, action: str, form: dict[str, str]) -> 
         with who.acting() as acting:
             run = acting.get_run(ref)
             if action != "replay":  # a replay is a new run of the caller's own
-                who.require_run(run)
+                who.require_run(run, f"runs.{action}")
             if action == "cancel":
                 acting.ask_to_cancel(run.id, 0)
                 return run.id, "cancel asked: the task has its grace period to stop"
@@ -198,11 +209,10 @@ async def _run_action(who: Any, ref: str, action: str, form: dict[str, str]) -> 
                 acting.retry_run(run.id, overrides)
                 return run.id, "retried: a new attempt"
             if action == "replay":
-                who.require("submit")
                 who.require_placement(run.template_id, run.request.placement.kind)
                 new = acting.replay_run(run.id, overrides)
                 return new.id, f"replay of {run.id}"
-        raise InvalidInput(f"unknown action '{action}' (cancel, retry or replay)")
+        raise AssertionError(action)  # the routes above name one of the three
 
     return await anyio.to_thread.run_sync(act)
 

@@ -33,7 +33,7 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
             form = await csrf_checked(request)
             user = form.get("user") or who.user.name
             if user != who.user.name:
-                who.require("admin")
+                who.require("users.manage")
             not_after = who.token.expires_at if who.token is not None else None
             with who.acting() as acting:
                 made = acting.create_token(
@@ -52,7 +52,7 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
         try:
             await csrf_checked(request)
             if service.store.users.get_token(token_id).user != who.user.name:
-                who.require("admin")
+                who.require("users.manage")
             with who.acting() as acting:
                 acting.revoke_token(token_id)
         except OrbitError as exc:
@@ -63,7 +63,6 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
     async def join_token_made(request: Request, who: me) -> Response:
         try:
             form = await csrf_checked(request)
-            who.require("admin")
             labels = _labels(form.get("labels", ""))
             with who.acting() as acting:
                 made = acting.create_join_token(labels, form.get("expires") or None)
@@ -75,7 +74,6 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
     async def quota_set(request: Request, who: me) -> Response:
         try:
             form = await csrf_checked(request)
-            who.require("admin")
             scope, name, body = _quota(form)
             with who.acting() as acting:
                 acting.set_quota(scope, name, body.gpus, body.weight)
@@ -87,7 +85,6 @@ def make_admin_pages(service: CoreControlService) -> APIRouter:
     async def quota_remove(request: Request, who: me, scope: str, name: str) -> Response:
         try:
             await csrf_checked(request)
-            who.require("admin")
             with who.acting() as acting:
                 acting.remove_quota(scope, name)
         except OrbitError as exc:

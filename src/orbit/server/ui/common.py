@@ -9,12 +9,12 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any, ParamSpec
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from orbit.model.auth import Role
 from orbit.model.errors import Forbidden, InvalidInput, NotFound, OrbitError
 from orbit.server.auth import Caller
+from orbit.server.routes.common import console_gate
 from orbit.server.ui.render import page
 from orbit.server.ui.session import PREFIX, notice_of
 
@@ -25,6 +25,7 @@ NAV = (
     ("queue", "/ui/queue", "Queue"),
     ("nodes", "/ui/nodes", "Nodes"),
     ("fair-share", "/ui/fair-share", "Fair share"),
+    ("alerts", "/ui/alerts", "Alerts"),
     ("audit", "/ui/audit", "Audit"),
     ("admin", "/ui/admin", "Admin"),
 )
@@ -35,15 +36,14 @@ class BadQuery(InvalidInput):
 
 
 def console_router() -> APIRouter:
-    return APIRouter(prefix=PREFIX, include_in_schema=False)
+    return APIRouter(prefix=PREFIX, include_in_schema=False, dependencies=[Depends(console_gate)])
 
 
 def context(request: Request, who: Caller, section: str, **values: Any) -> dict[str, Any]:
     """The values every page's template reads, and the page's own."""
     return {
         "me": who.user,
-        "admin": who.user.role is Role.ADMIN,
-        "member": who.user.role in (Role.ADMIN, Role.MEMBER),
+        "may": who.may,  # whether the user's role holds a permission
         "csrf": getattr(request.state, "csrf", None) or "",
         "nav": NAV,
         "section": section,

@@ -79,6 +79,8 @@ def make_file_pages(service: CoreControlService) -> APIRouter:
         other = request.query_params.get("other", "").strip()
         with who.acting() as acting:
             run = acting.get_run(ref)
+            if other:
+                who.see_run(other)
             found = acting.diff_runs(run.id, other) if other else None
         values = context(request, who, "runs", run=run, other=other, diff=found)
         return page("diff.html", **values)

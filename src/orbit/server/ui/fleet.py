@@ -88,7 +88,7 @@ def make_fleet_pages(service: CoreControlService, beats: Heartbeats) -> APIRoute
     def node(request: Request, who: me, name: str) -> Response:
         with who.acting() as acting:
             found = acting.get_node(name)
-            runs = acting.run_page(node=found.name, limit=50)
+            runs = acting.run_page(node=found.name, limit=50, viewer=who.viewer)
         return page(
             "node.html",
             **context(
@@ -142,7 +142,9 @@ def make_fleet_pages(service: CoreControlService, beats: Heartbeats) -> APIRoute
         run = q.get("run") or None
         actor, action = q.get("actor") or None, q.get("action") or None
         with who.acting() as acting:
-            events = acting.audit(run=run, limit=limit)
+            if run is not None:
+                who.see_run(run)
+            events = who.seen(acting.audit(run=run, limit=limit), lambda e: e.run_id)
             check = acting.verify_audit() if q.get("verify") == "1" else None
         events = [
             e
@@ -175,7 +177,6 @@ def make_fleet_pages(service: CoreControlService, beats: Heartbeats) -> APIRoute
     @router.get("/admin")
     @guarded
     def admin(request: Request, who: me) -> Response:
-        who.require("admin")
         with who.acting() as acting:
             users = acting.list_users()
             tokens = acting.list_tokens()

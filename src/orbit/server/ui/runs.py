@@ -39,9 +39,12 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
     @guarded
     def overview(request: Request, who: me) -> Response:
         with who.acting() as acting:
-            running = acting.run_page(states={RunState.RUNNING}, limit=10, count_cap=COUNTED)
-            failed = acting.run_page(states={RunState.FAILED}, limit=5, count_cap=COUNTED)
-            waiting = acting.queue()
+            seen, cap = who.viewer, COUNTED
+            running = acting.run_page(
+                states={RunState.RUNNING}, limit=10, count_cap=cap, viewer=seen
+            )
+            failed = acting.run_page(states={RunState.FAILED}, limit=5, count_cap=cap, viewer=seen)
+            waiting = who.seen(acting.queue(), lambda e: e.run)
             nodes = acting.list_nodes()
         now = _now()
         conditions: dict[str, int] = {}
@@ -89,10 +92,9 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
             view = acting.run_view(ref, refresh=False)
             events = acting.audit(run=view.run.id, limit=200)
             inspection = None
-            if view.run.state is RunState.FAILED:
+            if view.run.state is RunState.FAILED and who.refusal(view.run, "logs.read") is None:
                 inspection = acting.inspect_run(view.run.id)
         run = view.run
-        owner = run.created_by == who.user.name
         return page(
             "run.html",
             **context(
@@ -104,7 +106,8 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
                 events=events,
                 inspection=inspection,
                 layers=[LogLayer.TRAINING.value, LogLayer.RUNTIME.value],  # the task first
-                can_control=who.admin or (owner and who.user.role.value == "member"),
+                can_cancel=who.refusal(run, "runs.cancel") is None,
+                can_retry=who.refusal(run, "runs.retry") is None,
                 request_json=run.request.model_dump(mode="json"),
                 submission_json=run.submission.model_dump(mode="json"),
                 live=not run.state.terminal,
@@ -140,7 +143,7 @@ def make_runs_pages(service: CoreControlService) -> APIRouter:
     @guarded
     def queue(request: Request, who: me) -> Response:
         with who.acting() as acting:
-            entries = acting.queue()
+            entries = who.seen(acting.queue(), lambda e: e.run)
         return page("queue.html", **context(request, who, "queue", entries=entries))
 
     return router
@@ -176,10 +179,11 @@ def _listing(service: CoreControlService, request: Request, who: Any) -> dict[st
                 before=before,
                 limit=limit,
                 count_cap=COUNTED,
+                viewer=who.viewer,
             )
         except NotFound as exc:  # an experiment that does not exist: no runs, and why
             error = str(exc)
-            found = acting.run_page(limit=0)
+            found = acting.run_page(limit=0, viewer=who.viewer)
         found = _with_progress(acting, found)
     next_link = None
     if len(found.runs) == limit and found.runs:
