@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -31,6 +31,8 @@ def audit(
     orbit audit verify [--anchor FILE]             check the chain; exit 1 naming each problem
     orbit audit checkpoint >> anchors.jsonl        the verified head, to keep elsewhere
     orbit audit export --json [--out FILE]         write the whole chain, hashes included
+    orbit audit export --compliance                and policy versions, permission changes,
+                                                   roles, users and alerts, for a review
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -151,14 +153,54 @@ def audit_export(
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write to this file instead of stdout."
     ),
+    compliance: bool = typer.Option(
+        False,
+        "--compliance",
+        help="One JSON object for a review: the events, every policy version as applied, "
+        "the permission changes (users' roles, restricted experiments and their members), "
+        "the roles and what each holds, and the alerts of the last 500. Needs users.manage.",
+    ),
 ) -> None:
-    """Write every event, oldest first, with prev_hash and hash, as one JSON array."""
-    events = service().audit()
-    data = [e.model_dump(mode="json") for e in events]
+    """Write every event, oldest first, with prev_hash and hash, as one JSON array (or, with
+    --compliance, an object holding them and what a review reads beside them)."""
+    control = service()
+    events = control.audit()
+    data: Any = [e.model_dump(mode="json") for e in events]
+    if compliance:
+        data = _compliance(control, data)
     if out is None:
         print_json(data)
         return
     import json
 
     out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    console.print(f"exported {len(data)} events to {out}")
+    console.print(f"exported {len(events)} events to {out}")
+
+
+# what a permission change is in the audit trail
+PERMISSION_EVENTS = frozenset(
+    {
+        "user.add",
+        "user.remove",
+        "user.role",
+        "experiment.restricted",
+        "experiment.opened",
+        "experiment.member_added",
+        "experiment.member_removed",
+    }
+)
+
+
+def _compliance(control: Any, events: list[dict[str, Any]]) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    versions = [control.show_policy(v.version) for v in control.policy_history()]
+    return {
+        "exported_at": datetime.now(UTC).isoformat(),
+        "events": events,
+        "policy_versions": [v.model_dump(mode="json") for v in versions],
+        "permission_changes": [e for e in events if e["action"] in PERMISSION_EVENTS],
+        "roles": [r.model_dump(mode="json") for r in control.roles()],
+        "users": [u.model_dump(mode="json") for u in control.list_users()],
+        "alerts": [a.model_dump(mode="json") for a in control.list_alerts(True)],
+    }
