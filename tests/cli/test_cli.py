@@ -379,3 +379,14 @@ def test_logs_follow_goes_through_automatic_retries(env: dict[str, str], tmp_pat
     missing = orbit(env, "logs", run_id, "--attempt", "9", check=False)
     assert missing.returncode == 2
     assert missing.stderr == f"orbit: error: run {run_id} has no attempt 9 (it has 3)\n"
+
+
+def test_the_cli_defines_its_commands_without_importing_what_they_use() -> None:
+    """Every command pays for the CLI's definitions before it starts: they import no model,
+    validation, store, HTTP or terminal library (each command imports what it needs when it
+    runs). A helper imported at the top of a command module can pull them in by accident, as
+    a duration's words once pulled pydantic in through orbit.model.auth."""
+    heavy = ("pydantic", "orbit.model.models", "orbit.store", "sqlalchemy", "httpx", "rich")
+    code = f"import sys, orbit.cli.app; print([m for m in {heavy!r} if m in sys.modules])"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "[]", found.stdout

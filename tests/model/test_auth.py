@@ -13,9 +13,9 @@ from orbit.model.auth import (
     NewToken,
     TokenRecord,
     new_token,
-    parse_duration,
     token_hash,
 )
+from orbit.model.durations import parse_duration
 from orbit.model.errors import InvalidInput
 
 

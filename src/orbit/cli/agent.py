@@ -179,7 +179,7 @@ MIN_FREE = typer.Option(
 
 def _cleanup(clean_after: str, min_free: str) -> CleanupOptions:
     from orbit.agent.cleanup import CleanupOptions
-    from orbit.model.auth import parse_duration
+    from orbit.model.durations import parse_duration
     from orbit.model.errors import InvalidInput
 
     after = parse_duration(clean_after, "--clean-after").total_seconds()

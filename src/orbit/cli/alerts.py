@@ -53,7 +53,7 @@ def alerts_silence(
     for_: str = typer.Option(..., "--for", metavar="DURATION", help="2h, 1d, 30m."),
 ) -> None:
     """No delivery about alert ID (its resolution included) for a while (admins)."""
-    from orbit.model.auth import parse_duration
+    from orbit.model.durations import parse_duration
 
     done = service().silence_alert(alert_id, parse_duration(for_, "--for"))
     assert done.silenced_until is not None

@@ -123,7 +123,7 @@ def logs(
 def since_time(text: str) -> datetime:
     """--since: a duration back from now (as `orbit tokens --expires` takes them) or an ISO
     8601 time (this machine's zone where it names none)."""
-    from orbit.model.auth import parse_duration
+    from orbit.model.durations import parse_duration
     from orbit.model.errors import InvalidInput
 
     try:

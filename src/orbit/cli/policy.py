@@ -39,7 +39,7 @@ def _read(path: Path) -> str:
 
 
 def _since(text: str) -> timedelta:
-    from orbit.model.auth import parse_duration
+    from orbit.model.durations import parse_duration
 
     return parse_duration(text, "--since")
 

@@ -11,7 +11,7 @@ import typer
 from orbit.cli.common import JSON, OUTPUT, RUN, console, emitted, output_format, print_json, service
 from orbit.cli.text import Table, paint
 from orbit.cli.watching import INTERVAL, WATCH, repeat
-from orbit.model.auth import say_duration
+from orbit.model.durations import say_duration
 
 quotas_app = typer.Typer(
     help="""GPU quotas: at most N GPUs at once per user or per experiment, and a fair-share

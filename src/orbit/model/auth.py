@@ -1,18 +1,16 @@
-"""Who is who: users and their roles, API tokens, durations. Pure records and functions (stdlib
+"""Who is who: users and their roles, and API tokens. Pure records and functions (stdlib
 and pydantic): the store keeps users and token hashes; what a role allows is
 orbit.model.permissions'."""
 
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 
 from pydantic import Field
 
-from orbit.model.errors import InvalidInput
 from orbit.model.models import Record
 
 
@@ -24,10 +22,6 @@ class Role(StrEnum):
 
 TOKEN_PREFIX = "orbit_"  # says what a leaked string is (secret scanners look for prefixes)
 TOKEN_BYTES = 32
-
-_DURATION = re.compile(r"([0-9]+)([smhdw])")
-MAX_DURATION = timedelta(days=100 * 365)
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def new_token(prefix: str = TOKEN_PREFIX) -> str:
@@ -41,26 +35,6 @@ def token_hash(token: str) -> str:
     password, so no slow, salted hash is needed: nothing can be guessed, and the store can
     find a token by its hash in one indexed lookup."""
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def parse_duration(text: str, field: str) -> timedelta:
-    """`30d`, `12h`, `45m`, `3600s` or `2w`: more than nothing, and at most MAX_DURATION (so
-    that now + it is still a date)."""
-    found = _DURATION.fullmatch(text.strip())
-    if found:
-        seconds = int(found.group(1)) * _UNIT_SECONDS[found.group(2)]
-        if 0 < seconds <= MAX_DURATION.total_seconds():
-            return timedelta(seconds=seconds)
-    raise InvalidInput(f"{field}: expected a duration like 30d, 12h or 45m, got {text!r}")
-
-
-def say_duration(seconds: float) -> str:
-    """A span as a person reads it at a glance: `95s`, `12m`, `1.5h`."""
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 class UserRecord(Record):

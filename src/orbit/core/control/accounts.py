@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from orbit.core.control.base import ServicePart
-from orbit.model.auth import NewToken, TokenRecord, UserRecord, new_token, parse_duration
+from orbit.model.auth import NewToken, TokenRecord, UserRecord, new_token
 from orbit.model.auth import token_hash as hash_of
+from orbit.model.durations import parse_duration
 from orbit.model.errors import InvalidInput
 from orbit.model.permissions import Roles, RoleView
 

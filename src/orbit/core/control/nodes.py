@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from orbit.core.control.base import ServicePart
-from orbit.model.auth import new_token, parse_duration
+from orbit.model.auth import new_token
 from orbit.model.auth import token_hash as hash_of
+from orbit.model.durations import parse_duration
 from orbit.model.errors import InvalidInput, Refused, Unreachable
 from orbit.model.nodes import MAX_REASON, JoinTokenRecord, NewJoinToken, NodeRecord, NodeState
 from orbit.model.nodes import MAX_TRANSFER_BYTES as MAX_TRANSFER_BYTES

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from orbit.model.alerts import AlertsConfig, Firing
-from orbit.model.auth import say_duration
+from orbit.model.durations import say_duration
 from orbit.model.nodes import NodeRecord, NodeState
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from orbit.core.control.service import CoreControlService
-from orbit.model.auth import parse_duration
+from orbit.model.durations import parse_duration
 from orbit.model.errors import OrbitError
 from orbit.server.routes.common import RowId, me
 from orbit.server.ui.actions import back, csrf_checked, refused
