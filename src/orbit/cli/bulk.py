@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import JSON, SETS, console, err, print_json, service
+from orbit.cli.common import (
+    JSON,
+    SETS,
+    complete_experiments,
+    complete_runs,
+    console,
+    err,
+    print_json,
+    service,
+)
 from orbit.cli.runs import WAIT, overrides_from, parse_states, show
 from orbit.cli.text import Table, paint
 
@@ -16,13 +25,16 @@ if TYPE_CHECKING:
     from orbit.model.bulk import BulkResult, RunSelection
 
 CONFIRM_ABOVE = 1  # a filter that would act on more runs than this asks first (or --yes)
-RUNS = typer.Argument(None, metavar="RUN", help="Run ids, or unique prefixes of them.")
+RUNS = typer.Argument(
+    None, metavar="RUN", help="Run ids, or unique prefixes of them.", autocompletion=complete_runs
+)
 EXPERIMENT = typer.Option(
     None,
     "--experiment",
     "-e",
     metavar="EXPERIMENT",
     help="Every run of this experiment (name or id).",
+    autocompletion=complete_experiments,
 )
 STATE = typer.Option(
     [],

@@ -7,7 +7,19 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import JSON, OUTPUT, console, emitted, output_format, print_json, service
+from orbit.cli.common import (
+    JSON,
+    OUTPUT,
+    complete_experiments,
+    complete_templates,
+    console,
+    emitted,
+    output_format,
+    print_json,
+    service,
+)
+
+EXPERIMENT = typer.Argument(..., metavar="NAME", autocompletion=complete_experiments)
 
 if TYPE_CHECKING:
     from orbit.model.records import ExperimentRecord
@@ -33,7 +45,8 @@ def templates_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
 
 @templates_app.command("show")
 def templates_show(
-    template_id: str = typer.Argument(..., metavar="ID"), as_json: bool = JSON
+    template_id: str = typer.Argument(..., metavar="ID", autocompletion=complete_templates),
+    as_json: bool = JSON,
 ) -> None:
     """Show one template as its file says it (valid YAML), and where it was read from."""
     view = service().get_template(template_id)
@@ -74,14 +87,14 @@ def experiments_list(as_json: bool = JSON, output: str | None = OUTPUT) -> None:
 
 
 @experiments_app.command("show")
-def experiments_show(name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON) -> None:
+def experiments_show(name: str = EXPERIMENT, as_json: bool = JSON) -> None:
     """One experiment: its runs, whether it is restricted, and its members."""
     _said(service().get_experiment(name), as_json)
 
 
 @experiments_app.command("restrict")
 def experiments_restrict(
-    name: str = typer.Argument(..., metavar="NAME"),
+    name: str = EXPERIMENT,
     members: list[str] = typer.Option(
         [], "--member", "-m", help="A user to add as a member (again for more)."
     ),
@@ -93,16 +106,14 @@ def experiments_restrict(
 
 
 @experiments_app.command("unrestrict")
-def experiments_unrestrict(
-    name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON
-) -> None:
+def experiments_unrestrict(name: str = EXPERIMENT, as_json: bool = JSON) -> None:
     """Open a restricted experiment to everyone who reads runs again (its members stay)."""
     _said(service().set_experiment(name, False), as_json)
 
 
 @experiments_app.command("members")
 def experiments_members(
-    name: str = typer.Argument(..., metavar="NAME"),
+    name: str = EXPERIMENT,
     add: list[str] = typer.Option([], "--add", help="A user to add (again for more)."),
     remove: list[str] = typer.Option([], "--remove", help="A user to remove (again for more)."),
     as_json: bool = JSON,

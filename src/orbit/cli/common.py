@@ -29,7 +29,39 @@ OUTPUT = typer.Option(
     help="json | yaml (the same data as --json) | wide (the table, with more columns where "
     "there are more) | name (one id or name a line, for xargs).",
 )
-RUN = typer.Argument(..., metavar="RUN", help="A run id, or any unique prefix of one.")
+
+
+def complete_runs(incomplete: str) -> list[str]:
+    """The shell's completion of a run id (orbit.cli.complete, imported only when asked)."""
+    from orbit.cli.complete import runs
+
+    return runs(incomplete)
+
+
+def complete_experiments(incomplete: str) -> list[str]:
+    from orbit.cli.complete import experiments
+
+    return experiments(incomplete)
+
+
+def complete_templates(incomplete: str) -> list[str]:
+    from orbit.cli.complete import templates
+
+    return templates(incomplete)
+
+
+def complete_nodes(incomplete: str) -> list[str]:
+    from orbit.cli.complete import nodes
+
+    return nodes(incomplete)
+
+
+RUN = typer.Argument(
+    ...,
+    metavar="RUN",
+    help="A run id, or any unique prefix of one.",
+    autocompletion=complete_runs,
+)
 ATTEMPT = typer.Option(
     None, "--attempt", "-a", min=1, help="An earlier attempt (default: the current one)."
 )

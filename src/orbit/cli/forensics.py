@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orbit.cli.common import ATTEMPT, JSON, RUN, console, print_json, service
+from orbit.cli.common import ATTEMPT, JSON, RUN, complete_runs, console, print_json, service
 from orbit.cli.text import paint
 
 VERDICT_STYLE = {  # by orbit.forensics.diagnose.Verdict
@@ -43,8 +43,8 @@ def inspect(run: str = RUN, attempt: int | None = ATTEMPT, as_json: bool = JSON)
 
 
 def diff(
-    run_a: str = typer.Argument(..., metavar="RUN_A"),
-    run_b: str = typer.Argument(..., metavar="RUN_B"),
+    run_a: str = typer.Argument(..., metavar="RUN_A", autocompletion=complete_runs),
+    run_b: str = typer.Argument(..., metavar="RUN_B", autocompletion=complete_runs),
     as_json: bool = JSON,
 ) -> None:
     """What differs between two runs: task request, template and overrides, env (secret

@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import JSON, OUTPUT, console, emitted, err, output_format, print_json, service
+from orbit.cli.common import (
+    JSON,
+    OUTPUT,
+    complete_nodes,
+    console,
+    emitted,
+    err,
+    output_format,
+    print_json,
+    service,
+)
 from orbit.cli.join_tokens import join_app
 from orbit.cli.node_views import (
     condition,
@@ -40,7 +50,12 @@ are lost). Everything but `list` and `show` is for admins.""",
 )
 nodes_app.add_typer(join_app, name="join-token")
 
-NODE = typer.Argument(..., metavar="NODE", help="The node's name (or id), as `nodes list` shows.")
+NODE = typer.Argument(
+    ...,
+    metavar="NODE",
+    help="The node's name (or id), as `nodes list` shows.",
+    autocompletion=complete_nodes,
+)
 REASON = typer.Option(
     None,
     "--reason",

@@ -13,6 +13,10 @@ from orbit.cli.common import (
     OUTPUT,
     RUN,
     SETS,
+    complete_experiments,
+    complete_nodes,
+    complete_runs,
+    complete_templates,
     console,
     emitted,
     err,
@@ -58,6 +62,7 @@ def submit(
         "--template",
         "-t",
         metavar="NAME",
+        autocompletion=complete_templates,
         help="Run with this template instead of the spec's `template:` (see `orbit templates "
         "list`); the spec's overrides and --set are checked against its allow_overrides.",
     ),
@@ -86,6 +91,7 @@ def submit(
         [],
         "--after",
         metavar="RUN",
+        autocompletion=complete_runs,
         help="Start only once RUN has succeeded (repeatable; adds to the spec's after.ok). "
         "If it ends otherwise, this run fails (dependency_failed).",
     ),
@@ -93,6 +99,7 @@ def submit(
         [],
         "--after-any",
         metavar="RUN",
+        autocompletion=complete_runs,
         help="Start only once RUN has ended, however it ended (repeatable; after.any).",
     ),
     as_json: bool = JSON,
@@ -163,7 +170,11 @@ def parse_states(values: list[str]) -> set[RunState]:
 @runs_app.command("list")
 def runs_list(
     experiment: str | None = typer.Option(
-        None, "--experiment", "-e", help="Only this experiment (name or id)."
+        None,
+        "--experiment",
+        "-e",
+        help="Only this experiment (name or id).",
+        autocompletion=complete_experiments,
     ),
     state: list[str] = typer.Option(
         [], "--state", "-s", help="Only runs in this state (repeatable)."
@@ -176,6 +187,7 @@ def runs_list(
         None,
         "--node",
         metavar="NODE",
+        autocompletion=complete_nodes,
         help="Only runs whose current attempt is there: an agent node, SSH host or Slurm "
         "cluster, by name (or the node a run waits for, pinned).",
     ),

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import JSON, RUN, console, err, print_json, service
+from orbit.cli.common import JSON, RUN, complete_runs, console, err, print_json, service
 from orbit.cli.runs import runs_app
 
 if TYPE_CHECKING:
@@ -17,7 +17,9 @@ DRY_RUN = typer.Option(False, "--dry-run", help="Say what would be removed; remo
 
 @runs_app.command("delete")
 def runs_delete(
-    runs: list[str] = typer.Argument(..., metavar="RUN...", help="Run ids, or unique prefixes."),
+    runs: list[str] = typer.Argument(
+        ..., metavar="RUN...", help="Run ids, or unique prefixes.", autocompletion=complete_runs
+    ),
     dry_run: bool = DRY_RUN,
     as_json: bool = JSON,
 ) -> None:
