@@ -29,10 +29,14 @@ class Body(BaseModel):
 def caller(request: Request) -> Caller:
     """The request's user and token (found by auth.RequireToken before the body was read),
     and the service that will act for them."""
-    user: UserRecord = request.state.user
-    config: ServerConfig = request.app.state.config
-    state = request.app.state
-    return Caller(user, state.service, request.state.token, config.local_roles, state.roles)
+    made: Caller | None = getattr(request.state, "caller", None)
+    if made is None:  # once a request: the gate's and the route's are the same caller
+        user: UserRecord = request.state.user
+        config: ServerConfig = request.app.state.config
+        state = request.app.state
+        made = Caller(user, state.service, request.state.token, config.local_roles, state.roles)
+        request.state.caller = made
+    return made
 
 
 me = Annotated[Caller, Depends(caller)]
