@@ -31,29 +31,29 @@ OUTPUT = typer.Option(
 )
 
 
+# the shell's completions (orbit.cli.complete, imported only when a shell asks)
 def complete_runs(incomplete: str) -> list[str]:
-    """The shell's completion of a run id (orbit.cli.complete, imported only when asked)."""
-    from orbit.cli.complete import runs
+    from orbit.cli.complete import offered
 
-    return runs(incomplete)
+    return offered("runs", incomplete)
 
 
 def complete_experiments(incomplete: str) -> list[str]:
-    from orbit.cli.complete import experiments
+    from orbit.cli.complete import offered
 
-    return experiments(incomplete)
+    return offered("experiments", incomplete)
 
 
 def complete_templates(incomplete: str) -> list[str]:
-    from orbit.cli.complete import templates
+    from orbit.cli.complete import offered
 
-    return templates(incomplete)
+    return offered("templates", incomplete)
 
 
 def complete_nodes(incomplete: str) -> list[str]:
-    from orbit.cli.complete import nodes
+    from orbit.cli.complete import offered
 
-    return nodes(incomplete)
+    return offered("nodes", incomplete)
 
 
 RUN = typer.Argument(

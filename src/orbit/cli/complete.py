@@ -11,27 +11,12 @@ from orbit.cli.common import settings
 SHOWN = 50  # the most offered at once
 
 
-def runs(incomplete: str) -> list[str]:
-    return _offered("runs", incomplete)
-
-
-def experiments(incomplete: str) -> list[str]:
-    return _offered("experiments", incomplete)
-
-
-def nodes(incomplete: str) -> list[str]:
-    return _offered("nodes", incomplete)
-
-
-def templates(incomplete: str) -> list[str]:
-    return _offered("templates", incomplete)
-
-
-def _offered(what: str, incomplete: str) -> list[str]:
+def offered(what: str, incomplete: str) -> list[str]:
+    """The names of `what` (runs, experiments, nodes, templates) that begin as typed."""
     from orbit.client.names import names
 
     try:
         found = names(settings(), what)
-    except Exception:
+    except Exception:  # a completion offers nothing rather than fail a shell's line
         return []
     return [n for n in dict.fromkeys(found) if n.startswith(incomplete)][:SHOWN]

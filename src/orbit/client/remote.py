@@ -16,6 +16,7 @@ from orbit.client.meter import QUIET, Meter
 from orbit.client.node_files import pull_file, push_file
 from orbit.client.remote_accounts import RemoteAccounts
 from orbit.client.remote_alerts import RemoteAlerts
+from orbit.client.remote_catalogue import RemoteCatalogue
 from orbit.client.remote_policy import RemotePolicy
 from orbit.client.session import RESEND_S, Session, part, query
 from orbit.client.streams import collect_artifacts, stream_log
@@ -33,7 +34,6 @@ from orbit.core.control.views import (
     SchedConfigView,
     Simulation,
     SubmitPlan,
-    TemplateView,
 )
 from orbit.core.control.waiting import wait_until_ended
 from orbit.forensics.diagnose import Inspection
@@ -45,7 +45,7 @@ from orbit.model.hosts import HostRecord, HostSpec
 from orbit.model.layers import LogLayer
 from orbit.model.models import ExecutionOverrides, RunState, TaskSubmission
 from orbit.model.nodes import JoinTokenRecord, NewJoinToken, NodeRecord
-from orbit.model.records import AuditEvent, CollectResult, ExperimentRecord, RunRecord
+from orbit.model.records import AuditEvent, CollectResult, RunRecord
 from orbit.model.storage import GcReport, RunStorage, Usage
 
 
@@ -91,37 +91,16 @@ class RemoteControl:
         self.silence_alert = alerts.silence_alert
         self.alert_rules = alerts.alert_rules
         self.policy_history = policy.policy_history
+        catalogue = RemoteCatalogue(self.session)  # templates, experiments: remote_catalogue.py
+        self.list_templates = catalogue.list_templates
+        self.get_template = catalogue.get_template
+        self.create_experiment = catalogue.create_experiment
+        self.list_experiments = catalogue.list_experiments
+        self.get_experiment = catalogue.get_experiment
+        self.set_experiment = catalogue.set_experiment
 
     def close(self) -> None:
         self.session.close()
-
-    # -- templates and experiments --------------------------------------------------------------
-    def list_templates(self) -> list[TemplateView]:
-        return self.session.get_list(TemplateView, "/templates")
-
-    def get_template(self, template_id: str) -> TemplateView:
-        return self.session.get(TemplateView, f"/templates/{part(template_id)}")
-
-    def create_experiment(self, name: str) -> ExperimentRecord:
-        return self.session.post(ExperimentRecord, "/experiments", {"name": name})
-
-    def list_experiments(self, viewer: str | None = None) -> list[ExperimentRecord]:
-        """Those the caller sees (`viewer` is the server's to decide)."""
-        return self.session.get_list(ExperimentRecord, "/experiments")
-
-    def get_experiment(self, name: str) -> ExperimentRecord:
-        return self.session.get(ExperimentRecord, f"/experiments/{part(name)}")
-
-    def set_experiment(
-        self,
-        name: str,
-        restricted: bool | None = None,
-        add: Sequence[str] = (),
-        remove: Sequence[str] = (),
-    ) -> ExperimentRecord:
-        body = {"restricted": restricted, "add": list(add), "remove": list(remove)}
-        response = self.session.send("PATCH", f"/experiments/{part(name)}", json=body)
-        return ExperimentRecord.model_validate_json(response.content)
 
     # -- submitting ------------------------------------------------------------------------
     def submit_task(

@@ -59,12 +59,12 @@ class Caller:
         """`family.any`, or `family.own` on the user's own run (`runs.cancel`, `logs.read`)."""
         why = self.refusal(run, family)
         if why is not None:
-            raise (NotFound if run.experiment_id in self.hidden else Forbidden)(why)
+            raise Forbidden(why)
 
     def refusal(self, run: RunRecord, family: str) -> str | None:
-        """Why this user may not do `family` to `run` (one of many acted on at once), or None."""
-        if run.experiment_id in self.hidden:
-            return f"unknown run '{run.id}'"
+        """Why this user may not do `family` to `run` (one of many acted on at once), or None.
+        A run of a restricted experiment the user does not see never gets here: see_run and
+        the listings' `viewer` leave it out first."""
         if self.may(f"{family}.any"):
             return None
         if not self.may(f"{family}.own"):

@@ -197,9 +197,7 @@ async def _run_action(who: Any, ref: str, action: str, form: dict[str, str]) -> 
 
     def act() -> tuple[str, str]:
         with who.acting() as acting:
-            run = acting.get_run(ref)
-            if action != "replay":  # a replay is a new run of the caller's own
-                who.require_run(run, f"runs.{action}")
+            run = acting.get_run(ref)  # whose run it is: the console's gate (runs.*.own)
             if action == "cancel":
                 acting.ask_to_cancel(run.id, 0)
                 return run.id, "cancel asked: the task has its grace period to stop"
