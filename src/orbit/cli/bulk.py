@@ -11,13 +11,12 @@ import typer
 from orbit.cli.common import (
     JSON,
     SETS,
-    complete_experiments,
-    complete_runs,
     console,
     err,
     print_json,
     service,
 )
+from orbit.cli.complete import complete_experiments, complete_runs
 from orbit.cli.runs import WAIT, overrides_from, parse_states, show
 from orbit.cli.text import Table, paint
 

@@ -10,14 +10,13 @@ import typer
 from orbit.cli.common import (
     JSON,
     OUTPUT,
-    complete_experiments,
-    complete_templates,
     console,
     emitted,
     output_format,
     print_json,
     service,
 )
+from orbit.cli.complete import complete_experiments, complete_templates
 
 EXPERIMENT = typer.Argument(..., metavar="NAME", autocompletion=complete_experiments)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from orbit.cli.complete import complete_runs
 from orbit.cli.text import Printer
 
 if TYPE_CHECKING:
@@ -29,31 +30,6 @@ OUTPUT = typer.Option(
     help="json | yaml (the same data as --json) | wide (the table, with more columns where "
     "there are more) | name (one id or name a line, for xargs).",
 )
-
-
-# the shell's completions (orbit.cli.complete, imported only when a shell asks)
-def complete_runs(incomplete: str) -> list[str]:
-    from orbit.cli.complete import offered
-
-    return offered("runs", incomplete)
-
-
-def complete_experiments(incomplete: str) -> list[str]:
-    from orbit.cli.complete import offered
-
-    return offered("experiments", incomplete)
-
-
-def complete_templates(incomplete: str) -> list[str]:
-    from orbit.cli.complete import offered
-
-    return offered("templates", incomplete)
-
-
-def complete_nodes(incomplete: str) -> list[str]:
-    from orbit.cli.complete import offered
-
-    return offered("nodes", incomplete)
 
 
 RUN = typer.Argument(

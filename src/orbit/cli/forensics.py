@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from orbit.cli.common import ATTEMPT, JSON, RUN, complete_runs, console, print_json, service
+from orbit.cli.common import ATTEMPT, JSON, RUN, console, print_json, service
+from orbit.cli.complete import complete_runs
 from orbit.cli.text import paint
 
 VERDICT_STYLE = {  # by orbit.forensics.diagnose.Verdict

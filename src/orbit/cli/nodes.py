@@ -11,7 +11,6 @@ import typer
 from orbit.cli.common import (
     JSON,
     OUTPUT,
-    complete_nodes,
     console,
     emitted,
     err,
@@ -19,6 +18,7 @@ from orbit.cli.common import (
     print_json,
     service,
 )
+from orbit.cli.complete import complete_nodes
 from orbit.cli.join_tokens import join_app
 from orbit.cli.node_views import (
     condition,

@@ -13,16 +13,18 @@ from orbit.cli.common import (
     OUTPUT,
     RUN,
     SETS,
-    complete_experiments,
-    complete_nodes,
-    complete_runs,
-    complete_templates,
     console,
     emitted,
     err,
     output_format,
     print_json,
     service,
+)
+from orbit.cli.complete import (
+    complete_experiments,
+    complete_nodes,
+    complete_runs,
+    complete_templates,
 )
 from orbit.cli.text import paint
 from orbit.cli.watching import INTERVAL, WATCH, repeat

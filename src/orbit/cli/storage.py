@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orbit.cli.common import JSON, RUN, complete_runs, console, err, print_json, service
+from orbit.cli.common import JSON, RUN, console, err, print_json, service
+from orbit.cli.complete import complete_runs
 from orbit.cli.runs import runs_app
 
 if TYPE_CHECKING:
