@@ -144,7 +144,7 @@ def test_unknown_or_non_run_dependencies_are_refused_at_submit(
     proc = orbit(env, "submit", str(grouped), check=False)
     assert proc.returncode == 2
     assert "grouped.yaml: after.ok.0: 'group:nightly' is not a run id" in proc.stderr
-    assert "groups of runs are not there yet" in proc.stderr
+    assert "only runs can be waited for (a sweep's group: name its runs" in proc.stderr
     real = orbit_json(env, "submit", str(spec), "--wait")["id"]
     twice = orbit(env, "submit", str(spec), "--after", real, "--after-any", real, check=False)
     assert twice.returncode == 2 and "after.any.0: run" in twice.stderr

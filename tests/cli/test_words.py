@@ -46,7 +46,7 @@ MISSPELT = {
         {"colour": "blue"},
         None,
         "spec.yaml: colour: unknown key (known: after, experiment, overrides, preemptible, "
-        "priority, retry, secrets, task, task_type, template)",
+        "priority, retry, secrets, sweep, task, task_type, template)",
     ),
 }
 

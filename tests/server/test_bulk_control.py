@@ -76,7 +76,8 @@ def test_a_member_acts_on_its_own_runs_and_the_others_are_refused(
         both = http.post("/api/v1/runs/cancel", json={"ids": [mine[0]], "user": "mia"})
         assert both.status_code == 422
         assert (
-            both.json()["detail"] == "give run ids or a filter (experiment, state, user), not both"
+            both.json()["detail"]
+            == "give run ids or a filter (experiment, group, state, user), not both"
         )
         assert http.post("/api/v1/runs/cancel", json={}).status_code == 422
         answer = http.post("/api/v1/runs/cancel", json={"ids": mine + theirs[:1]})

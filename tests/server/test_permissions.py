@@ -32,12 +32,13 @@ VIEWER = """
     hosts_get clusters_list clusters_get nodes_list nodes_get quotas_list sched_config_get
     sched_simulate users_whoami users_console_link users_roles tokens_list tokens_create
     tokens_revoke secrets_list policy_show policy_history policy_version policy_check
-    alerts_list alerts_rules audit_list audit_verify server_metrics
+    alerts_list alerts_rules audit_list audit_verify server_metrics groups_list groups_get
+    groups_view
 """
 MEMBER = """
     runs_submit runs_plan runs_replay experiments_create runs_cancel runs_cancel_many
     runs_stop_leftovers runs_retry runs_retry_many storage_pin storage_unpin
-    storage_delete_runs secrets_set secrets_remove
+    storage_delete_runs secrets_set secrets_remove groups_submit
 """
 ADMIN = """
     experiments_set storage_gc hosts_add hosts_remove hosts_check clusters_add

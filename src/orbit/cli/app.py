@@ -20,6 +20,7 @@ from orbit.cli import (
     catalog,
     clusters,
     forensics,
+    groups,
     hosts,
     logs,
     nodes,
@@ -53,6 +54,7 @@ app.command()(runs.submit)
 app.add_typer(catalog.templates_app, name="templates")
 app.add_typer(catalog.experiments_app, name="experiments")
 app.add_typer(runs.runs_app, name="runs")
+app.add_typer(groups.groups_app, name="groups")
 app.add_typer(hosts.hosts_app, name="hosts")
 app.add_typer(clusters.clusters_app, name="clusters")
 app.add_typer(nodes.nodes_app, name="nodes")

@@ -1,5 +1,5 @@
 """`orbit cancel` and `orbit retry`: one run as always, or many at once, by ids or by a filter
-(--experiment, --state, --user), with a report of what became of each."""
+(--experiment, --group, --state, --user), with a report of what became of each."""
 
 from __future__ import annotations
 
@@ -43,6 +43,13 @@ STATE = typer.Option(
     help="Every run in this state (repeatable); filters given together must all match.",
 )
 USER = typer.Option(None, "--user", "-u", metavar="USER", help="Every run this user made.")
+GROUP = typer.Option(
+    None,
+    "--group",
+    "-g",
+    metavar="GROUP",
+    help="Every run of this group, the runs one sweep made (orbit groups list).",
+)
 DRY_RUN = typer.Option(False, "--dry-run", help="List what would be done; do nothing.")
 YES = typer.Option(
     False, "--yes", "-y", help="Act on every run a filter matches without asking first."
@@ -63,6 +70,7 @@ STYLE = {"refused": "red", "failed": "red", "cancelled": "yellow", "retried": "g
 def cancel(
     runs: list[str] | None = RUNS,
     experiment: str | None = EXPERIMENT,
+    group: str | None = GROUP,
     state: list[str] = STATE,
     user: str | None = USER,
     dry_run: bool = DRY_RUN,
@@ -76,13 +84,14 @@ def cancel(
                                            # what is left of it (a host that came back)
     orbit cancel RUN1 RUN2 ...             # many: asks each to stop, does not wait
     orbit cancel --experiment sweep --state running [--user mia] [--dry-run] [--yes]
+    orbit cancel --group grp-3f2a                # every run a sweep made that has not ended
 
     Many runs: each is reported cancelled, already ended, refused (a member controls only
     its own runs) or failed, then counted; exit 1 if any was refused or failed. A filter that
     would cancel more than one run asks first (without a terminal: give --yes), and then
     acts on exactly the runs it listed.
     """
-    selection = _selection(runs or [], experiment, state, user)
+    selection = _selection(runs or [], experiment, group, state, user)
     if len(selection.ids) == 1 and not dry_run:
         _cancel_one(selection.ids[0], as_json)
         return
@@ -92,7 +101,9 @@ def cancel(
 def retry(
     runs: list[str] | None = RUNS,
     experiment: str | None = EXPERIMENT,
+    group: str | None = GROUP,
     state: list[str] = STATE,
+    failed: bool = typer.Option(False, "--failed", help="The runs that failed (--state failed)."),
     user: str | None = USER,
     sets: list[str] = SETS,
     wait: bool = WAIT,
@@ -106,6 +117,7 @@ def retry(
     orbit retry RUN [--set target=h100-b] [--wait]
     orbit retry RUN1 RUN2 ...              # many ended runs, oldest first
     orbit retry --experiment sweep --state failed [--user mia] [--dry-run] [--yes]
+    orbit retry --group grp-3f2a --failed        # a sweep's failed runs, each again
 
     Many runs: each is reported retried, not ended (cancel it first), refused or failed,
     then counted; exit 1 if any was refused or failed. --set and --wait take one run. A
@@ -113,7 +125,8 @@ def retry(
     """
     from orbit.model.errors import InvalidInput
 
-    selection = _selection(runs or [], experiment, state, user)
+    states = [*state, "failed"] if failed and "failed" not in state else state
+    selection = _selection(runs or [], experiment, group, states, user)
     if len(selection.ids) == 1 and not dry_run:
         record = service().retry_run(selection.ids[0], overrides_from(sets))
         if not as_json and not wait:
@@ -130,7 +143,7 @@ def retry(
 
 
 def _selection(
-    runs: list[str], experiment: str | None, state: list[str], user: str | None
+    runs: list[str], experiment: str | None, group: str | None, state: list[str], user: str | None
 ) -> RunSelection:
     from orbit.model.bulk import RunSelection
     from orbit.model.errors import InvalidInput
@@ -138,13 +151,18 @@ def _selection(
     selection = RunSelection(
         ids=tuple(runs),
         experiment=experiment,
+        group=group,
         states=tuple(sorted(parse_states(state))),
         user=user,
     )
     if selection.ids and selection.by_filter:
-        raise InvalidInput("give run ids or a filter (--experiment, --state, --user), not both")
+        raise InvalidInput(
+            "give run ids or a filter (--experiment, --group, --state, --user), not both"
+        )
     if not selection.ids and not selection.by_filter:
-        raise InvalidInput("give a run id, several, or a filter (--experiment, --state, --user)")
+        raise InvalidInput(
+            "give a run id, several, or a filter (--experiment, --group, --state, --user)"
+        )
     return selection
 
 

@@ -112,6 +112,7 @@ def run_json(view: RunView) -> dict[str, Any]:
         "created_at": run.created_at.isoformat(),
         "created_by": run.created_by,
         "replay_of": run.replay_of,
+        "group": run.group_id,
         "policy": run.policy.model_dump(mode="json") if run.policy else None,
         "request": run.request.model_dump(mode="json"),
         "submission": run.submission.model_dump(mode="json"),
@@ -188,6 +189,9 @@ def show_run(console: Printer, view: RunView) -> None:
         rows.append(("image", image))
     if run.replay_of:
         rows.append(("replays", run.replay_of))
+    if run.group_id:
+        point = " ".join(f"{k}={v}" for k, v in run.submission.point.items())
+        rows.append(("group", f"{run.group_id} ({point})"))
     rows += policy_rows(run.policy)
     after = run.submission.after
     for kind, runs in (("ok", after.ok), ("any", after.any)) if after else ():

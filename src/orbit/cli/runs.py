@@ -104,9 +104,19 @@ def submit(
         autocompletion=complete_runs,
         help="Start only once RUN has ended, however it ended (repeatable; after.any).",
     ),
+    sweeps: list[str] = typer.Option(
+        [],
+        "--sweep",
+        metavar="KEY=V1,V2|A..B",
+        help="Make a group of runs, one per point of the grid these axes span (repeatable; "
+        "added to the spec's sweep.grid): each point's values fill the task's {KEY} "
+        "placeholders in task.args, task.command or task.env, and reach it as "
+        "ORBIT_SWEEP_<KEY>. A..B is the integers A to B; A..B..STEP skips.",
+    ),
     as_json: bool = JSON,
 ) -> None:
-    """Validate a run spec, freeze it into a bundle and start it.
+    """Validate a run spec, freeze it into a bundle and start it (or, with a sweep, one
+    run per point: see orbit groups).
 
     \b
     experiment: mnist            # created if unknown
@@ -124,12 +134,24 @@ def submit(
     preemptible: false
     after: {ok: [RUN], any: [RUN]}  # start once these succeeded (ok) / ended (any)
     secrets: {HF_TOKEN: hf_token}   # env <- 'orbit secrets set hf_token'; never a value
+    sweep: {grid: {lr: [1e-4, 3e-4], seed: 0..4}}  # args: ["--lr", "{lr}", "--seed", "{seed}"]
+
+    \b
+    orbit submit spec.yaml --sweep lr=1e-4,3e-4,1e-3 --sweep seed=0..4   # 15 runs, one group
     """
     from orbit.model.spec import add_after, load_spec, to_submission
 
     spec = add_after(load_spec(spec_file, sets, template), after, after_any)
     submission = to_submission(spec, str(spec_file), allow_dirty, queue_anyway)
     base_dir = spec_file.resolve().parent
+    if spec.sweep is not None or sweeps:
+        from orbit.cli.groups import submit_group
+        from orbit.model.sweeps import with_flags
+
+        sweep = with_flags(spec.sweep, sweeps)
+        assert sweep is not None
+        submit_group(submission, sweep, base_dir, str(spec_file), dry_run, wait, as_json)
+        return
     if dry_run:
         plan = service().plan_submission(submission, base_dir=base_dir, source=str(spec_file))
         if as_json:
@@ -193,6 +215,13 @@ def runs_list(
         help="Only runs whose current attempt is there: an agent node, SSH host or Slurm "
         "cluster, by name (or the node a run waits for, pinned).",
     ),
+    group: str | None = typer.Option(
+        None,
+        "--group",
+        "-g",
+        metavar="GROUP",
+        help="Only the runs a sweep made (orbit groups list).",
+    ),
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many, newest first."),
     as_json: bool = JSON,
     output: str | None = OUTPUT,
@@ -204,7 +233,7 @@ def runs_list(
     still active are refreshed from the execution plane. -o wide adds each run's bundle and
     when it was created, in full."""
     fmt = output_format(as_json, output)
-    args = (experiment, state, user, mine, node, limit, fmt)
+    args = (experiment, state, user, mine, node, group, limit, fmt)
     repeat(lambda: _runs_list(*args), watch, interval)
 
 
@@ -214,6 +243,7 @@ def _runs_list(
     user: str | None,
     mine: bool,
     node: str | None,
+    group: str | None,
     limit: int,
     fmt: str,
 ) -> bool:
@@ -224,6 +254,7 @@ def _runs_list(
         user=user,
         node=node,
         mine=mine,
+        group=group,
     )
     from orbit.cli import render
 
@@ -236,7 +267,7 @@ def _runs_list(
             style="dim",
         )
     elif not page.runs:
-        filtered = state or experiment or user or mine or node
+        filtered = state or experiment or user or mine or node or group
         err.print("no runs" + (" match" if filtered else " yet"), style="dim")
     return False
 

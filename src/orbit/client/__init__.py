@@ -9,6 +9,8 @@
     record = run.wait()                                    # a RunRecord, as the service has it
     run.collect("out/")
     client.cancel_runs(experiment="sweep", state="running")   # many at once; or ids
+    group = client.sweep("train.yaml", sweep=["lr=1e-4,3e-4", "seed=0..4"])  # 10 runs
+    client.group(group.id, metric="loss").best            # its lowest-loss runs
 
 It speaks the same ControlAPI as the CLI and returns the same pydantic records.
 
@@ -27,8 +29,10 @@ if TYPE_CHECKING:
     from orbit.core.control.api import ControlAPI
     from orbit.core.control.views import TemplateView
     from orbit.model.bulk import BulkResult
+    from orbit.model.groups import GroupView, RunGroup
     from orbit.model.models import ExecutionOverrides
     from orbit.model.records import CollectResult, ExperimentRecord, RunRecord
+    from orbit.model.spec import SubmitSpec
 
 
 class Client:
@@ -89,22 +93,53 @@ class Client:
     ) -> Run:
         """Submit a run spec: a YAML file, or a mapping shaped like one (its relative paths
         are relative to `base_dir`, default the current folder). `sets` are --set overrides;
-        `template` replaces the spec's template (`orbit submit --template`)."""
-        from orbit.model.spec import load_spec, spec_of, to_submission
+        `template` replaces the spec's template (`orbit submit --template`). A spec with a
+        `sweep:` makes a group of runs: submit it with `sweep()`."""
+        from orbit.model.errors import InvalidInput
+        from orbit.model.spec import to_submission
 
-        if isinstance(spec, Mapping):
-            source = "spec"
-            data = dict(spec) | ({"template": template} if template is not None else {})
-            parsed = spec_of(data, source, sets)
-            folder = Path(base_dir or Path.cwd())
-        else:
-            path = Path(spec)
-            source = str(path)
-            parsed = load_spec(path, sets, template)
-            folder = Path(base_dir) if base_dir else path.resolve().parent
+        parsed, source, folder = _spec(spec, base_dir, sets, template)
+        if parsed.sweep is not None:
+            raise InvalidInput(f"{source}: sweep: a spec with a sweep makes a group: use sweep()")
         submission = to_submission(parsed, source, allow_dirty, queue_anyway)
-        record = self.api.submit_task(submission, base_dir=folder.resolve(), source=source)
+        record = self.api.submit_task(submission, base_dir=folder, source=source)
         return Run(self, record)
+
+    def sweep(
+        self,
+        spec: str | Path | Mapping[str, Any],
+        sweep: list[str] | None = None,
+        *,
+        base_dir: str | Path | None = None,
+        sets: list[str] | None = None,
+        allow_dirty: bool = False,
+        queue_anyway: bool = False,
+        template: str | None = None,
+    ) -> RunGroup:
+        """Submit a spec as a group of runs, one per point of its `sweep:` and of the axes
+        `sweep` adds (`orbit submit --sweep`: "lr=1e-4,3e-4", "seed=0..4"). All of them are
+        made, or none."""
+        from orbit.model.errors import InvalidInput
+        from orbit.model.spec import to_submission
+        from orbit.model.sweeps import with_flags
+
+        parsed, source, folder = _spec(spec, base_dir, sets, template)
+        points = with_flags(parsed.sweep, sweep or [])
+        if points is None:
+            raise InvalidInput(f"{source}: sweep: give the spec a sweep, or sweep=['KEY=V1,V2']")
+        submission = to_submission(parsed, source, allow_dirty, queue_anyway)
+        return self.api.submit_sweep(submission, points, base_dir=folder, source=source)
+
+    def groups(
+        self, *, experiment: str | None = None, user: str | None = None, limit: int = 50
+    ) -> list[RunGroup]:
+        """Groups of runs sweeps made, newest first, each with its runs counted by state."""
+        return self.api.list_groups(experiment=experiment, user=user, limit=limit)
+
+    def group(self, ref: str, *, metric: str | None = None, higher: bool = False) -> GroupView:
+        """A group, its runs in the sweep's order and, by `metric` (logging.jsonl's newest
+        value; lower is better unless `higher`), its best and worst runs."""
+        return self.api.group_view(ref, metric=metric, goal="max" if higher else "min")
 
     def run(self, ref: str) -> Run:
         """A run by id (or a unique prefix of one)."""
@@ -119,15 +154,23 @@ class Client:
         user: str | None = None,
         node: str | None = None,
         mine: bool = False,
+        group: str | None = None,
     ) -> list[Run]:
         """Runs, newest first; `user` submitted them (`mine`: you), `node` is where their
-        current attempt is (an agent node, SSH host or Slurm cluster)."""
+        current attempt is (an agent node, SSH host or Slurm cluster), `group` a sweep made
+        them."""
         from orbit.model.states import RunState
 
         names = [state] if isinstance(state, str) else list(state or [])
         states = {RunState(s) for s in names} or None
         page = self.api.run_page(
-            experiment=experiment, states=states, limit=limit, user=user, node=node, mine=mine
+            experiment=experiment,
+            states=states,
+            limit=limit,
+            user=user,
+            node=node,
+            mine=mine,
+            group=group,
         )
         return [Run(self, view.run) for view in page.runs]
 
@@ -137,11 +180,14 @@ class Client:
         experiment: str | None = None,
         state: str | list[str] | None = None,
         user: str | None = None,
+        group: str | None = None,
         dry_run: bool = False,
     ) -> BulkResult:
-        """Cancel these runs, or those a filter matches (`experiment`, `state`, `user`), in
-        one call; the result says what became of each (a run you may not control: refused)."""
-        return self.api.cancel_runs(_selection(ids, experiment, state, user), dry_run=dry_run)
+        """Cancel these runs, or those a filter matches (`experiment`, `state`, `user`,
+        `group`), in one call; the result says what became of each (a run you may not
+        control: refused)."""
+        selection = _selection(ids, experiment, state, user, group)
+        return self.api.cancel_runs(selection, dry_run=dry_run)
 
     def retry_runs(
         self,
@@ -149,10 +195,13 @@ class Client:
         experiment: str | None = None,
         state: str | list[str] | None = None,
         user: str | None = None,
+        group: str | None = None,
         dry_run: bool = False,
     ) -> BulkResult:
-        """A new attempt of each of these ended runs, or of those a filter matches."""
-        return self.api.retry_runs(_selection(ids, experiment, state, user), dry_run=dry_run)
+        """A new attempt of each of these ended runs, or of those a filter matches (a sweep's
+        failed ones: group=G, state="failed")."""
+        selection = _selection(ids, experiment, state, user, group)
+        return self.api.retry_runs(selection, dry_run=dry_run)
 
     def templates(self) -> list[TemplateView]:
         return self.api.list_templates()
@@ -292,15 +341,36 @@ class Run:
             time.sleep(0.5)
 
 
+def _spec(
+    spec: str | Path | Mapping[str, Any],
+    base_dir: str | Path | None,
+    sets: list[str] | None,
+    template: str | None,
+) -> tuple[SubmitSpec, str, Path]:
+    """The spec parsed, what to call it in errors, and the folder its paths are relative to."""
+    from orbit.model.spec import load_spec, spec_of
+
+    if isinstance(spec, Mapping):
+        data = dict(spec) | ({"template": template} if template is not None else {})
+        return spec_of(data, "spec", sets), "spec", Path(base_dir or Path.cwd()).resolve()
+    path = Path(spec)
+    folder = Path(base_dir) if base_dir else path.resolve().parent
+    return load_spec(path, sets, template), str(path), folder.resolve()
+
+
 def _selection(
-    ids: tuple[str, ...], experiment: str | None, state: str | list[str] | None, user: str | None
+    ids: tuple[str, ...],
+    experiment: str | None,
+    state: str | list[str] | None,
+    user: str | None,
+    group: str | None,
 ) -> Any:
     from orbit.model.bulk import RunSelection
     from orbit.model.states import RunState
 
     names = [state] if isinstance(state, str) else list(state or [])
     states = tuple(RunState(s) for s in names)
-    return RunSelection(ids=ids, experiment=experiment, states=states, user=user)
+    return RunSelection(ids=ids, experiment=experiment, states=states, user=user, group=group)
 
 
 class _Stopped(Exception):

@@ -17,6 +17,7 @@ from orbit.client.node_files import pull_file, push_file
 from orbit.client.remote_accounts import RemoteAccounts
 from orbit.client.remote_alerts import RemoteAlerts
 from orbit.client.remote_catalogue import RemoteCatalogue
+from orbit.client.remote_groups import RemoteGroups
 from orbit.client.remote_policy import RemotePolicy
 from orbit.client.session import RESEND_S, Session, part, query
 from orbit.client.streams import collect_artifacts, stream_log
@@ -98,6 +99,11 @@ class RemoteControl:
         self.list_experiments = catalogue.list_experiments
         self.get_experiment = catalogue.get_experiment
         self.set_experiment = catalogue.set_experiment
+        groups = RemoteGroups(self.session, self.meter)  # sweeps and their groups: remote_groups.py
+        self.submit_sweep = groups.submit_sweep
+        self.list_groups = groups.list_groups
+        self.get_group = groups.get_group
+        self.group_view = groups.group_view
 
     def close(self) -> None:
         self.session.close()
@@ -147,6 +153,7 @@ class RemoteControl:
         user: str | None = None,
         node: str | None = None,
         mine: bool = False,
+        group: str | None = None,
     ) -> RunPage:
         state = sorted(s.value for s in states) if states else None
         return self.session.get(
@@ -158,6 +165,7 @@ class RemoteControl:
             user=user,
             node=node,
             mine=mine or None,
+            group=group,
         )
 
     def cancel_run(self, ref: str, wait_s: float | None = None) -> RunRecord:

@@ -34,14 +34,17 @@ def upload(
     source: str,
     makes_run: bool = False,
     meter: Meter = QUIET,
+    gather: TaskSubmission | None = None,
+    fields: dict[str, str] | None = None,
 ) -> M:
     """Shape the task and gather its inputs here, where its files are, and send them
-    (once, in effect, when it `makes_run`: see Session.send_once)."""
+    (once, in effect, when it `makes_run`: see Session.send_once). `gather`: shape this
+    submission to gather them instead (a sweep's first point); `fields`: more form fields."""
     from orbit.core.control.submit import gather_inputs
 
     with tempfile.TemporaryDirectory(prefix="orbit-submit-") as scratch:
         inputs = Path(scratch) / "inputs"
-        shaped = gather_inputs(_tasks(), submission, base_dir, source, inputs)
+        shaped = gather_inputs(_tasks(), gather or submission, base_dir, source, inputs)
         archive = Path(scratch) / "inputs.tar.gz"
         with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
             tar.add(inputs, arcname=".")
@@ -49,6 +52,7 @@ def upload(
             "submission": submission.model_dump_json(exclude_unset=True),
             "shaped": shaped.model_dump_json(),
             "source": source,
+            **(fields or {}),
         }
         size = archive.stat().st_size
         with archive.open("rb") as raw, meter.track("uploading inputs", size) as tick:

@@ -113,3 +113,23 @@ def latest_progress(tails: dict[str, bytes]) -> Progress | None:
     """Across every logging.jsonl: the one furthest along."""
     found = [p for name, tail in sorted(tails.items()) if (p := parse_tail(name, tail))]
     return max(found, key=lambda p: p.step or 0, default=None)
+
+
+def latest_value(tails: dict[str, bytes], metric: str) -> tuple[float, int | None] | None:
+    """The newest number `metric` has in any logging.jsonl tail, with its line's step: the
+    file furthest along wins. None if no line says it."""
+    best: tuple[float, int | None] | None = None
+    for _, tail in sorted(tails.items()):
+        for line in reversed(tail.splitlines()):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            value = _number(record.get(metric)) if isinstance(record, dict) else None
+            if value is None:
+                continue
+            step = _step(record)[0]
+            if best is None or (step or 0) > (best[1] or 0):
+                best = (value, step)
+            break
+    return best

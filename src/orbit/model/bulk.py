@@ -22,6 +22,7 @@ class RunSelection(Record):
 
     ids: tuple[str, ...] = Field(default=(), max_length=MAX_RUNS)
     experiment: str | None = None
+    group: str | None = None  # a sweep's runs (orbit.model.groups), by id or prefix
     states: tuple[RunState, ...] = ()
     user: str | None = None
     # a filter leaves out the runs of the restricted experiments this user is not a member of
@@ -30,14 +31,14 @@ class RunSelection(Record):
 
     @property
     def by_filter(self) -> bool:
-        return bool(self.experiment or self.states or self.user)
+        return bool(self.experiment or self.group or self.states or self.user)
 
     def problem(self) -> str | None:
         """Why this selects nothing it could act on, or None."""
         if self.ids and self.by_filter:
-            return "give run ids or a filter (experiment, state, user), not both"
+            return "give run ids or a filter (experiment, group, state, user), not both"
         if not self.ids and not self.by_filter:
-            return "give run ids, or a filter (experiment, state, user) to act on many runs"
+            return "give run ids, or a filter (experiment, group, state, user) to act on many runs"
         return None
 
     def describe(self) -> str:
@@ -45,6 +46,8 @@ class RunSelection(Record):
         if self.ids:
             return ", ".join(self.ids)
         parts = [f"experiment '{self.experiment}'"] if self.experiment else []
+        if self.group:
+            parts.append(f"group '{self.group}'")
         if self.states:
             parts.append("state " + " or ".join(s.value for s in self.states))
         if self.user:

@@ -24,12 +24,12 @@ RUN_REF = re.compile(r"^(run-)?[0-9a-f]{4,40}$")
 
 def not_a_run(ref: str) -> str | None:
     """Why `ref` cannot name a run to wait for, or None: anything but a run id (or a prefix
-    of one) is refused, a group of runs too, until groups exist."""
+    of one) is refused, a group of runs too (its runs are named one by one)."""
     if RUN_REF.fullmatch(ref):
         return None
     return (
-        f"'{ref}' is not a run id: only runs can be waited for now (groups of runs are not "
-        "there yet); give a run's id, as `orbit runs list` shows it"
+        f"'{ref}' is not a run id: only runs can be waited for (a sweep's group: name its "
+        "runs, as `orbit runs list --group GROUP` shows them); give a run's id"
     )
 
 

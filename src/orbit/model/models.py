@@ -43,6 +43,9 @@ Text = Annotated[str, BeforeValidator(_scalar_text)]
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
 SecretRefs = dict[EnvName, EnvName]
+SWEEP_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+SweepKey = Annotated[str, Field(pattern=SWEEP_KEY_PATTERN)]
+SweepValue = Annotated[str, Field(max_length=4096)]
 
 
 class Record(BaseModel):
@@ -270,6 +273,9 @@ class TaskSubmission(Record):
     # queue an agent-pool run that no registered node could hold (for nodes yet to join)
     queue_anyway: bool = False
     after: After | None = None  # runs it waits for (orbit.model.dependencies); full ids once made
+    # the values of the sweep point it was made for (orbit.model.sweeps): its task gets each as
+    # ORBIT_SWEEP_<KEY>; none for a run submitted on its own
+    point: dict[SweepKey, SweepValue] = Field(default={}, max_length=64)
 
 
 class PrecheckSpec(Record, LeavesOutEmpty):

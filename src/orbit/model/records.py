@@ -87,6 +87,7 @@ class RunRecord(Record):
     replay_of: str | None = None  # the run whose bundle this one replays
     # the policy it was admitted under and what that said (none: made before policies)
     policy: PolicyStamp | None = None
+    group_id: str | None = None  # the group a sweep made it in (orbit groups show G)
     attempts: tuple[AttemptRecord, ...]
 
     @property

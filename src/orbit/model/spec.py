@@ -11,6 +11,7 @@ from orbit.model.dependencies import After, not_a_run
 from orbit.model.errors import InvalidInput, describe_validation_error
 from orbit.model.models import NAME_PATTERN, RetryPolicy, SecretRefs, Strict, TaskSubmission
 from orbit.model.overrides import merge, parse_overrides
+from orbit.model.sweeps import Sweep
 from orbit.model.yamlio import load_yaml_mapping, parse_scalar
 
 
@@ -30,6 +31,9 @@ class SubmitSpec(Strict):
     # env name -> secret name (orbit secrets set NAME): the task gets each secret's value in
     # that variable; an override of the template's `secrets`, so it must allow them
     secrets: SecretRefs | None = None
+    # one run per point: {grid: {lr: [1e-4, 3e-4], seed: 0..4}, points: [{...}]}, its values
+    # in the task's {lr} placeholders (orbit.model.sweeps); --sweep adds to its grid
+    sweep: Sweep | None = None
 
 
 def parse_sets(sets: list[str]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ def open_service(settings: Settings, config: ServerConfig) -> CoreControlService
         looks_on_read=not config.loops,  # the loops look; reads answer from the store
         retention=config.storage.retention,  # the server's rules, not storage.yaml
         secret_keys_file=config.secret_keys_file,
+        max_sweep_points=config.limits.sweep_points,
     )
 
 

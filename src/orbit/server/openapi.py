@@ -58,6 +58,11 @@ OPERATION_IDS = {
     "explain": "runs_explain",
     "inspect": "runs_inspect",
     "diff": "runs_diff",
+    # groups
+    "submit_sweep": "groups_submit",
+    "list_groups": "groups_list",
+    "get_group": "groups_get",
+    "group_view": "groups_view",
     # storage
     "pin": "storage_pin",
     "unpin": "storage_unpin",
@@ -152,6 +157,7 @@ OPERATION_IDS = {
 
 TAGS: list[dict[str, Any]] = [
     {"name": "runs", "description": "Submit runs, follow them, cancel, retry and replay them."},
+    {"name": "groups", "description": "Sweeps: a group of runs, one per point, made in one call."},
     {"name": "logs", "description": "A run's layered logs, read or followed from an offset."},
     {"name": "forensics", "description": "Walk a run's evidence, or diff two runs."},
     {"name": "storage", "description": "Bytes kept per run: pins, deletion, retention, usage."},

@@ -14,6 +14,7 @@ from orbit.store.audit import AuditTrail
 from orbit.store.base import open_database
 from orbit.store.dependencies import Dependencies
 from orbit.store.experiments import Experiments
+from orbit.store.groups import Groups
 from orbit.store.host_table import HostTable
 from orbit.store.node_commands import NodeCommands
 from orbit.store.node_heartbeats import NodeHeartbeats
@@ -45,6 +46,7 @@ class Store:
         self.db = db = open_database(url, audit_key, pool_size)
         self.experiments = Experiments(db)
         self.runs = Runs(db)  # runs and their attempts, written and read
+        self.groups = Groups(db)  # the runs a sweep made together
         self.attempts = AttemptStates(db)  # an attempt's state moves: the one place
         self.leases = AttemptLeases(db)  # who launches or reconciles an attempt
         self.dependencies = Dependencies(db)  # `after:` and the launches it holds back

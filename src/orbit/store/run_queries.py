@@ -31,7 +31,7 @@ ATTEMPT_COLUMNS = (
 RUN_COLUMNS = (
     "r.id, r.experiment_id, e.name AS experiment_name, r.task_type, r.template_id, "
     "r.bundle_digest, r.submission, r.request, r.created_at, r.created_by, r.replay_of, "
-    "r.policy"
+    "r.policy, r.group_id"
 )
 RUNS_FROM = "runs r JOIN experiments e ON e.id = r.experiment_id"
 AMBIGUOUS_SHOWN = 5  # matches named when a run id prefix is ambiguous
@@ -126,6 +126,7 @@ class RunFilter:
     text: str | None = None
     before: tuple[datetime, str] | None = None
     viewer: str | None = None  # leave out the restricted experiments this user is not in
+    group_id: str | None = None  # the runs of one group (a sweep's)
 
     def but(self, **changes: Any) -> RunFilter:
         return replace(self, **changes)
@@ -141,6 +142,7 @@ class RunFilter:
             "text": self.text,
             "before": self.before,
             "viewer": self.viewer,
+            "group_id": self.group_id,
         }
 
 
@@ -160,6 +162,7 @@ def runs_filter(
     text: str | None = None,
     before: tuple[datetime, str] | None = None,
     viewer: str | None = None,
+    group_id: str | None = None,
 ) -> tuple[str, dict[str, object]]:
     """The WHERE clause shared by list_runs and count_runs (runs are `r`). `states` filters on
     each run's current attempt, its highest number (the copy of its state in runs.state,
@@ -168,7 +171,7 @@ def runs_filter(
     rank of a gang), or a host, cluster or pinned node by name (ix_attempts_target); `text` on
     a run id it begins, or an experiment name holding it; `before`: runs after that one in the
     order newest first (created_at DESC, id); `viewer`: not the runs of a restricted
-    experiment that user is not a member of."""
+    experiment that user is not a member of; `group_id`: the runs of that group."""
     clauses: list[str] = []
     params: dict[str, object] = {"experiment_id": experiment_id, "user": user, "node": node}
     if template_id is not None:
@@ -194,6 +197,9 @@ def runs_filter(
         params.update(before_at=before[0], before_id=before[1])
     if experiment_id is not None:
         clauses.append("r.experiment_id = :experiment_id")
+    if group_id is not None:
+        clauses.append("r.group_id = :group_id")
+        params["group_id"] = group_id
     if viewer is not None:
         clauses.append(f"r.experiment_id NOT IN ({HIDDEN})")
         params["viewer"] = viewer
@@ -270,6 +276,7 @@ def run_records(tx: Tx, rows: list[Row]) -> list[RunRecord]:
             created_by=r["created_by"],
             replay_of=r["replay_of"],
             policy=stored_policy(r["policy"]),
+            group_id=r["group_id"],
             attempts=tuple(attempts[r["id"]]),
         )
         for r in rows

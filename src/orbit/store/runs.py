@@ -5,6 +5,7 @@ orbit.store.attempt_states."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -28,8 +29,69 @@ from orbit.store.run_queries import (
     run_records,
     runs_filter,
 )
-from orbit.store.sql import expand, read_json, read_time
+from orbit.store.sql import Tx, expand, read_json, read_time
 from orbit.store.submit_keys import SubmitKey, remember
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What a new run is made of (see insert_run)."""
+
+    experiment_id: str
+    task_type: str
+    template_id: str
+    bundle_digest: str
+    submission: TaskSubmission
+    request: ExecutionRequest
+    policy: PolicyStamp | None = None
+
+
+def insert_run(
+    tx: Tx,
+    run_id: str,
+    run: NewRun,
+    actor: str,
+    launcher: Lease | None,
+    replay_of: str | None = None,
+    group_id: str | None = None,
+) -> None:
+    """Write a new run with its first attempt, in state prepared, and audit it; with
+    `launcher`, claimed for launching by it in the same transaction."""
+    tx.execute(
+        "INSERT INTO runs (id, experiment_id, task_type, template_id, bundle_digest, "
+        "submission, request, created_at, created_by, replay_of, policy, group_id) VALUES (:id, "
+        ":experiment_id, :task_type, :template_id, :bundle_digest, :submission, "
+        ":request, :created_at, :created_by, :replay_of, :policy, :group_id)",
+        {
+            "id": run_id,
+            "experiment_id": run.experiment_id,
+            "task_type": run.task_type,
+            "template_id": run.template_id,
+            "bundle_digest": run.bundle_digest,
+            "submission": run.submission.model_dump(mode="json"),
+            "request": run.request.model_dump(mode="json"),
+            "created_at": utcnow(),
+            "created_by": actor,
+            "replay_of": replay_of,
+            "policy": run.policy.model_dump(mode="json") if run.policy is not None else None,
+            "group_id": group_id,
+        },
+    )
+    extra = {"group_id": group_id} if group_id is not None else {}
+    append_event(
+        tx,
+        actor,
+        "run.created",
+        run_id=run_id,
+        bundle_digest=run.bundle_digest,
+        template_id=run.template_id,
+        task_type=run.task_type,
+        **extra,
+    )
+    write_dependencies(tx, run_id, run.submission.after)
+    request = run.request
+    attempt_id = insert_attempt(tx, run_id, 1, request.target, request.backend_key, "submit", actor)
+    set_launch_claim(tx, attempt_id, launcher=launcher, not_before=None)
 
 
 class Runs(Part):
@@ -70,11 +132,12 @@ class Runs(Part):
         text: str | None = None,
         before: tuple[datetime, str] | None = None,
         viewer: str | None = None,
+        group_id: str | None = None,
     ) -> list[RunRecord]:
         """Newest first. `states` and `node` filter on each run's current attempt, `user` on
         who submitted it (the others: see runs_filter)."""
         condition, params = runs_filter(
-            experiment_id, states, user, node, template_id, text, before, viewer
+            experiment_id, states, user, node, template_id, text, before, viewer, group_id
         )
         page = " LIMIT :limit" if limit is not None else ""
         with self._read() as tx:
@@ -95,13 +158,14 @@ class Runs(Part):
         text: str | None = None,
         before: tuple[datetime, str] | None = None,
         viewer: str | None = None,
+        group_id: str | None = None,
         cap: int | None = None,
     ) -> int:
         """How many runs `list_runs` would list with the same filters and no limit; with
         `cap`, counted no further than cap + 1 (a page that says "more than 1,000" need not
         count 100,000)."""
         condition, params = runs_filter(
-            experiment_id, states, user, node, template_id, text, before, viewer
+            experiment_id, states, user, node, template_id, text, before, viewer, group_id
         )
         query = f"SELECT count(*) FROM runs r{condition}"
         if cap is not None:
@@ -163,9 +227,10 @@ class Runs(Part):
         user: str | None,
         limit: int,
         viewer: str | None = None,
+        group_id: str | None = None,
     ) -> list[RunRecord]:
-        """Newest first, at most `limit`; `viewer`: as runs_filter's."""
-        condition, params = runs_filter(experiment_id, states, viewer=viewer)
+        """Newest first, at most `limit`; `viewer` and `group_id`: as runs_filter's."""
+        condition, params = runs_filter(experiment_id, states, viewer=viewer, group_id=group_id)
         if user is not None:
             joiner = " AND " if " WHERE " in condition else " WHERE "
             condition += f"{joiner}r.created_by = :user"
@@ -196,43 +261,14 @@ class Runs(Part):
         launching by it in the same transaction (no other process can launch it first); with
         `key`, that idempotency key written for it there too (KeyTaken if another run has it:
         then nothing is written)."""
+        run = NewRun(
+            experiment_id, task_type, template_id, bundle_digest, submission, request, policy
+        )
         run_id = base.new_id("run")
         with self._write() as tx:
             if key is not None:  # first: a retry that lost the race writes nothing else
                 remember(tx, key, run_id)
-            tx.execute(
-                "INSERT INTO runs (id, experiment_id, task_type, template_id, bundle_digest, "
-                "submission, request, created_at, created_by, replay_of, policy) VALUES (:id, "
-                ":experiment_id, :task_type, :template_id, :bundle_digest, :submission, "
-                ":request, :created_at, :created_by, :replay_of, :policy)",
-                {
-                    "id": run_id,
-                    "experiment_id": experiment_id,
-                    "task_type": task_type,
-                    "template_id": template_id,
-                    "bundle_digest": bundle_digest,
-                    "submission": submission.model_dump(mode="json"),
-                    "request": request.model_dump(mode="json"),
-                    "created_at": utcnow(),
-                    "created_by": actor,
-                    "replay_of": replay_of,
-                    "policy": policy.model_dump(mode="json") if policy is not None else None,
-                },
-            )
-            append_event(
-                tx,
-                actor,
-                "run.created",
-                run_id=run_id,
-                bundle_digest=bundle_digest,
-                template_id=template_id,
-                task_type=task_type,
-            )
-            write_dependencies(tx, run_id, submission.after)
-            attempt_id = insert_attempt(
-                tx, run_id, 1, request.target, request.backend_key, "submit", actor
-            )
-            set_launch_claim(tx, attempt_id, launcher=launcher, not_before=None)
+            insert_run(tx, run_id, run, actor, launcher, replay_of)
         return self.get_run(run_id)
 
     def add_attempt(

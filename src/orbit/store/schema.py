@@ -19,7 +19,7 @@ from orbit.store.sql import Database, StoreError
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions/. A test checks it against Alembic's own view;
 # knowing it here spares every CLI call the import of Alembic when the store is current.
-HEAD_REVISION = "0019"
+HEAD_REVISION = "0020"
 # pg_advisory_lock key ("ORBITMIG") held by the one process migrating a PostgreSQL store
 MIGRATION_LOCK_KEY = 0x4F524249544D4947
 

@@ -43,6 +43,18 @@ class ExperimentMemberRow(Base):
     added_by: Mapped[str] = mapped_column(String(128))
 
 
+class RunGroupRow(Base):
+    """Runs made together by one sweep (orbit.model.groups): its runs name it (runs.group_id)."""
+
+    __tablename__ = "run_groups"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    experiment_id: Mapped[str] = mapped_column(ForeignKey("experiments.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    created_by: Mapped[str] = mapped_column(String(128), index=True)
+    size: Mapped[int]
+    sweep: Mapped[dict[str, Any]]  # as submitted (orbit.model.sweeps.Sweep)
+
+
 class RunRow(Base):
     __tablename__ = "runs"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -61,6 +73,8 @@ class RunRow(Base):
     # what it recorded of its admission (orbit.model.policies.PolicyStamp); none: made before
     # policies were kept
     policy: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the group a sweep made it in (orbit.store.groups); none: submitted on its own
+    group_id: Mapped[str | None] = mapped_column(ForeignKey("run_groups.id"), index=True)
     __table_args__ = (
         # `runs list --user U`: a user's runs, newest first
         Index("ix_runs_created_by_created_at", "created_by", "created_at"),

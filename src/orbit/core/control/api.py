@@ -32,6 +32,7 @@ from orbit.model.audit_chain import Anchor, ChainCheck
 from orbit.model.auth import NewToken, TokenRecord, UserRecord
 from orbit.model.bulk import BulkResult, RunSelection
 from orbit.model.clusters import ClusterCheck, ClusterRecord, ClusterSpec
+from orbit.model.groups import Goal, GroupView, RunGroup
 from orbit.model.hosts import HostRecord, HostSpec
 from orbit.model.layers import LogLayer
 from orbit.model.models import ExecutionOverrides, RunState, TaskSubmission
@@ -41,6 +42,7 @@ from orbit.model.policies import PolicyVersion
 from orbit.model.records import AuditEvent, CollectResult, ExperimentRecord, RunRecord
 from orbit.model.secrets import KeyRotation, Scope, SecretRecord
 from orbit.model.storage import GcReport, RunStorage, Usage
+from orbit.model.sweeps import Sweep
 from orbit.policy.check import CheckReport
 from orbit.policy.replay import DiffReport
 
@@ -72,6 +74,14 @@ class ControlAPI(Protocol):
     def get_run(self, ref: str) -> RunRecord: ...
     def refresh_run_status(self, ref: str) -> RunRecord: ...
     def run_view(self, ref: str, *, refresh: bool = ..., images: bool = ...) -> RunView: ...
+    def submit_sweep(
+        self, submission: TaskSubmission, sweep: Sweep, *, base_dir: Path, source: str = ...
+    ) -> RunGroup: ...
+    def list_groups(
+        self, *, experiment: str | None = ..., user: str | None = ..., limit: int = ...
+    ) -> list[RunGroup]: ...
+    def get_group(self, ref: str) -> RunGroup: ...
+    def group_view(self, ref: str, *, metric: str | None = ..., goal: Goal = ...) -> GroupView: ...
     def run_page(
         self,
         *,
@@ -81,6 +91,7 @@ class ControlAPI(Protocol):
         user: str | None = ...,
         node: str | None = ...,
         mine: bool = ...,
+        group: str | None = ...,
     ) -> RunPage: ...
     def wait_for(
         self, ref: str, timeout_s: float | None = ..., poll_s: float = ...

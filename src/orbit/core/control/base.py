@@ -57,6 +57,7 @@ class ServiceConfig:
     storage_config_file: Path | None = None  # embedded: storage.yaml, read at each `orbit gc`
     retention: Retention | None = None  # a server's rules (its config's `storage:`) instead
     secret_keys_file: Path | None = None  # Settings.secret_keys_file (core/control/keyring)
+    max_sweep_points: int = 10_000  # runs one sweep may make (a server's limits.sweep_points)
 
 
 class Shared:

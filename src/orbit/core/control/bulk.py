@@ -1,4 +1,4 @@
-"""Cancel or retry many runs in one call: by ids, or by a filter (experiment, state, user).
+"""Cancel or retry many runs in one call: by ids, or by a filter (experiment, group, state, user).
 Each run is acted on as `cancel_run`/`retry_run` act on one (audited per run, as one), after a
 check of whether the caller may control it (`may`: the server's rule, a member controls only
 its own runs); a run it may not is reported refused, never left out in silence. Nothing is
@@ -53,6 +53,8 @@ class BulkActions(ServicePart):
             experiment_id = (
                 self.store.experiments.get_experiment(experiment).id if experiment else None
             )
+            group = selection.group
+            group_id = self.store.groups.resolve_group_id(group) if group else None
 
             def matching(states: set[RunState] | None) -> list[RunRecord]:
                 return self.store.runs.select_runs(
@@ -61,6 +63,7 @@ class BulkActions(ServicePart):
                     user=selection.user,
                     limit=MAX_RUNS + 1,
                     viewer=selection.viewer,
+                    group_id=group_id,
                 )
 
             if self.config.looks_on_read:  # embedded: the states a filter reads are looked at first

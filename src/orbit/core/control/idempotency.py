@@ -48,6 +48,15 @@ def for_submit(
     return Idempotency(key, fingerprint("submit", submission, shaped, source, _hash(inputs)))
 
 
+def for_sweep(
+    key: str | None, submission: str, shaped: str, sweep: str, source: str, inputs: IO[bytes]
+) -> Idempotency | None:
+    """A sweep's key (see for_submit): its first run stands for the group it made."""
+    if key is None:
+        return None
+    return Idempotency(key, fingerprint("sweep", submission, shaped, sweep, source, _hash(inputs)))
+
+
 def for_replay(
     key: str | None, ref: str, overrides: ExecutionOverrides | None
 ) -> Idempotency | None:

@@ -11,6 +11,7 @@ another is on this page, and naming it imports no part (no import circle)."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,6 +62,7 @@ class Life(Protocol):  # core/control/lifecycle.py
 
 class Passes(Protocol):  # core/control/scheduling.py
     def request_schedule(self) -> None: ...
+    def one_pass_after(self) -> AbstractContextManager[None]: ...
     def check_schedulable(
         self, request: ExecutionRequest, queue_anyway: bool = ..., service_field: str = ...
     ) -> None: ...

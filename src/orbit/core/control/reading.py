@@ -63,19 +63,24 @@ class Reading(ServicePart):
         before: tuple[datetime, str] | None = None,
         count_cap: int | None = None,
         viewer: str | None = None,
+        group: str | None = None,
     ) -> RunPage:
         """`list_runs` as views, with how many runs match in all. `user`: runs that user
         submitted (`mine`: the caller's own); `node`: runs whose current attempt is on that
         node, host or cluster; `template`, `text` (in a run's id or experiment's name) and
         `before` (the page after that run: its created_at and id) as the console asks;
         `count_cap`: `total` counts no further than that and one more; `viewer`: not the
-        runs of the restricted experiments that user is not a member of."""
+        runs of the restricted experiments that user is not a member of; `group`: the runs
+        of that group (a sweep's), by id or prefix."""
         if mine and user is not None:
             raise InvalidInput("--mine and --user: give one of them")
         experiment_id = self.store.experiments.get_experiment(experiment).id if experiment else None
         found = RunFilter(
             experiment_id, states, self.actor if mine else user, node, template, text
-        ).but(viewer=viewer)
+        ).but(
+            viewer=viewer,
+            group_id=self.store.groups.resolve_group_id(group) if group is not None else None,
+        )
         runs = self._list_runs(found.but(before=before), limit)
         total = self.store.runs.count_runs(**found.query(), cap=count_cap)
         waits = self.waits_of(runs)

@@ -167,6 +167,35 @@ def shape_sent(
     return dataclasses.replace(shaped, staged=())
 
 
+def shape_points(
+    tasks: TaskRegistry,
+    points: list[TaskSubmission],
+    wire: ShapedWire,
+    inputs: Path,
+    source: str,
+) -> list[ShapedTask]:
+    """shape_sent for a sweep's submissions, one per point, over the one set of inputs the
+    client gathered shaping the first (`wire`, checked against that one). A point that would
+    stage other files than the first is refused: a sweep fills arguments, not files."""
+    from orbit.core.tasks.client_files import client_base
+
+    first = shape_sent(tasks, points[0], wire, inputs, source)
+    staged = [(s.source, s.dest) for s in wire.staged]
+    links = [(link.path, link.target) for link in wire.links]
+    dests = sorted(s.dest for s in wire.staged)
+    shaped = [first]
+    with client_base(inputs, wire.base_dir, staged, links) as base:
+        for point in points[1:]:
+            mine = tasks.shape(point.task_type, point.task_request, base, source)
+            if sorted(s.dest for s in mine.staged) != dests:
+                raise InvalidInput(
+                    f"{source}: sweep point {point.point}: the task stages other files than "
+                    "the first point's; a sweep fills arguments and env, not files"
+                )
+            shaped.append(dataclasses.replace(mine, staged=()))
+    return shaped
+
+
 def _check_same(shaped: ShapedTask, wire: ShapedWire, task_type: str, source: str) -> None:
     """Each field as the wire carries it (validated as the client's was; as JSON, where a
     tuple is a list), and the staged parts by where they go."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -75,6 +77,10 @@ def decision_row(record: dict[str, Any]) -> DecisionRow:
     )
 
 
+# the passes asked for within one_pass_after (in this thread or task): one, at its end
+_batch: ContextVar[list[bool] | None] = ContextVar("orbit_pass_batch", default=None)
+
+
 class Scheduling(ServicePart):
     def __init__(self, shared: Shared, parts: Parts) -> None:
         super().__init__(shared, parts)
@@ -131,7 +137,24 @@ class Scheduling(ServicePart):
 
     # --- a pass ----------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def one_pass_after(self) -> Iterator[None]:
+        """The passes asked for within are one pass, asked for at the end: a sweep's thousand
+        runs queue, then the scheduler looks at them once."""
+        wanted: list[bool] = []
+        token = _batch.set(wanted)
+        try:
+            yield
+        finally:
+            _batch.reset(token)
+            if wanted:
+                self.request_schedule()
+
     def request_schedule(self) -> None:
+        batch = _batch.get()
+        if batch is not None:  # within one_pass_after: one pass at its end
+            batch[:] = [True]
+            return
         if self.shared.pass_wanted.heard:  # a server: passes run on its scheduler loop
             self.shared.pass_wanted()
         else:

@@ -34,11 +34,12 @@ from orbit.core.control.sched_queries import SchedulerQueries
 from orbit.core.control.scheduling import Scheduling
 from orbit.core.control.secrets import SecretsPart
 from orbit.core.control.storage import Storage
-from orbit.core.control.submit import Submitting
+from orbit.core.control.sweeps import Sweeping
 from orbit.core.control.views import SchedConfigView, TemplateView
 from orbit.model.hosts import HostRecord
 from orbit.model.records import AuditEvent
 from orbit.model.signals import Signal
+from orbit.model.sweeps import MAX_POINTS
 
 if TYPE_CHECKING:  # what only some commands need is loaded by them
     from orbit.core.control.sched_config import LiveSchedConfig
@@ -116,7 +117,7 @@ class CoreControlService:
         parts.actions = actions = RunActions(shared, parts)
         reading = Reading(shared, parts)
         files = AttemptFiles(shared, parts)
-        submitting = Submitting(shared, parts)
+        submitting = Sweeping(shared, parts)  # submits one run, or a sweep's group of runs
         bulk = BulkActions(shared, parts)
         storage = Storage(shared, parts)
         sched_queries = SchedulerQueries(shared, parts)
@@ -156,6 +157,12 @@ class CoreControlService:
         self.submit_staged = submitting.submit_staged
         self.plan_staged = submitting.plan_staged
         self.plan_submission = submitting.plan_submission
+        # sweeps and the groups of runs they make (sweeps.py)
+        self.submit_sweep = submitting.submit_sweep
+        self.submit_sweep_staged = submitting.submit_sweep_staged
+        self.list_groups = submitting.list_groups
+        self.get_group = submitting.get_group
+        self.group_view = submitting.group_view
         # cancel, retry, replay (actions.py)
         self.cancel_run = actions.cancel_run
         self.ask_to_cancel = actions.ask_to_cancel
@@ -275,11 +282,12 @@ class CoreControlService:
         looks_on_read: bool = True,
         retention: Retention | None = None,
         secret_keys_file: Path | None = None,
+        max_sweep_points: int = MAX_POINTS,
     ) -> CoreControlService:
         """`live_templates`: see templates added or changed after the service was made (a
         server), rather than those there when first asked (a command). `looks_on_read`,
-        `retention` and `secret_keys_file`: see ServiceConfig (a server's loops look; its
-        config's storage rules and key file)."""
+        `retention`, `secret_keys_file` and `max_sweep_points`: see ServiceConfig (a server's
+        loops look; its config's storage rules, key file and limits.sweep_points)."""
         from orbit.core.execution.service import ExecutionService
         from orbit.model.private import private_home
         from orbit.store import Store
@@ -324,6 +332,7 @@ class CoreControlService:
                 storage_config_file=config_file(settings.home),
                 retention=retention,
                 secret_keys_file=secret_keys_file or settings.secret_keys_file,
+                max_sweep_points=max_sweep_points,
             ),
             wakes=wakes,
         )

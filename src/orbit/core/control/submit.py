@@ -36,6 +36,7 @@ from orbit.model.models import (
 )
 from orbit.model.policies import PolicyStamp
 from orbit.model.records import RunRecord
+from orbit.model.sweeps import sweep_env
 from orbit.model.task import CommonTaskFields, ShapedTask
 from orbit.store.submit_keys import KeyTaken
 
@@ -264,6 +265,7 @@ class Submitting(ServicePart):
         request = resolve(template, submission.overrides)
         needs = self.tasks.selector(submission.task_type, submission.task_request, source)
         service_field = self.tasks.service_field(submission.task_type)
+        sweep = sweep_env(submission.point)
         if needs:
             if request.placement.kind != "agent_pool":
                 instead = (
@@ -292,7 +294,7 @@ class Submitting(ServicePart):
             launch_mode=request.launch_mode,
             entrypoint=task_entrypoint(request.launch_mode, shaped),
             workdir=shaped.workdir,
-            env={**request.runtime_env, **shaped.env},
+            env={**request.runtime_env, **shaped.env, **sweep},
             resources=request.resources,
             stop_grace_s=request.stop_grace_s,
             precheck=PrecheckSpec(
@@ -306,7 +308,7 @@ class Submitting(ServicePart):
             secrets=request.secrets,
         )
         check_exec_limits(job, request)
-        check_env(job.env)
+        check_env({k: v for k, v in job.env.items() if k not in sweep})  # not ORBIT's own
         secrets = self._secrets(job, submission.experiment_id)
         after = self.parts.gate.resolve_after(submission.after, source)
         return _Shaped(shaped, common, template, request, job, after, secrets, policy)

@@ -259,12 +259,15 @@ def freeze_bundle(
     staged: Iterable[StagedPath],
     cache_root: Path,
     add_inputs: Callable[[Path], None] | None = None,
+    like: FrozenBundle | None = None,
 ) -> FrozenBundle:
     """Build the bundle in a scratch folder, digest it, and move it into the per-digest cache.
 
     `add_inputs(inputs_dir)` may place more (pinned sources, provenance) before the digest.
     The same job and inputs give the same digest and so the same cached folder. On any error
-    the scratch folder is removed: nothing half-written is left behind.
+    the scratch folder is removed: nothing half-written is left behind. `like`: a bundle whose
+    inputs and wrapper this one shares (a sweep's other points): its files are linked, not
+    copied, and only job.json (and a docker launch's scripts) are this bundle's own.
     """
     cache_root.mkdir(parents=True, exist_ok=True)
     scratch = cache_root / f".tmp-{uuid.uuid4().hex}"
@@ -272,12 +275,18 @@ def freeze_bundle(
         scratch.mkdir()
         (scratch / "job.json").write_text(canonical_json(job), encoding="utf-8")
         inputs = scratch / "inputs"
-        inputs.mkdir()
-        stage_inputs(inputs, staged)
-        (inputs / job.workdir).mkdir(parents=True, exist_ok=True)
+        if like is not None:
+            _link_tree(like.path / "inputs", inputs)
+        else:
+            inputs.mkdir()
+            stage_inputs(inputs, staged)
+            (inputs / job.workdir).mkdir(parents=True, exist_ok=True)
         if add_inputs is not None:
             add_inputs(inputs)
-        write_scripts(scratch / "scripts", job)
+        if like is not None and job.launch_mode.kind != "docker":  # the same wrapper's files
+            _link_tree(like.path / "scripts", scratch / "scripts")
+        else:
+            write_scripts(scratch / "scripts", job)
         digest = compute_digest(scratch)
         final = cache_root / digest
         try:
@@ -290,6 +299,18 @@ def freeze_bundle(
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """`source`'s files hard-linked at `dest` where the filesystem allows (else copied)."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, dest, symlinks=True, copy_function=link)
 
 
 def load_job(bundle_dir: Path) -> JobSpec:

@@ -17,6 +17,7 @@ from orbit.server.routes.accounts import make_accounts_router
 from orbit.server.routes.alerts import make_alerts_router
 from orbit.server.routes.audit import make_audit_router
 from orbit.server.routes.catalogue import make_catalogue_router
+from orbit.server.routes.groups import make_groups_router
 from orbit.server.routes.hosts import make_hosts_router
 from orbit.server.routes.logs import make_logs_router
 from orbit.server.routes.nodes import make_nodes_router
@@ -39,6 +40,7 @@ def api_routers(
         make_alerts_router(service, config),
         make_catalogue_router(service),
         make_runs_router(service, config, metrics),
+        make_groups_router(service, config, metrics),
         make_logs_router(service),
         make_audit_router(service),
         make_hosts_router(service),

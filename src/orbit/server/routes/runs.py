@@ -41,10 +41,12 @@ class CancelBody(Body):
 
 
 class BulkBody(Body):
-    """Runs to act on: `ids`, or a filter (`experiment`, `states`, `user`); never both."""
+    """Runs to act on: `ids`, or a filter (`experiment`, `group`, `states`, `user`); never
+    both."""
 
     ids: list[RUN_REF] = Field(default=[], max_length=MAX_RUNS)
     experiment: str | None = Field(default=None, min_length=1, max_length=128)
+    group: str | None = Field(default=None, min_length=1, max_length=40)
     states: list[RunState] = Field(default=[], max_length=len(RunState))
     user: str | None = Field(default=None, min_length=1, max_length=64)
     dry_run: bool = Field(default=False, description="only say what would be done")
@@ -57,6 +59,7 @@ class BulkBody(Body):
         return RunSelection(
             ids=tuple(self.ids),
             experiment=self.experiment,
+            group=self.group,
             states=tuple(self.states),
             user=self.user,
             viewer=who.viewer,
@@ -85,49 +88,54 @@ IdempotencyKey = Annotated[
 ]
 
 
+def may_run(service: CoreControlService, who: Caller, task: TaskSubmission) -> None:
+    """The experiment is one the caller sees, and the template's placement is theirs to
+    use (an unknown template is left for the submit itself to name)."""
+    found = service.store.experiments.find_experiment(task.experiment_id)
+    if found is not None and found.id in who.hidden:
+        raise Forbidden(
+            f"experiment: '{found.name}' is restricted to its members, and "
+            f"{who.user.name} is not one (orbit experiments members {found.name})"
+        )
+    template_id = task.template_id
+    try:
+        template = service.templates.get(template_id)
+    except OrbitError:
+        return
+    who.require_placement(template.id, template.placement.kind)
+
+
+def parse_submission(
+    submission: str, shaped: str, source: str
+) -> tuple[TaskSubmission, ShapedWire]:
+    """A submit's form fields as records; refused naming the field."""
+    if "\x00" in source:
+        raise InvalidInput(f"source: {NUL}")
+    try:
+        parsed = (
+            TaskSubmission.model_validate_json(submission),
+            ShapedWire.model_validate_json(shaped),
+        )
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_error(source, exc)) from None
+    for name, text in (("submission", submission), ("shaped", shaped)):
+        found = unstorable(json.loads(text))
+        if found is not None:
+            where, why = found
+            raise InvalidInput(f"{source}: {name}.{pydantic_location(where)}: {why}")
+    return parsed
+
+
 def make_runs_router(
     service: CoreControlService, config: ServerConfig, metrics: Metrics
 ) -> APIRouter:
     router = api_router()
-
-    def may_run(who: Caller, task: TaskSubmission) -> None:
-        """The experiment is one the caller sees, and the template's placement is theirs to
-        use (an unknown template is left for the submit itself to name)."""
-        found = service.store.experiments.find_experiment(task.experiment_id)
-        if found is not None and found.id in who.hidden:
-            raise Forbidden(
-                f"experiment: '{found.name}' is restricted to its members, and "
-                f"{who.user.name} is not one (orbit experiments members {found.name})"
-            )
-        template_id = task.template_id
-        try:
-            template = service.templates.get(template_id)
-        except OrbitError:
-            return
-        who.require_placement(template.id, template.placement.kind)
 
     def may_push(who: Caller, run: RunRecord) -> None:
         """A new attempt or run of `run`'s bundle goes where its recorded request says."""
         who.require_placement(run.template_id, run.request.placement.kind)
 
     # -- submitting ----------------------------------------------------------------------
-    def _submission(submission: str, shaped: str, source: str) -> tuple[TaskSubmission, ShapedWire]:
-        if "\x00" in source:
-            raise InvalidInput(f"source: {NUL}")
-        try:
-            parsed = (
-                TaskSubmission.model_validate_json(submission),
-                ShapedWire.model_validate_json(shaped),
-            )
-        except ValidationError as exc:
-            raise InvalidInput(describe_validation_error(source, exc)) from None
-        for name, text in (("submission", submission), ("shaped", shaped)):
-            found = unstorable(json.loads(text))
-            if found is not None:
-                where, why = found
-                raise InvalidInput(f"{source}: {name}.{pydantic_location(where)}: {why}")
-        return parsed
-
     @router.post("/runs", response_model=RunRecord, status_code=201, tags=["runs"])
     @on_slow_threads
     def submit(
@@ -140,8 +148,8 @@ def make_runs_router(
     ) -> RunRecord:
         """Freeze and start a run from a submission and the inputs its client gathered. The
         server shapes the task_request again and refuses a `shaped` that differs."""
-        task, wire = _submission(submission, shaped, source)
-        may_run(who, task)
+        task, wire = parse_submission(submission, shaped, source)
+        may_run(service, who, task)
         again = for_submit(key, submission, shaped, source, inputs.file)
         with unpack_inputs(inputs.file, config.limits) as folder, who.acting() as svc:
             try:
@@ -158,8 +166,8 @@ def make_runs_router(
         who: me, submission: SubmitForm, shaped: SubmitForm, source: Source, inputs: Inputs
     ) -> SubmitPlan:
         """What submitting would run and where (a dry run): nothing is written."""
-        task, wire = _submission(submission, shaped, source)
-        may_run(who, task)
+        task, wire = parse_submission(submission, shaped, source)
+        may_run(service, who, task)
         with unpack_inputs(inputs.file, config.limits) as folder:
             return service.plan_staged(task, wire, folder, source)
 
@@ -175,10 +183,14 @@ def make_runs_router(
             str | None, Query(max_length=256, description="where its attempt is: node, host")
         ] = None,
         mine: Annotated[bool, Query(description="the caller's own runs")] = False,
+        group: Annotated[
+            str | None, Query(max_length=40, description="the runs of one group (a sweep's)")
+        ] = None,
     ) -> RunPage:
         """Runs, newest first, with how many match; filters: experiment, state (of the
         current attempt), user (who submitted; `mine`: the caller), node (where the current
-        attempt is: an agent node, an SSH host or a Slurm cluster, by name)."""
+        attempt is: an agent node, an SSH host or a Slurm cluster, by name), group (a sweep's
+        runs, by id or prefix)."""
         if mine and user is None:
             user = who.user.name
         elif mine:
@@ -189,6 +201,7 @@ def make_runs_router(
             limit=limit,
             user=user,
             node=node,
+            group=group,
             viewer=who.viewer,
         )
 

@@ -1,0 +1,110 @@
+"""/api/v1/groups: a sweep submitted (one run per point, made as one group, or none of them),
+and the groups read: listed with their runs' counts by state, one with its best and worst
+runs by a metric. Restricted experiments' groups are not there for those who may not see them."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Form, Query
+from pydantic import Field
+
+from orbit.core.control.idempotency import for_sweep
+from orbit.core.control.service import CoreControlService
+from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.groups import GroupPage, GroupView, RunGroup
+from orbit.model.sweeps import sweep_of
+from orbit.server.auth import Caller
+from orbit.server.config import ServerConfig
+from orbit.server.metrics import Metrics
+from orbit.server.routes.common import api_router, me
+from orbit.server.routes.runs import (
+    MAX_FIELD,
+    IdempotencyKey,
+    Inputs,
+    Source,
+    SubmitForm,
+    may_run,
+    parse_submission,
+)
+from orbit.server.uploads import unpack_inputs
+from orbit.server.waiting import on_slow_threads
+
+GROUP_REF = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_-]+$")]
+SweepForm = Annotated[str, Form(min_length=2, max_length=MAX_FIELD)]
+METRIC = r"^[A-Za-z0-9_./()-]{1,128}$"  # a logging.jsonl key: loss, eval/acc, memory(GiB)
+
+
+def make_groups_router(
+    service: CoreControlService, config: ServerConfig, metrics: Metrics
+) -> APIRouter:
+    router = api_router()
+
+    def seen(who: Caller, group: RunGroup, ref: str) -> RunGroup:
+        if group.experiment_id in who.hidden:
+            raise NotFound(f"unknown group '{ref}' (see 'orbit groups list')")
+        return group
+
+    @router.post("/groups", response_model=RunGroup, status_code=201, tags=["groups"])
+    @on_slow_threads
+    def submit_sweep(
+        who: me,
+        submission: SubmitForm,
+        shaped: SubmitForm,
+        sweep: SweepForm,
+        source: Source,
+        inputs: Inputs,
+        key: IdempotencyKey = None,
+    ) -> RunGroup:
+        """One run per point of `sweep` (its values in the task's `{key}` placeholders), made
+        as one group from the inputs its client gathered once (shaping the first point, as
+        `shaped` says): every point is checked before any run is written, and then all of
+        them are written together, or none."""
+        task, wire = parse_submission(submission, shaped, source)
+        try:
+            data = json.loads(sweep)
+        except ValueError:
+            raise InvalidInput("sweep: not JSON") from None
+        points = sweep_of(data, source)
+        may_run(service, who, task)
+        again = for_sweep(key, submission, shaped, sweep, source, inputs.file)
+        with unpack_inputs(inputs.file, config.limits) as folder, who.acting() as svc:
+            try:
+                group = svc.submit_sweep_staged(task, points, wire, folder, source, again)
+            except Exception:
+                metrics.submissions.labels("refused").inc()
+                raise
+        metrics.submissions.labels("accepted").inc(group.size)
+        return group
+
+    @router.get("/groups", response_model=GroupPage, tags=["groups"])
+    def list_groups(
+        who: me,
+        experiment: Annotated[str | None, Query(max_length=128)] = None,
+        user: Annotated[str | None, Query(max_length=128, description="who made it")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    ) -> GroupPage:
+        """Groups, newest first, with their runs counted by state."""
+        groups = service.list_groups(
+            experiment=experiment, user=user, limit=limit, viewer=who.viewer
+        )
+        return GroupPage(groups=tuple(groups))
+
+    @router.get("/groups/{ref}", response_model=RunGroup, tags=["groups"])
+    def get_group(who: me, ref: GROUP_REF) -> RunGroup:
+        return seen(who, service.get_group(ref), ref)
+
+    @router.get("/groups/{ref}/view", response_model=GroupView, tags=["groups"])
+    @on_slow_threads  # it reads each run's logging.jsonl where the run is
+    def group_view(
+        who: me,
+        ref: GROUP_REF,
+        metric: Annotated[str | None, Query(pattern=METRIC)] = None,
+        goal: Literal["min", "max"] = "min",
+    ) -> GroupView:
+        """The group, its runs in the sweep's order and, by `metric`, its best and worst."""
+        seen(who, service.get_group(ref), ref)
+        return service.group_view(ref, metric=metric, goal=goal)
+
+    return router
