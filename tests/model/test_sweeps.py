@@ -73,6 +73,7 @@ def test_a_point_fills_its_placeholders_and_leaves_everything_else_as_written() 
         (["seed=0...4"], "--sweep seed: malformed range '0...4' (expected A..B or A..B..STEP"),
         (["seed=4..0"], "--sweep seed: range '4..0' is empty"),
         (["seed=a..b"], "--sweep seed: malformed range 'a..b'"),
+        (["seed=0.." + "9" * 5000], "--sweep seed: malformed range"),
         (["lr"], "--sweep 'lr': expected NAME=V1,V2,... or NAME=A..B"),
         (["9lr=1"], "--sweep 9lr: not a sweep key"),
         (["lr=1,1"], "--sweep lr: a value is given twice"),
@@ -102,10 +103,27 @@ def test_a_bad_sweep_is_refused_naming_the_field() -> None:
     assert refused(Sweep(grid={"a": "0..99", "b": "0..100"})).startswith(
         "spec.yaml: sweep: more than 10,000 points"
     )
-    assert refused(Sweep(grid={"a": "0..9"}), max_points=9).startswith(
+    assert refused(Sweep(grid={"a": "0..9"}), max_points=9) == (
+        "spec.yaml: sweep.grid.a: range '0..9' has more than 9 values (more points than one "
+        "sweep may make)"
+    )
+    assert refused(Sweep(grid={"a": "0..2", "b": "0..3"}), max_points=9).startswith(
         "spec.yaml: sweep: more than 9 points"
     )
     assert len(expand(Sweep(grid={"a": "0..99", "b": "0..99"}))) == 10_000  # the most: taken
+    # counted before anything is made: five huge axes are refused at once, not built
+    huge = Sweep(grid={f"k{i}": "0..999999" for i in range(5)})
+    assert refused(huge).startswith("spec.yaml: sweep.grid.k0: range '0..999999' has more than")
+    assert refused(Sweep(grid={f"k{i}": "1" for i in range(65)})) == (
+        "spec.yaml: sweep: more than 64 keys"
+    )
+    assert refused(Sweep(grid={"lr": "1", "LR": "2"})) == (
+        "spec.yaml: sweep: keys 'lr' and 'LR' would both be ORBIT_SWEEP_LR; name them apart"
+    )
+    assert expand(sweep_of({"grid": {"flag": [True, False]}}, "spec.yaml")) == [
+        {"flag": "true"},
+        {"flag": "false"},
+    ]
     with pytest.raises(InvalidInput, match=r"^spec.yaml: sweep.grid.lr"):
         sweep_of({"grid": {"lr": {"a": 1}}}, "spec.yaml")
     with pytest.raises(InvalidInput, match=r"^spec.yaml: sweep.mesh"):

@@ -36,9 +36,9 @@ def submit_group(
     as_json: bool,
 ) -> None:
     """`orbit submit` of a spec with a sweep: one run per point, made as one group."""
-    from orbit.model.sweeps import MAX_LIMIT, sweep_points
+    from orbit.model.sweeps import sweep_points
 
-    points = sweep_points(submission, sweep, source, MAX_LIMIT)  # refused before it is sent
+    points = sweep_points(submission, sweep, source)  # refused here before anything is sent
     if dry_run:
         plan = service().plan_submission(points[0], base_dir=base_dir, source=source)
         if as_json:

@@ -28,9 +28,9 @@ class RemoteGroups:
     ) -> RunGroup:
         """The inputs gathered once, shaping the sweep's first point; the server makes every
         point's run (and refuses the whole sweep, or makes all of it)."""
-        from orbit.model.sweeps import MAX_LIMIT, sweep_points
+        from orbit.model.sweeps import sweep_points
 
-        first = sweep_points(submission, sweep, source, MAX_LIMIT)[0]
+        first = sweep_points(submission, sweep, source)[0]
         return upload(
             self.session,
             RunGroup,

@@ -4,6 +4,7 @@ ms-swift and HF Trainer log in. Pure: it reads the tail bytes a backend hands it
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from orbit.model.models import Record
@@ -48,9 +49,11 @@ class Progress(Record):
 
 
 def _number(value: Any) -> float | None:
+    """A finite number, or None (a diverged run's NaN ranks nowhere)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _text(value: Any) -> str | None:

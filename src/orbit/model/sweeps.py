@@ -24,13 +24,13 @@ from pydantic import BeforeValidator, Field, ValidationError
 from orbit.model.errors import InvalidInput, describe_validation_error
 from orbit.model.models import SWEEP_KEY_PATTERN, Strict, TaskSubmission, Text
 
-MAX_POINTS = 10_000  # the default of the server's limits.sweep_points
-MAX_LIMIT = 1_000_000  # the most limits.sweep_points may allow
+MAX_POINTS = 10_000  # runs one sweep may make (a server's limits.sweep_points may lower it)
+MAX_KEYS = 64  # keys of one sweep (TaskSubmission.point's)
 KEY_PATTERN = SWEEP_KEY_PATTERN
 KEY = KEY_PATTERN[1:-1]
 # `{lr}` (the second group), not `${lr}` (a shell's); `{{lr}}` (the first) is written `{lr}`
 PLACEHOLDER = re.compile(r"\{(\{" + KEY + r"\})\}|(?<!\$)\{(" + KEY + r")\}")
-RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
+RANGE = re.compile(r"^(-?\d{1,18})\.\.(-?\d{1,18})(?:\.\.(\d{1,18}))?$")
 FILLED = ("args", "command", "env")  # the task fields whose text a point fills
 ENV_PREFIX = "ORBIT_SWEEP_"
 MAX_VALUE = 4096  # characters of one value
@@ -46,6 +46,8 @@ def _axis(value: Any) -> Any:
 def _value(value: Any) -> str:
     if isinstance(value, str):
         return value
+    if isinstance(value, bool):  # YAML's true/false, as the task would read them
+        return "true" if value else "false"
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     raise ValueError("expected a list of values, a range A..B, or V1,V2,...")
@@ -59,7 +61,7 @@ class Sweep(Strict):
     or a range `A..B[..STEP]`), and points given one by one."""
 
     grid: dict[str, Axis] = {}
-    points: list[dict[str, Text]] = Field(default=[], max_length=MAX_LIMIT)
+    points: list[dict[str, Text]] = Field(default=[], max_length=MAX_POINTS)
 
     def keys(self) -> tuple[str, ...]:
         found = dict.fromkeys(self.grid)
@@ -93,9 +95,10 @@ def parse_sweep_flag(text: str) -> tuple[str, list[str]]:
     return key, axis_values(values.strip(), f"--sweep {key}")
 
 
-def axis_values(value: list[str] | str, where: str) -> list[str]:
+def axis_values(value: list[str] | str, where: str, limit: int = MAX_POINTS) -> list[str]:
     """An axis's values: a list as it is, `A..B[..STEP]` as the integers from A to B (both
-    included), or `V1,V2,...`; refused when empty or malformed, naming `where`."""
+    included), or `V1,V2,...`; refused when empty or malformed, or with more than `limit`
+    values (counted before any is made), naming `where`."""
     if isinstance(value, list):
         values = [str(v) for v in value]
     else:
@@ -106,8 +109,11 @@ def axis_values(value: list[str] | str, where: str) -> list[str]:
                 raise InvalidInput(
                     f"{where}: range {value!r} is empty (A..B[..STEP] with A <= B and STEP >= 1)"
                 )
-            if (hi - lo) // step >= MAX_LIMIT:
-                raise InvalidInput(f"{where}: range {value!r} has more than {MAX_LIMIT:,} values")
+            if (hi - lo) // step >= limit:
+                raise InvalidInput(
+                    f"{where}: range {value!r} has more than {limit:,} values (more points "
+                    "than one sweep may make)"
+                )
             values = [str(v) for v in range(lo, hi + 1, step)]
         elif ".." in value:
             raise InvalidInput(
@@ -117,6 +123,10 @@ def axis_values(value: list[str] | str, where: str) -> list[str]:
             values = [v.strip() for v in value.split(",")] if value.strip() else []
     if not values or any(v == "" for v in values):
         raise InvalidInput(f"{where}: expected one value or more (an empty one is not a value)")
+    if len(values) > limit:
+        raise InvalidInput(
+            f"{where}: more than {limit:,} values (more points than one sweep may make)"
+        )
     for v in values:
         if len(v) > MAX_VALUE or "\x00" in v:
             raise InvalidInput(f"{where}: a value over {MAX_VALUE} characters or holding NUL")
@@ -138,7 +148,10 @@ def with_flags(sweep: Sweep | None, flags: list[str]) -> Sweep | None:
 
 
 def sweep_of(data: Any, source: str) -> Sweep:
+    """A sweep from its mapping, or from its JSON text (as a client sends it)."""
     try:
+        if isinstance(data, str | bytes):
+            return Sweep.model_validate_json(data)
         return Sweep.model_validate(data)
     except ValidationError as exc:
         line = describe_validation_error(source, exc, Sweep)
@@ -151,10 +164,11 @@ def expand(
     """Every point, in order: the grid's combinations (its first axis slowest), each with every
     listed point laid over it. Refused, naming the field, if it has none or more than
     `max_points`, or if its keys are not all names."""
+    _check_keys(sweep, where)
     axes: list[tuple[str, list[str]]] = []
-    for key, value in sweep.grid.items():
+    for key, value in sweep.grid.items():  # each no longer than the whole may be
         _check_key(key, f"{where}.grid.{key}")
-        axes.append((key, axis_values(value, f"{where}.grid.{key}")))
+        axes.append((key, axis_values(value, f"{where}.grid.{key}", max_points)))
     for index, point in enumerate(sweep.points):
         if not point:
             raise InvalidInput(f"{where}.points[{index}]: an empty point (give NAME: VALUE)")
@@ -182,6 +196,21 @@ def expand(
     combos = [dict(zip(names, c, strict=True)) for c in itertools.product(*[v for _, v in axes])]
     listed = sweep.points or [{}]
     return [{**combo, **point} for combo in combos for point in listed]
+
+
+def _check_keys(sweep: Sweep, where: str) -> None:
+    """At most MAX_KEYS keys, no two the same variable (`lr` and `LR`: ORBIT_SWEEP_LR)."""
+    keys = sweep.keys()
+    if len(keys) > MAX_KEYS:
+        raise InvalidInput(f"{where}: more than {MAX_KEYS} keys")
+    seen: dict[str, str] = {}
+    for key in keys:
+        other = seen.setdefault(key.upper(), key)
+        if other != key:
+            raise InvalidInput(
+                f"{where}: keys '{other}' and '{key}' would both be {ENV_PREFIX}{key.upper()}; "
+                "name them apart"
+            )
 
 
 def _no_clash(axes: list[tuple[str, list[str]]], sweep: Sweep, where: str) -> None:

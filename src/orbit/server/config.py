@@ -12,7 +12,7 @@ from orbit.model.auth import Role
 from orbit.model.models import Strict
 from orbit.model.permissions import Roles, SiteRole, check_site_roles
 from orbit.model.retention import StorageConfig
-from orbit.model.sweeps import MAX_LIMIT, MAX_POINTS
+from orbit.model.sweeps import MAX_POINTS
 
 MiB = 1024 * 1024
 
@@ -29,7 +29,7 @@ class Limits(Strict):
     )
     inputs_files: int = Field(default=100_000, gt=0, description="files in a submission")
     sweep_points: int = Field(
-        default=MAX_POINTS, gt=0, le=MAX_LIMIT, description="runs one sweep may make"
+        default=MAX_POINTS, gt=0, le=MAX_POINTS, description="runs one sweep may make"
     )
     agent_bytes: int = Field(
         default=72 * MiB,

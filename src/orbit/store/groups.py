@@ -4,6 +4,7 @@ of them or none), and groups read with their runs' counts by state."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from orbit.model.errors import InvalidInput, NotFound
@@ -41,6 +42,7 @@ class Groups(Part):
         the group's first run (KeyTaken if another run has it: then nothing is written)."""
         group_id = base.new_id("grp")
         run_ids = [base.new_id("run") for _ in runs]
+        at = utcnow()
         with self._write() as tx:
             if key is not None:
                 remember(tx, key, run_ids[0])
@@ -50,15 +52,17 @@ class Groups(Part):
                 {
                     "id": group_id,
                     "experiment_id": experiment_id,
-                    "at": utcnow(),
+                    "at": at,
                     "by": actor,
                     "size": len(runs),
                     "sweep": sweep.model_dump(mode="json"),
                 },
             )
             append_event(tx, actor, "group.created", group_id=group_id, size=len(runs))
-            for run_id, run in zip(run_ids, runs, strict=True):
-                insert_run(tx, run_id, run, actor, launcher, group_id=group_id)
+            # a microsecond apart each: a listing's newest first is the sweep's order reversed
+            for index, (run_id, run) in enumerate(zip(run_ids, runs, strict=True)):
+                made = at + timedelta(microseconds=index)
+                insert_run(tx, run_id, run, actor, launcher, group_id=group_id, created_at=made)
         return group_id, run_ids
 
     def resolve_group_id(self, ref: str) -> str:

@@ -54,9 +54,11 @@ def insert_run(
     launcher: Lease | None,
     replay_of: str | None = None,
     group_id: str | None = None,
+    created_at: datetime | None = None,
 ) -> None:
     """Write a new run with its first attempt, in state prepared, and audit it; with
-    `launcher`, claimed for launching by it in the same transaction."""
+    `launcher`, claimed for launching by it in the same transaction. `created_at`: now, or
+    a time that keeps a group's runs in order."""
     tx.execute(
         "INSERT INTO runs (id, experiment_id, task_type, template_id, bundle_digest, "
         "submission, request, created_at, created_by, replay_of, policy, group_id) VALUES (:id, "
@@ -70,7 +72,7 @@ def insert_run(
             "bundle_digest": run.bundle_digest,
             "submission": run.submission.model_dump(mode="json"),
             "request": run.request.model_dump(mode="json"),
-            "created_at": utcnow(),
+            "created_at": created_at or utcnow(),
             "created_by": actor,
             "replay_of": replay_of,
             "policy": run.policy.model_dump(mode="json") if run.policy is not None else None,

@@ -308,7 +308,7 @@ class Submitting(ServicePart):
             secrets=request.secrets,
         )
         check_exec_limits(job, request)
-        check_env({k: v for k, v in job.env.items() if k not in sweep})  # not ORBIT's own
+        check_env(job.env)  # a sweep's values too: a secret has no place in one
         secrets = self._secrets(job, submission.experiment_id)
         after = self.parts.gate.resolve_after(submission.after, source)
         return _Shaped(shaped, common, template, request, job, after, secrets, policy)

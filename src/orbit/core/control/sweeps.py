@@ -9,13 +9,15 @@ their tasks log to artifacts/**/logging.jsonl."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orbit.core.control.idempotency import Idempotency, made_by
+from orbit.core.control.idempotency import Idempotency, made_by, made_meanwhile
 from orbit.core.control.submit import ShapedWire, Submitting, _Shaped, gather_inputs
-from orbit.model.errors import OrbitError
+from orbit.model.errors import InvalidInput, OrbitError
 from orbit.model.groups import Goal, GroupView, RunGroup, Scored
 from orbit.model.models import TaskSubmission
 from orbit.model.states import RunState
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from orbit.model.records import RunRecord
 
 SHOWN = 3  # runs a group's view names best and worst
+MAX_LINKED = 2_000_000  # points x staged files: each point's bundle links every file
 
 
 class Sweeping(Submitting):
@@ -65,6 +68,13 @@ class Sweeping(Submitting):
         points = sweep_points(submission, sweep, source, self.config.max_sweep_points)
         from orbit.core.control.reshape import shape_points
 
+        files = sum(len(names) for _, _, names in os.walk(inputs))
+        if files * len(points) > MAX_LINKED:
+            raise InvalidInput(
+                f"{source}: sweep: {len(points):,} points x {files:,} staged files is over "
+                f"{MAX_LINKED:,} (each point's bundle holds every file): stage less (data "
+                "belongs where the task reads it) or sweep fewer points"
+            )
         each = shape_points(self.tasks, points, shaped, inputs, source)
         prepared = [
             self._prepare(point, inputs, source, mine)
@@ -95,9 +105,8 @@ class Sweeping(Submitting):
             )
         except KeyTaken:  # the same request, sent again while this one was at work
             assert key is not None
-            again = made_by(self.store, key)
-            if again is None or again.group_id is None:
-                raise
+            again = made_meanwhile(self.store, key)
+            assert again.group_id is not None  # its fingerprint is a sweep's
             return self.store.groups.get_group(again.group_id)
         made = self.store.runs.list_runs(group_id=group_id)
         with self.parts.scheduling.one_pass_after():  # a pool's runs: queued, then placed
@@ -108,13 +117,17 @@ class Sweeping(Submitting):
     def _freeze_points(self, prepared: list[_Shaped], inputs: Path) -> list[FrozenBundle]:
         """Each point's bundle: the first holds a copy of the inputs, the others link its
         files (the same bytes, stored once; every attempt runs on its own copy)."""
-        from orbit.core.execution.bundle import freeze_bundle
+        from orbit.core.execution.bundle import Memo, freeze_bundle
 
-        first = self._freeze_gathered(prepared[0], inputs, self.bundles_dir)
-        return [
-            first,
-            *(freeze_bundle(p.job, (), self.bundles_dir, like=first) for p in prepared[1:]),
-        ]
+        memo: Memo = {}  # the shared files are read and hashed once, not once a point
+
+        def add_inputs(folder: Path) -> None:
+            shutil.copytree(inputs, folder, symlinks=True, dirs_exist_ok=True)
+
+        cache = self.bundles_dir
+        first = freeze_bundle(prepared[0].job, (), cache, add_inputs, memo=memo)
+        rest = [freeze_bundle(p.job, (), cache, like=first, memo=memo) for p in prepared[1:]]
+        return [first, *rest]
 
     # -- reading -----------------------------------------------------------------------------
     def list_groups(

@@ -134,14 +134,20 @@ def hash_file(path: str | os.PathLike[str]) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def compute_digest(bundle_dir: Path, workers: int = 4) -> str:
+# a file's hash by what the filesystem says of it (device, inode, size, mtime): the files a
+# sweep's bundles share by hard links are read once (see freeze_bundle's `like`)
+Memo = dict[tuple[int, int, int, int], str]
+
+
+def compute_digest(bundle_dir: Path, workers: int = 4, memo: Memo | None = None) -> str:
     """sha256 over (kind, path, executable bit, content hash / link target) of every frozen path.
 
     Mtimes, owners and permission bits other than "executable" play no part, so the same
     content gives the same digest on every machine. Small files are hashed in this thread:
     their cost is system calls and interpreter work under the GIL, where threads only add
     lock hand-offs (slower, not faster; see bench/bundle.py). Files over _SMALL_FILE go to a
-    few threads, since hashlib releases the GIL while it hashes a large buffer.
+    few threads, since hashlib releases the GIL while it hashes a large buffer. `memo`: the
+    hashes of files already read, by inode, taken from it and added to it.
     """
     entries = frozen_entries(bundle_dir)
     root = os.fspath(bundle_dir)
@@ -151,12 +157,21 @@ def compute_digest(bundle_dir: Path, workers: int = 4) -> str:
         for e in entries:
             if e.kind == "f":
                 path = os.path.join(root, e.relpath)
-                digest = _hash_small(path)
+                known = _known(path, memo)
+                digest = memo.get(known) if memo is not None and known is not None else None
+                if digest is None:
+                    digest = _hash_small(path)
                 if digest is None:
                     large[e.relpath] = pool.submit(hash_file, path)
                 else:
                     hashes[e.relpath] = digest
         hashes.update((rel, future.result()) for rel, future in large.items())
+    if memo is not None:
+        for e in entries:
+            if e.kind == "f":
+                known = _known(os.path.join(root, e.relpath), memo)
+                if known is not None:
+                    memo[known] = hashes[e.relpath]
     outer = hashlib.sha256()
     for e in entries:
         detail = (
@@ -165,6 +180,13 @@ def compute_digest(bundle_dir: Path, workers: int = 4) -> str:
         outer.update(b"\0".join((e.kind.encode(), os.fsencode(e.relpath), os.fsencode(detail))))
         outer.update(b"\n")
     return outer.hexdigest()
+
+
+def _known(path: str, memo: Memo | None) -> tuple[int, int, int, int] | None:
+    if memo is None:
+        return None
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 # --- freeze -----------------------------------------------------------------------------------
@@ -260,6 +282,7 @@ def freeze_bundle(
     cache_root: Path,
     add_inputs: Callable[[Path], None] | None = None,
     like: FrozenBundle | None = None,
+    memo: Memo | None = None,
 ) -> FrozenBundle:
     """Build the bundle in a scratch folder, digest it, and move it into the per-digest cache.
 
@@ -267,7 +290,8 @@ def freeze_bundle(
     The same job and inputs give the same digest and so the same cached folder. On any error
     the scratch folder is removed: nothing half-written is left behind. `like`: a bundle whose
     inputs and wrapper this one shares (a sweep's other points): its files are linked, not
-    copied, and only job.json (and a docker launch's scripts) are this bundle's own.
+    copied, and only job.json (and a docker launch's scripts) are this bundle's own; with a
+    `memo` shared between them, the linked files are hashed once (see compute_digest).
     """
     cache_root.mkdir(parents=True, exist_ok=True)
     scratch = cache_root / f".tmp-{uuid.uuid4().hex}"
@@ -287,7 +311,7 @@ def freeze_bundle(
             _link_tree(like.path / "scripts", scratch / "scripts")
         else:
             write_scripts(scratch / "scripts", job)
-        digest = compute_digest(scratch)
+        digest = compute_digest(scratch, memo=memo)
         final = cache_root / digest
         try:
             scratch.rename(final)

@@ -12,13 +12,13 @@ from pydantic import Field
 
 from orbit.core.control.idempotency import for_sweep
 from orbit.core.control.service import CoreControlService
-from orbit.model.errors import InvalidInput, NotFound
+from orbit.model.errors import InvalidInput, NotFound, pydantic_location
 from orbit.model.groups import GroupPage, GroupView, RunGroup
 from orbit.model.sweeps import sweep_of
 from orbit.server.auth import Caller
 from orbit.server.config import ServerConfig
 from orbit.server.metrics import Metrics
-from orbit.server.routes.common import api_router, me
+from orbit.server.routes.common import api_router, me, unstorable
 from orbit.server.routes.runs import (
     MAX_FIELD,
     IdempotencyKey,
@@ -62,11 +62,10 @@ def make_groups_router(
         `shaped` says): every point is checked before any run is written, and then all of
         them are written together, or none."""
         task, wire = parse_submission(submission, shaped, source)
-        try:
-            data = json.loads(sweep)
-        except ValueError:
-            raise InvalidInput("sweep: not JSON") from None
-        points = sweep_of(data, source)
+        points = sweep_of(sweep, source)
+        found = unstorable(json.loads(sweep))
+        if found is not None:
+            raise InvalidInput(f"{source}: sweep.{pydantic_location(found[0])}: {found[1]}")
         may_run(service, who, task)
         again = for_sweep(key, submission, shaped, sweep, source, inputs.file)
         with unpack_inputs(inputs.file, config.limits) as folder, who.acting() as svc:

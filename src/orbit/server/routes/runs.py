@@ -19,6 +19,7 @@ from orbit.model.bulk import MAX_RUNS, BulkResult, RunSelection
 from orbit.model.errors import (
     Forbidden,
     InvalidInput,
+    NotFound,
     OrbitError,
     describe_validation_error,
     pydantic_location,
@@ -118,6 +119,10 @@ def parse_submission(
         )
     except ValidationError as exc:
         raise InvalidInput(describe_validation_error(source, exc)) from None
+    if parsed[0].point:
+        raise InvalidInput(
+            f"{source}: submission.point: made by a sweep (POST /groups), never sent"
+        )
     for name, text in (("submission", submission), ("shaped", shaped)):
         found = unstorable(json.loads(text))
         if found is not None:
@@ -195,6 +200,8 @@ def make_runs_router(
             user = who.user.name
         elif mine:
             raise InvalidInput("mine and user: give one of them")
+        if group is not None and service.get_group(group).experiment_id in who.hidden:
+            raise NotFound(f"unknown group '{group}' (see 'orbit groups list')")
         return service.run_page(
             experiment=experiment,
             states=set(state or ()),
