@@ -16,7 +16,7 @@ from orbit.cli.common import (
     print_json,
     service,
 )
-from orbit.cli.complete import complete_experiments, complete_runs
+from orbit.cli.complete import complete_experiments, complete_groups, complete_runs
 from orbit.cli.runs import WAIT, overrides_from, parse_states, show
 from orbit.cli.text import Table, paint
 
@@ -49,6 +49,7 @@ GROUP = typer.Option(
     "-g",
     metavar="GROUP",
     help="Every run of this group, the runs one sweep made (orbit groups list).",
+    autocompletion=complete_groups,
 )
 DRY_RUN = typer.Option(False, "--dry-run", help="List what would be done; do nothing.")
 YES = typer.Option(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from orbit.cli.common import JSON, console, err, print_json, service
-from orbit.cli.complete import complete_experiments
+from orbit.cli.complete import complete_experiments, complete_groups
 from orbit.cli.text import paint
 
 if TYPE_CHECKING:
@@ -22,7 +22,12 @@ groups_app = typer.Typer(
     help="Groups of runs, one per point of a sweep (orbit submit SPEC --sweep KEY=V1,V2).",
     no_args_is_help=True,
 )
-GROUP = typer.Argument(..., metavar="GROUP", help="A group id, or a unique prefix of it.")
+GROUP = typer.Argument(
+    ...,
+    metavar="GROUP",
+    help="A group id, or a unique prefix of it.",
+    autocompletion=complete_groups,
+)
 POINTS_SHOWN = 5  # points a dry run lists
 
 

@@ -22,6 +22,7 @@ from orbit.cli.common import (
 )
 from orbit.cli.complete import (
     complete_experiments,
+    complete_groups,
     complete_nodes,
     complete_runs,
     complete_templates,
@@ -221,6 +222,7 @@ def runs_list(
         "-g",
         metavar="GROUP",
         help="Only the runs a sweep made (orbit groups list).",
+        autocompletion=complete_groups,
     ),
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many, newest first."),
     as_json: bool = JSON,

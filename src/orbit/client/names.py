@@ -17,6 +17,7 @@ WAIT_S = 2.0  # a server that has not answered by then offers nothing
 
 REMOTE: dict[str, tuple[str, Callable[[Any], list[str]]]] = {
     "runs": (f"/runs?limit={SHOWN}", lambda data: [view["run"]["id"] for view in data["runs"]]),
+    "groups": (f"/groups?limit={SHOWN}", lambda data: [g["id"] for g in data["groups"]]),
     "experiments": ("/experiments", lambda data: [e["name"] for e in data]),
     "nodes": ("/nodes", lambda data: [n["name"] for n in data]),
     "templates": ("/templates", lambda data: [t["template"]["id"] for t in data]),
@@ -24,8 +25,8 @@ REMOTE: dict[str, tuple[str, Callable[[Any], list[str]]]] = {
 
 
 def names(settings: Settings, what: str) -> list[str]:
-    """`what` (runs, experiments, nodes or templates) by name, as the settings' control plane
-    has them; raises what reading them raised (the caller offers nothing then)."""
+    """`what` (runs, groups, experiments, nodes or templates) by name, as the settings'
+    control plane has them; raises what reading them raised (the caller offers nothing)."""
     if settings.server:
         import httpx
 

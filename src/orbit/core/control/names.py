@@ -1,7 +1,7 @@
-"""Names read from an embedded store for the shell's completion (orbit.client.names): run ids
-(the newest first), experiments and nodes, each one query through the store's driver alone,
-without a Store (its parts and records cost more than the answer). A SQLite store that is
-not there yet offers nothing and is not made."""
+"""Names read from an embedded store for the shell's completion (orbit.client.names): run and
+group ids (the newest first), experiments and nodes, each one query through the store's
+driver alone, without a Store (its parts and records cost more than the answer). A SQLite
+store that is not there yet offers nothing and is not made."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from orbit.store.drivers import driver_for, sqlite_path
 
 QUERIES = {
     "runs": "SELECT id FROM runs ORDER BY created_at DESC LIMIT 500",
+    "groups": "SELECT id FROM run_groups ORDER BY created_at DESC LIMIT 500",
     "experiments": "SELECT name FROM experiments ORDER BY name",
     "nodes": "SELECT name FROM nodes ORDER BY name",
 }
