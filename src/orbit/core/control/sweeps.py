@@ -61,13 +61,13 @@ class Sweeping(Submitting):
     ) -> RunGroup:
         """submit_sweep for a client of `orbit server`: it gathered the inputs once, shaping
         the sweep's first point (`shaped`); the server shapes every point itself over them."""
+        from orbit.core.control.reshape import shape_points
+
         key = idempotency.of(self.actor) if idempotency else None
         earlier = made_by(self.store, key)
         if earlier is not None and earlier.group_id is not None:
             return self.store.groups.get_group(earlier.group_id)
         points = sweep_points(submission, sweep, source, self.config.max_sweep_points)
-        from orbit.core.control.reshape import shape_points
-
         files = sum(len(names) for _, _, names in os.walk(inputs))
         if files * len(points) > MAX_LINKED:
             raise InvalidInput(
