@@ -1,4 +1,4 @@
-"""Benchmark: how fast the `orbit` CLI answers, beside `python3 -c pass` as the floor.
+"""Benchmark: how fast the `orbit` CLI answers, beside Slurm's commands and `python3 -c pass`.
 
 Run from the repository root:
 
@@ -14,8 +14,14 @@ example's kind, all ended but the newest (running on this machine, so that `runs
     orbit runs list              (the newest 50, with "50 of N runs")
     orbit status RUN             (the running run: refreshed from where it runs)
     orbit queue                  (nothing waits: the cost of asking)
+    orbit nodes list             (no nodes: the cost of asking)
     complete `orbit status run-` (the shell's completion of a run id, as bash asks for it)
     python3 -c pass              (the interpreter's own start: the floor)
+
+and beside them, in the same run, the peer: a private single-node Slurm (bench/api.py's, on
+loopback with its own munged) holding --runs held jobs (`sbatch --hold`), where `squeue`,
+`squeue -j ID` and `sinfo` are timed the same way. Without root or slurm-wlm, or with
+--no-slurm, Slurm's lines are left out with a line saying why.
 
 Modules run from their compiled bytecode, as an installed ORBIT's do (the warm-up run writes
 it where PYTHONDONTWRITEBYTECODE would have kept it from being written).
@@ -102,12 +108,32 @@ def timed(argv: list[str], env: dict[str, str], repeat: int) -> list[float]:
     return times
 
 
+def slurm_figures(jobs: int, repeat: int, no_slurm: bool) -> tuple[dict[str, list[float]], str]:
+    """Slurm's commands timed beside ORBIT's: `jobs` held jobs queued, then squeue, squeue -j
+    and sinfo; or nothing, and why."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from api import Slurm, slurm_missing
+
+    why = slurm_missing(no_slurm)
+    if why:
+        return {}, why
+    with Slurm() as slurm:
+        ids = [slurm.sbatch() for _ in range(jobs)]
+        return {
+            "squeue": timed(["squeue"], slurm.env, repeat),
+            "squeue -j ID": timed(["squeue", "-j", ids[-1]], slurm.env, repeat),
+            "sinfo": timed(["sinfo"], slurm.env, repeat),
+        }, ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000, help="runs in the store")
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per command")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--no-slurm", action="store_true", help="leave Slurm out")
     args = parser.parse_args()
+    results, why = slurm_figures(args.runs, args.repeat, args.no_slurm)
 
     with tempfile.TemporaryDirectory(prefix="orbit-bench-cli-") as scratch:
         home = Path(scratch) / "home"
@@ -145,9 +171,10 @@ def main() -> None:
                 "orbit runs list": ([*orbit, "runs", "list"], {}),
                 "orbit status RUN": ([*orbit, "status", live], {}),
                 "orbit queue": ([*orbit, "queue"], {}),
+                "orbit nodes list": ([*orbit, "nodes", "list"], {}),
                 "complete status RUN": ([command], asked),
             }
-            results = {
+            results |= {
                 name: timed(argv, {**env, **more}, args.repeat)
                 for name, (argv, more) in cases.items()
             }
@@ -158,10 +185,13 @@ def main() -> None:
         name: {"median_ms": round(statistics.median(t), 1), "max_ms": round(max(t), 1)}
         for name, t in results.items()
     }
+    load = round(os.getloadavg()[0], 2)
     if args.json:
-        print(json.dumps({"runs": args.runs, "repeat": args.repeat, "figures": figures}))
+        said = {"runs": args.runs, "repeat": args.repeat, "figures": figures, "loadavg": load}
+        print(json.dumps(said | ({"slurm_left_out": why} if why else {})))
         return
-    print(f"{args.runs} runs in the store; {args.repeat} timed runs each (ms)")
+    print(f"{args.runs} runs in the store (Slurm: as many held jobs); {args.repeat} timed runs")
+    print(f"each (ms); load average {load}" + (f"; Slurm left out: {why}" if why else ""))
     print(f"{'command':<22} {'median':>8} {'max':>8}")
     for name, f in figures.items():
         print(f"{name:<22} {f['median_ms']:>8.1f} {f['max_ms']:>8.1f}")
