@@ -20,17 +20,23 @@ is not the one loaded.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import importlib
-import importlib.metadata
 import json
 import os
-import platform
 import re
-import socket
 import sys
-from typing import Any
+import time
+
+TYPE_CHECKING = False  # typing costs ~5 ms of a start this script makes on every run
+if TYPE_CHECKING:  # as mypy reads them
+    import importlib.metadata
+    from typing import Any
+
+    from orbit.runtime import dist_cache
+else:
+    try:  # in a bundle: beside this file in scripts/
+        import orbit_dist_cache as dist_cache
+    except ImportError:  # as part of the orbit package
+        from orbit.runtime import dist_cache
 
 EXIT_MISSING = 10
 EXIT_MISMATCH = 11
@@ -42,6 +48,8 @@ def module_version(name: str, module: Any) -> str | None:
     version = getattr(module, "__version__", None)
     if isinstance(version, str):
         return version
+    import importlib.metadata
+
     top = name.split(".")[0]
     mapping = getattr(importlib.metadata, "packages_distributions", None)  # Python >= 3.10
     for dist in mapping().get(top, []) if mapping else [top]:
@@ -53,6 +61,8 @@ def module_version(name: str, module: Any) -> str | None:
 
 
 def check_import(name: str) -> dict[str, Any]:
+    import importlib
+
     try:
         module = importlib.import_module(name)
     except Exception as exc:  # ImportError, or the package's own failure at import
@@ -94,27 +104,46 @@ def freeze_line(dist: importlib.metadata.Distribution, name: str, version: str |
     if isinstance(vcs, dict):
         url = f"{vcs.get('vcs', 'git')}+{url}@{vcs.get('commit_id', '')}"
     if (direct.get("dir_info") or {}).get("editable"):
-        return f"-e {url.removeprefix('file://')}  # {name}=={version}"
+        path = url[len("file://") :] if url.startswith("file://") else url  # (3.8: no removeprefix)
+        return f"-e {path}  # {name}=={version}"
     return f"{name} @ {url}"
 
 
-def installed_distributions() -> dict[str, Any]:
-    """What `pip freeze --all` would list for this interpreter, read from its metadata in
-    this process (a `pip` child costs 0.15 to 0.7 s of CPU a run): the first distribution of
-    each name on sys.path, as the import system finds it, in pip's sorted order."""
-    seen: dict[str, str] = {}
-    unreadable: list[str] = []
-    for dist in importlib.metadata.distributions():
+def read_folder(folder: str) -> dist_cache.Items:
+    """What `pip freeze --all` would list from one folder of sys.path, in the order the import
+    system finds it there: a ["dist", name, line] for each distribution, an ["unreadable", why]
+    for one whose metadata cannot be read (said, not fatal)."""
+    import importlib.metadata
+
+    items: dist_cache.Items = []
+    for dist in importlib.metadata.distributions(path=[folder]):
         try:
             name, version = name_version(dist)
-            key = re.sub(r"[-_.]+", "-", name or "").lower()
-            if name and key not in seen:
-                seen[key] = freeze_line(dist, name, version)
-        except Exception as exc:  # a broken or oddly encoded METADATA: said, not fatal
+            if name:
+                key = re.sub(r"[-_.]+", "-", name).lower()
+                items.append(["dist", key, freeze_line(dist, name, version)])
+        except Exception as exc:  # a broken or oddly encoded METADATA
             where = getattr(dist, "_path", "?")
-            unreadable.append(f"# unreadable: {where}: {type(exc).__name__}: {exc}")
+            items.append(["unreadable", f"# unreadable: {where}: {type(exc).__name__}: {exc}"])
+    return items
+
+
+def installed_distributions() -> tuple[dict[str, Any], str]:
+    """What `pip freeze --all` would list for this interpreter, read from its metadata in
+    this process (a `pip` child costs 0.15 to 0.7 s of CPU a run): the first distribution of
+    each name on sys.path, as the import system finds it, in pip's sorted order. Each folder's
+    part is read afresh or, unchanged since, from the cache (scripts/orbit_dist_cache.py); and
+    how many came from there."""
+    items, cached = dist_cache.listing(read_folder)
+    seen: dict[str, str] = {}
+    unreadable: list[str] = []
+    for item in items:
+        if item[0] == "dist":
+            seen.setdefault(item[1], item[2])
+        else:
+            unreadable.append(item[1])
     lines = [seen[k] for k in sorted(seen)] + unreadable
-    return {"source": "importlib.metadata", "lines": lines}
+    return {"source": "importlib.metadata", "lines": lines}, cached
 
 
 # Where a host with NVIDIA's driver shows it (as scripts/orbit_sidecars.py): NVML needs one
@@ -219,23 +248,38 @@ def check_fork(path: str, inputs: str) -> dict[str, Any]:
     return result
 
 
+def utc_now() -> str:
+    """As datetime.now(timezone.utc).isoformat() writes it, without importing datetime."""
+    now = time.time()
+    micro = int(now % 1 * 1_000_000)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+    return stamp + (f".{micro:06d}" if micro else "") + "+00:00"
+
+
+def python_version() -> str:
+    """As platform.python_version() writes it (3.11.2, 3.13.0rc1), without importing platform."""
+    version = sys.version.split()[0]
+    return version + ".0" if version.count(".") == 1 else version
+
+
 def run(job: dict[str, Any], inputs: str) -> tuple[dict[str, Any], int]:
     spec = job.get("precheck", {})
     imports = [check_import(n) for n in spec.get("critical_imports", [])]
     optional = [check_import(n) for n in spec.get("optional_imports", [])]
     forks = [check_fork(p, inputs) for p in find_fork_manifests(inputs)]
-    uname = platform.uname()
+    uname = os.uname()  # platform.uname() and socket.gethostname() read the same
+    distributions, cached = installed_distributions()
     report = {
         "schema_version": 1,
-        "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "at": utc_now(),
         "host": {
-            "hostname": socket.gethostname(),
+            "hostname": uname.nodename,
             "kernel": uname.release,
-            "os": f"{uname.system} {uname.version}",
+            "os": f"{uname.sysname} {uname.version}",
             "machine": uname.machine,
         },
         "python": {
-            "version": platform.python_version(),
+            "version": python_version(),
             "executable": sys.executable,
             "prefix": sys.prefix,
         },
@@ -243,7 +287,8 @@ def run(job: dict[str, Any], inputs: str) -> tuple[dict[str, Any], int]:
         "optional_imports": optional,
         "forks": forks,
         "gpus": gpus(),
-        "distributions": installed_distributions(),
+        "distributions": distributions,
+        "distributions_cache": cached,
     }
     code = 0
     if any(not i["ok"] for i in imports):
@@ -296,10 +341,15 @@ def human(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--bundle", required=True)
-    args = parser.parse_args(argv)
-    bundle = os.path.abspath(args.bundle)
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--bundle":  # as the wrapper calls it: no argparse (~9 ms)
+        bundle = os.path.abspath(argv[1])
+    else:
+        import argparse
+
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+        parser.add_argument("--bundle", required=True)
+        bundle = os.path.abspath(parser.parse_args(argv).bundle)
     with open(os.path.join(bundle, "job.json"), encoding="utf-8") as f:
         job = json.load(f)
     report, code = run(job, os.path.join(bundle, "inputs"))

@@ -53,6 +53,7 @@ WRAPPER_FILES = {
     "stopping.py": "orbit_stopping.py",
     "run.sh": "run.sh",
     "precheck.py": "orbit_precheck.py",
+    "dist_cache.py": "orbit_dist_cache.py",  # its list of installed packages, kept between runs
     "nvml_audit.py": "orbit_nvml.py",
     "hostside.py": "orbit_hostside.py",  # a Slurm job's probe and its other ranks' copies
     "host_files.py": "orbit_host_files.py",  # hostside's siblings (see orbit.runtime.hostside)
