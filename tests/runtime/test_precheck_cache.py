@@ -125,6 +125,16 @@ def test_the_cache_follows_every_install_upgrade_and_removal(
     lines = attempt(miss)
     assert lines == [f"cachedpkg @ {again.as_uri()}"]
     assert attempt(hit) == lines
+    # where it came from, changed in place (as a reinstall that keeps the folder might):
+    # the same size, the times put back; its content still tells
+    (direct,) = Path(site).glob("cachedpkg-2.0.dist-info/direct_url.json")
+    before = direct.stat()
+    text = direct.read_text()
+    moved = text.replace("/other/", "/elsew/")
+    assert len(moved) == len(text) and moved != text
+    direct.write_text(moved)
+    os.utime(direct, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert attempt(miss) == [f"cachedpkg @ {again.as_uri().replace('/other/', '/elsew/')}"]
 
     pip(python, "uninstall", "--yes", "cachedpkg")
     assert attempt("0 of 0 folders from the cache") == []  # removed: nothing left to list
@@ -146,19 +156,20 @@ def test_a_cache_someone_else_could_write_is_not_read(
     mark = dist_cache.fingerprint(str(folder))
     assert mark and mark[0][0] == "real-1.0.dist-info"
     forged = [["dist", "forged", "forged==6.6.6"]]
-    dist_cache.save(str(cache), str(folder), mark, forged)
-    assert dist_cache.load(str(cache), str(folder), mark) == forged  # the user's own: read
+    code = dist_cache.code_mark(__file__)
+    dist_cache.save(str(cache), str(folder), mark, code, forged)
+    assert dist_cache.load(str(cache), str(folder), mark, code) == forged  # the user's own
 
     def read(where: str) -> list[list[str]]:
         return [["dist", "real", "real==1.0"]]
 
     for mode in (0o720, 0o702):  # the folder writable by the group, or by anyone
         cache.chmod(mode)
-        assert dist_cache.load(str(cache), str(folder), mark) is None
+        assert dist_cache.load(str(cache), str(folder), mark, code) is None
     cache.chmod(0o700)
     (file,) = cache.iterdir()
     file.chmod(0o622)
-    assert dist_cache.load(str(cache), str(folder), mark) is None
+    assert dist_cache.load(str(cache), str(folder), mark, code) is None
     file.chmod(0o600)
     # a changed folder does not match the cached fingerprint
     (folder / "real-1.0.dist-info" / "METADATA").write_text(
@@ -166,7 +177,31 @@ def test_a_cache_someone_else_could_write_is_not_read(
     )
     changed = dist_cache.fingerprint(str(folder))
     assert changed != mark
-    assert dist_cache.load(str(cache), str(folder), changed) is None
+    assert dist_cache.load(str(cache), str(folder), changed, code) is None
+    # a link in the file's place is not followed, even to a valid entry
+    target = tmp_path / "elsewhere.json"
+    file.rename(target)
+    file.symlink_to(target)
+    assert dist_cache.load(str(cache), str(folder), mark, code) is None
+    file.unlink()
+    target.rename(file)
+    assert dist_cache.load(str(cache), str(folder), mark, code) == forged
+
+    monkeypatch.setattr(sys, "path", [str(folder), str(tmp_path / "absent")])
     monkeypatch.setenv("ORBIT_PRECHECK_CACHE", str(cache))
-    items, said = dist_cache.listing(read, [str(folder)])
-    assert items == read(str(folder)) and said == "0 of 1 folders from the cache"
+    found = dist_cache.listing(read, __file__)
+    assert found == (read(str(folder)), "0 of 1 folders from the cache")
+    assert dist_cache.listing(read, __file__) == (
+        read(str(folder)),
+        "1 of 1 folders from the cache",
+    )
+    # a cache written by other code (or another interpreter) is not read
+    assert dist_cache.load(str(cache), str(folder), changed, code + 1) is None
+    # a relative cache folder would land in the task's working directory: none then
+    for relative in ("cache", "~/.cache/orbit"):
+        monkeypatch.setenv("ORBIT_PRECHECK_CACHE", relative)
+        assert dist_cache.listing(read, __file__) is None
+    monkeypatch.delenv("ORBIT_PRECHECK_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert dist_cache.where() == str(tmp_path / "home" / ".cache" / "orbit" / "precheck")

@@ -42,11 +42,30 @@ SCHEMA = 1
 
 
 def where() -> str | None:
+    """The cache's folder; None for none. Only an absolute one: a relative one (or a home that
+    cannot be found, where `~` stays `~`) would land in the task's working directory."""
     value = os.environ.get("ORBIT_PRECHECK_CACHE")
     if value is not None:
-        return None if value.strip() in ("", "off") else value
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "orbit", "precheck")
+        found = None if value.strip() in ("", "off") else value
+    else:
+        base = os.environ.get("XDG_CACHE_HOME", "")
+        if not os.path.isabs(base):
+            base = os.path.join(os.path.expanduser("~"), ".cache")
+        found = os.path.join(base, "orbit", "precheck")
+    return found if found is not None and os.path.isabs(found) else None
+
+
+def code_mark(code: str) -> int:
+    """What the listing's cached form depends on besides the folder: this file, the file that
+    formats each line (`code`), and the interpreter (its discovery rules differ by version)."""
+    mark = zlib.crc32(sys.version.encode())
+    for path in (__file__, code):
+        try:
+            with open(path, "rb") as f:
+                mark = zlib.crc32(f.read(), mark)
+        except OSError:
+            return -1
+    return mark
 
 
 def only_path_finder() -> bool:
@@ -69,10 +88,19 @@ def _stat(path: str) -> list[int] | None:
     return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
+def _content(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            return zlib.crc32(f.read())
+    except OSError:
+        return None
+
+
 def fingerprint(folder: str) -> list[Any] | None:
     """What any install, upgrade or removal in `folder` changes; [] for a folder that holds
-    no distribution or does not exist; None where the folder cannot be fingerprinted."""
-    if not os.path.isabs(folder) or folder.endswith(".egg"):
+    no distribution or does not exist; None where the folder is not a plain directory
+    importlib.metadata reads as such (a relative one, a zip, an egg in any letter case)."""
+    if not os.path.isabs(folder) or folder.rstrip(os.sep).lower().endswith(".egg"):
         return None
     try:
         names = sorted(os.listdir(folder))
@@ -82,9 +110,14 @@ def fingerprint(folder: str) -> list[Any] | None:
         return None
     found: list[Any] = []
     for name in names:
-        if name.lower().endswith(SUFFIXES):
+        low = name.lower()
+        if low.endswith(SUFFIXES) or low == "egg-info":
             path = os.path.join(folder, name)
-            found.append([name, _stat(path)] + [_stat(os.path.join(path, f)) for f in META_FILES])
+            meta = [_stat(os.path.join(path, f)) for f in META_FILES]
+            # where it came from, by content too: a reinstall from another commit may keep
+            # every size and, on a coarse clock or a reproducible image, every time
+            direct = _content(os.path.join(path, "direct_url.json"))
+            found.append([name, _stat(path), meta, direct])
     return found
 
 
@@ -97,7 +130,21 @@ def _file(cache: str, folder: str) -> str:
     return os.path.join(cache, f"{crc:08x}.json")
 
 
-def load(cache: str, folder: str, mark: list[Any]) -> Items | None:
+def _items(data: Any) -> Items | None:
+    """The cached items, if every one has the shape `listing` gives."""
+    if not isinstance(data, list):
+        return None
+    for item in data:
+        if not (isinstance(item, list) and all(isinstance(x, str) for x in item)):
+            return None
+        if not (item[:1] == ["unreadable"] and len(item) == 2) and not (
+            item[:1] in (["dist"], ["badline"]) and len(item) == 3
+        ):
+            return None
+    return data
+
+
+def load(cache: str, folder: str, mark: list[Any], code: int) -> Items | None:
     try:
         if not _private(os.stat(cache)):
             return None
@@ -111,49 +158,55 @@ def load(cache: str, folder: str, mark: list[Any]) -> Items | None:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("code") != code:
         return None
     if data.get("folder") != folder or data.get("fingerprint") != mark:
         return None
-    items = data.get("items")
-    return items if isinstance(items, list) else None
+    return _items(data.get("items"))
 
 
-def save(cache: str, folder: str, mark: list[Any], items: Items) -> None:
+def save(cache: str, folder: str, mark: list[Any], code: int, items: Items) -> None:
     """Written whole or not at all (a temporary file renamed); a cache that cannot be written
     is no cache, never a failed precheck."""
+    tmp = _file(cache, folder) + f".tmp-{os.getpid()}"
+    entry = {"schema": SCHEMA, "code": code, "folder": folder, "fingerprint": mark}
     try:
         os.makedirs(cache, mode=0o700, exist_ok=True)
         if not _private(os.stat(cache)):
             return
-        tmp = _file(cache, folder) + f".tmp-{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"schema": SCHEMA, "folder": folder, "fingerprint": mark, "items": items}, f)
+            json.dump(dict(entry, items=items), f)
         os.replace(tmp, _file(cache, folder))
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
-def listing(read: Callable[[str], Items], path: list[str] | None = None) -> tuple[Items, str]:
-    """Every folder of `path` (sys.path) listed by `read` or from the cache, in order; and how
-    many came from the cache, in words."""
-    cache = where() if only_path_finder() else None
+def listing(read: Callable[[str], Items], code: str) -> tuple[Items, str] | None:
+    """Every folder of sys.path listed by `read` or from the cache, in order, and how many
+    came from the cache, in words; None where there is no cache to use (no folder for it, or
+    another finder of distributions: the caller then lists the whole path in one go, as
+    importlib.metadata does). `code`: the file that formats the lines (see code_mark)."""
+    cache = where()
+    if cache is None or not only_path_finder():
+        return None
+    mark_code = code_mark(code)
     items: Items = []
     kept = total = 0
-    for folder in sys.path if path is None else path:
-        mark = fingerprint(folder) if cache else None
+    for folder in sys.path:
+        mark = fingerprint(folder)
         if mark == []:  # nothing is installed there
             continue
         total += 1
-        found = load(cache, folder, mark) if cache and mark is not None else None
+        found = load(cache, folder, mark, mark_code) if mark is not None else None
         if found is None:
             found = read(folder)
-            if cache and mark is not None:
-                save(cache, folder, mark, found)
+            if mark is not None:
+                save(cache, folder, mark, mark_code, found)
         else:
             kept += 1
         items.extend(found)
-    if not cache:
-        return items, "off"
     return items, f"{kept} of {total} folders from the cache"

@@ -29,14 +29,18 @@ import time
 TYPE_CHECKING = False  # typing costs ~5 ms of a start this script makes on every run
 if TYPE_CHECKING:  # as mypy reads them
     import importlib.metadata
+    from collections.abc import Iterable
     from typing import Any
 
     from orbit.runtime import dist_cache
 else:
     try:  # in a bundle: beside this file in scripts/
         import orbit_dist_cache as dist_cache
-    except ImportError:  # as part of the orbit package
-        from orbit.runtime import dist_cache
+    except ImportError:
+        try:  # as part of the orbit package
+            from orbit.runtime import dist_cache
+        except ImportError:  # PYTHONSAFEPATH=1 keeps scripts/ off sys.path: no cache then
+            dist_cache = None
 
 EXIT_MISSING = 10
 EXIT_MISMATCH = 11
@@ -109,23 +113,34 @@ def freeze_line(dist: importlib.metadata.Distribution, name: str, version: str |
     return f"{name} @ {url}"
 
 
-def read_folder(folder: str) -> dist_cache.Items:
-    """What `pip freeze --all` would list from one folder of sys.path, in the order the import
-    system finds it there: a ["dist", name, line] for each distribution, an ["unreadable", why]
-    for one whose metadata cannot be read (said, not fatal)."""
-    import importlib.metadata
-
+def describe(dists: Iterable[importlib.metadata.Distribution]) -> dist_cache.Items:
+    """Each distribution as the listing needs it, in the order found: ["dist", key, the line
+    pip freeze writes], or ["badline", key, why] where that line cannot be made (said only for
+    the first of its name), or ["unreadable", why] where its name cannot be read (always said).
+    Never fatal: a broken or oddly encoded METADATA is a line of the record."""
     items: dist_cache.Items = []
-    for dist in importlib.metadata.distributions(path=[folder]):
+    for dist in dists:
+        where = getattr(dist, "_path", "?")
         try:
             name, version = name_version(dist)
-            if name:
-                key = re.sub(r"[-_.]+", "-", name).lower()
-                items.append(["dist", key, freeze_line(dist, name, version)])
-        except Exception as exc:  # a broken or oddly encoded METADATA
-            where = getattr(dist, "_path", "?")
+            key = re.sub(r"[-_.]+", "-", name or "").lower()
+        except Exception as exc:
             items.append(["unreadable", f"# unreadable: {where}: {type(exc).__name__}: {exc}"])
+            continue
+        if not name:
+            continue
+        try:
+            items.append(["dist", key, freeze_line(dist, name, version)])
+        except Exception as exc:
+            items.append(["badline", key, f"# unreadable: {where}: {type(exc).__name__}: {exc}"])
     return items
+
+
+def read_folder(folder: str) -> dist_cache.Items:
+    """describe() of one folder of sys.path (see scripts/orbit_dist_cache.py)."""
+    import importlib.metadata
+
+    return describe(importlib.metadata.distributions(path=[folder]))
 
 
 def installed_distributions() -> tuple[dict[str, Any], str]:
@@ -133,15 +148,23 @@ def installed_distributions() -> tuple[dict[str, Any], str]:
     this process (a `pip` child costs 0.15 to 0.7 s of CPU a run): the first distribution of
     each name on sys.path, as the import system finds it, in pip's sorted order. Each folder's
     part is read afresh or, unchanged since, from the cache (scripts/orbit_dist_cache.py); and
-    how many came from there."""
-    items, cached = dist_cache.listing(read_folder)
+    how many came from there ("off": no cache, the whole path read in one go)."""
+    found = dist_cache.listing(read_folder, __file__) if dist_cache is not None else None
+    if found is None:
+        import importlib.metadata
+
+        found = describe(importlib.metadata.distributions()), "off"
+    items, cached = found
     seen: dict[str, str] = {}
     unreadable: list[str] = []
     for item in items:
-        if item[0] == "dist":
-            seen.setdefault(item[1], item[2])
-        else:
+        if item[0] == "unreadable":
             unreadable.append(item[1])
+        elif item[1] not in seen:  # the first of each name: its line, or why there is none
+            if item[0] == "dist":
+                seen[item[1]] = item[2]
+            else:
+                unreadable.append(item[2])
     lines = [seen[k] for k in sorted(seen)] + unreadable
     return {"source": "importlib.metadata", "lines": lines}, cached
 
