@@ -17,7 +17,7 @@ from orbit.store.audit import append_event
 from orbit.store.base import Part, utcnow
 from orbit.store.run_queries import HIDDEN
 from orbit.store.runs import NewRun, insert_run
-from orbit.store.sql import Row, Tx, expand, like_prefix, read_time_required
+from orbit.store.sql import Row, Tx, expand, ids_by_prefix, read_time_required
 from orbit.store.submit_keys import SubmitKey, remember
 
 GROUP_COLUMNS = (
@@ -152,13 +152,9 @@ def _resolve(tx: Tx, ref: str) -> str:
         return ref
     prefix = ref if ref.startswith("grp-") else f"grp-{ref}"
     if len(prefix) >= len("grp-") + 4:
-        rows = tx.all(
-            "SELECT id FROM run_groups WHERE id LIKE :pattern ESCAPE '\\' ORDER BY id",
-            {"pattern": like_prefix(prefix)},
-        )
-        ids = [r["id"] for r in rows if r["id"].startswith(prefix)]
+        ids = ids_by_prefix(tx, "run_groups", prefix)
         if len(ids) == 1:
-            return str(ids[0])
+            return ids[0]
         if len(ids) > 1:
             raise InvalidInput(
                 f"group id '{ref}' is ambiguous: it matches {', '.join(ids[:5])} "

@@ -20,7 +20,16 @@ from orbit.model.models import (
 )
 from orbit.model.policies import PolicyStamp
 from orbit.model.records import AttemptRecord, RunRecord
-from orbit.store.sql import Row, Tx, expand, like_prefix, read_json, read_time, read_time_required
+from orbit.store.sql import (
+    Row,
+    Tx,
+    expand,
+    ids_by_prefix,
+    like_prefix,
+    read_json,
+    read_time,
+    read_time_required,
+)
 
 ATTEMPT_COLUMNS = (
     'id, run_id, number, state, reason, target, backend_key, "trigger", handle, exit_code, '
@@ -227,14 +236,9 @@ def resolve(tx: Tx, ref: str) -> str:
     for prefix in candidates:
         if len(prefix) < len("run-") + 4:
             continue
-        rows = tx.all(
-            "SELECT id FROM runs WHERE id LIKE :pattern ESCAPE '\\' ORDER BY id",
-            {"pattern": like_prefix(prefix)},
-        )
-        # LIKE ignores case on SQLite: the prefix must match exactly
-        ids = [r["id"] for r in rows if r["id"].startswith(prefix)]
+        ids = ids_by_prefix(tx, "runs", prefix)
         if len(ids) == 1:
-            return str(ids[0])
+            return ids[0]
         if len(ids) > 1:
             raise ambiguous(ref, ids)
     raise NotFound(f"unknown run '{ref}' (see 'orbit runs list')")

@@ -41,6 +41,16 @@ def like_prefix(prefix: str) -> str:
     return escaped + "%"
 
 
+def ids_by_prefix(tx: Tx, table: str, prefix: str) -> list[str]:
+    """The ids in `table` (a name of ours, never the caller's) that start with `prefix`,
+    in order: LIKE finds them by the index, and ignores case on SQLite, so each is checked."""
+    rows = tx.all(
+        f"SELECT id FROM {table} WHERE id LIKE :pattern ESCAPE '\\' ORDER BY id",
+        {"pattern": like_prefix(prefix)},
+    )
+    return [str(r["id"]) for r in rows if r["id"].startswith(prefix)]
+
+
 class Tx:
     """One transaction on one connection; statements take `:name` parameters."""
 
