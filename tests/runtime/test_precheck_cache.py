@@ -157,6 +157,8 @@ def test_a_cache_someone_else_could_write_is_not_read(
     assert mark and mark[0][0] == "real-1.0.dist-info"
     forged = [["dist", "forged", "forged==6.6.6"]]
     code = dist_cache.code_mark(__file__)
+    assert code is not None
+    assert dist_cache.code_mark(str(tmp_path / "gone.py")) is None  # no code to tie it to
     dist_cache.save(str(cache), str(folder), mark, code, forged)
     assert dist_cache.load(str(cache), str(folder), mark, code) == forged  # the user's own
 

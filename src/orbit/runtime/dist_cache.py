@@ -32,8 +32,9 @@ if TYPE_CHECKING:  # as mypy reads them
     from collections.abc import Callable
     from typing import Any
 
-    # one folder's listing, in the order importlib.metadata finds its distributions: a
-    # ["dist", normalized name, pip freeze line] or a ["unreadable", the line saying why]
+    # one folder's listing, in the order importlib.metadata finds its distributions:
+    # ["dist", normalized name, pip freeze line], ["badline", normalized name, why there is
+    # no line] or ["unreadable", why the name cannot be read] (see describe in the precheck)
     Items = list[list[str]]
 
 SUFFIXES = (".dist-info", ".egg-info")
@@ -55,16 +56,17 @@ def where() -> str | None:
     return found if found is not None and os.path.isabs(found) else None
 
 
-def code_mark(code: str) -> int:
+def code_mark(code: str) -> int | None:
     """What the listing's cached form depends on besides the folder: this file, the file that
-    formats each line (`code`), and the interpreter (its discovery rules differ by version)."""
+    formats each line (`code`), and the interpreter (its discovery rules differ by version);
+    None where they cannot be read (no cache then: nothing would tie an entry to its code)."""
     mark = zlib.crc32(sys.version.encode())
     for path in (__file__, code):
         try:
             with open(path, "rb") as f:
                 mark = zlib.crc32(f.read(), mark)
         except OSError:
-            return -1
+            return None
     return mark
 
 
@@ -191,9 +193,9 @@ def listing(read: Callable[[str], Items], code: str) -> tuple[Items, str] | None
     another finder of distributions: the caller then lists the whole path in one go, as
     importlib.metadata does). `code`: the file that formats the lines (see code_mark)."""
     cache = where()
-    if cache is None or not only_path_finder():
+    mark_code = code_mark(code) if cache is not None and only_path_finder() else None
+    if cache is None or mark_code is None:
         return None
-    mark_code = code_mark(code)
     items: Items = []
     kept = total = 0
     for folder in sys.path:
