@@ -174,7 +174,13 @@ def test_the_console_in_a_real_browser(
         page.locator(".notice").wait_for()
         assert "cancel asked" in page.locator(".notice").inner_text()
     # the page open on the running one sees it end, state and attempts, without a reload
-    eventually(lambda: page.locator("#run-state").inner_text() == "terminated", timeout=60)
+    try:
+        eventually(lambda: page.locator("#run-state").inner_text() == "terminated", timeout=60)
+    except AssertionError:  # which side is behind: the page, or the run itself
+        shown = page.locator("#run-state").inner_text()
+        with orbit_server.client() as http:
+            stored = http.get(f"/api/v1/runs/{run}").json().get("state")
+        raise AssertionError(f"the page shows {shown!r}, the server says {stored!r}") from None
     assert "terminated" in page.locator("#attempts").inner_text()
     for ref in (run, waiting):
         state = eventually(
