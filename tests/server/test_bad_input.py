@@ -210,6 +210,7 @@ def test_a_valid_upload_is_taken(limited: Server, http: httpx.Client, tmp_path: 
     assert answer.status_code == 201, answer.text
     assert (limited.home / "bundles" / answer.json()["bundle_digest"]).is_dir()
     assert list((tmp_path / "scratch").iterdir()) == []  # its scratch folder is gone
+    assert list(limited.home.glob(".inputs-*")) == []  # where it unpacked them, too
 
 
 def test_tricks_in_the_tar_are_refused_by_name(
@@ -333,8 +334,18 @@ def test_a_bad_form_is_refused_by_field(
     ]
     for fields, status, names in cases:
         refused(_submit(http, fields, archive), status, *names)
-    no_file = http.post("/api/v1/runs", data=form)
-    assert refused(no_file, 422, "inputs", "required")["field"] == "inputs"
+    refused(http.post("/api/v1/runs", data=form), 422, "inputs", "required", "inputs_digest")
+    # inputs named by digest: not a sha256; one this user never sent (the client then sends
+    # them); an archive that does not give the digest it came with
+    named = {**form, "inputs_digest": "ab" * 32}
+    refused(
+        http.post("/api/v1/runs", data={**form, "inputs_digest": "AB" * 32}), 422, "inputs_digest"
+    )
+    assert (
+        refused(http.post("/api/v1/runs", data=named), 409, "inputs_digest", "send")["error"]
+        == "InputsWanted"
+    )
+    refused(_submit(http, named, archive), 422, "inputs_digest", "does not match", "abababababab")
     broken = http.post(
         "/api/v1/runs",
         content=b"--x\r\nNone--x--\r\n",

@@ -65,12 +65,18 @@ class Session:
         return response
 
     def send_once(
-        self, method: str, path: str, rewind: Callable[[], object] = lambda: None, **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        rewind: Callable[[], object] = lambda: None,
+        key: str | None = None,
+        **kwargs: Any,
     ) -> httpx.Response:
-        """A request that makes a run, with a fresh idempotency key: sent again with the same
-        key while its answer is lost (see RESEND_S), so that it makes one run however often
-        it had to be sent. `rewind` readies a file the request sends for another read."""
-        headers = {HEADER: uuid.uuid4().hex}
+        """A request that makes a run, with a fresh idempotency key (or `key`): sent again
+        with the same key while its answer is lost (see RESEND_S), so that it makes one run
+        however often it had to be sent. `rewind` readies a file the request sends for
+        another read."""
+        headers = {HEADER: key or uuid.uuid4().hex}
         deadline, waits = None, Backoff(base_s=0.2, cap_s=2.0)
         while True:
             rewind()

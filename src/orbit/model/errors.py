@@ -21,6 +21,11 @@ class Refused(OrbitError):
     """A valid request that ORBIT will not carry out (an override outside the whitelist...)."""
 
 
+class InputsWanted(Refused):
+    """A submission named its inputs by digest, and the server does not hold them for this
+    user: the client sends them (orbit.client.uploads does so by itself)."""
+
+
 class NoBackend(OrbitError):
     """No execution backend is registered for a placement and launch mode."""
 
@@ -113,6 +118,7 @@ BY_NAME: dict[str, type[OrbitError]] = {
         InvalidInput,
         NotFound,
         Refused,
+        InputsWanted,
         NoBackend,
         Unreachable,
         Unauthorized,

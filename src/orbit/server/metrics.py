@@ -9,6 +9,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -20,6 +21,9 @@ from orbit.model.states import RunState
 from orbit.model.storage import Usage
 from orbit.server.fleet_metrics import FleetMetrics
 from orbit.store import Store
+
+if TYPE_CHECKING:
+    from orbit.server.input_sets import Received
 
 USAGE_EVERY_S = 30.0  # a scrape at most this often walks the storage (settled copies: once)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -123,6 +127,16 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.inputs_bytes = Counter(
+            "orbit_inputs_received_bytes",
+            "Bytes of submissions' inputs received (archives, as sent).",
+            registry=self.registry,
+        )
+        self.inputs_reused = Counter(
+            "orbit_inputs_reused",
+            "Submissions whose inputs the server held already (named by digest, not sent).",
+            registry=self.registry,
+        )
         self.requests = Histogram(
             "orbit_http_request_duration_seconds",
             "Time to answer an API request, by route template, method and status class.",
@@ -151,6 +165,11 @@ class Metrics:
             "Looks at an attempt that failed (the next pass tries again).",
             registry=self.registry,
         )
+
+    def count_inputs(self, received: Received) -> None:
+        self.inputs_bytes.inc(received.sent_bytes)
+        if received.reused:
+            self.inputs_reused.inc()
 
     def asgi(self, app: ASGIApp) -> ASGIApp:
         """Wrap `app`: time each HTTP request to its answer's start, labelled by route."""

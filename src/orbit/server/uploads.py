@@ -20,8 +20,10 @@ from orbit.server.problems import DISK_FULL
 
 
 @contextmanager
-def unpack_inputs(stream: IO[bytes], limits: Limits) -> Iterator[Path]:
-    scratch = Path(tempfile.mkdtemp(prefix="orbit-inputs-"))
+def unpack_inputs(stream: IO[bytes], limits: Limits, within: Path | None = None) -> Iterator[Path]:
+    """`within`: where the scratch folder goes (the server's home, beside the bundles that
+    link its files), else the temporary folder."""
+    scratch = Path(tempfile.mkdtemp(prefix=".inputs-" if within else "orbit-inputs-", dir=within))
     try:
         folder = scratch / "inputs"
         folder.mkdir()

@@ -41,6 +41,12 @@ class Places:
         return self.home / "bundle-archives"
 
     @property
+    def inputs_index(self) -> Path:
+        """Which inputs each user sent, by digest, and the bundle holding them (see
+        orbit.server.input_sets): one folder per user, one file per digest."""
+        return self.home / "inputs-index"
+
+    @property
     def old_cache(self) -> Path:
         """Where collects over HTTP once kept a second copy of every attempt (gc removes it)."""
         return self.home / "collected"

@@ -13,6 +13,7 @@ its files go, so a pass cut short is finished by the next. A dry run says what w
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -149,6 +150,19 @@ class GcPass:
             if archive.name.endswith(".tar") and digest not in owners and self._old(archive):
                 removals.append(self._whole(archive, "bundle", "unreferenced"))
         self._done(removals, FREED)
+        if not self.dry_run:
+            self.forget_inputs()
+
+    def forget_inputs(self) -> None:
+        """The held inputs (orbit.server.input_sets) whose bundle is gone: the next submit of
+        them uploads them again. Entries are the server's bookkeeping: not removals."""
+        for entry in self.places.inputs_index.glob("*/*.json"):
+            try:
+                bundle = json.loads(entry.read_text(encoding="utf-8")).get("bundle")
+            except (OSError, ValueError, AttributeError):
+                bundle = None
+            if not isinstance(bundle, str) or not (self.places.bundles / bundle).is_dir():
+                entry.unlink(missing_ok=True)
 
     def drop_orphans(self) -> None:
         removals = []
@@ -164,7 +178,12 @@ class GcPass:
             ]
             if not self.dry_run:
                 disk.sweep_trash(parent)
-        scratch = [f for f in self.places.home.glob(".collect-*") if self._old(f)]
+        scratch = [
+            f
+            for pattern in (".collect-*", ".inputs-*")  # a collect's, a submit's inputs
+            for f in self.places.home.glob(pattern)
+            if self._old(f)
+        ]
         removals += [self._whole(f, "orphan", "unreferenced") for f in scratch]
         self._done(removals, FREED)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from orbit.model.errors import Refused
 
@@ -39,22 +39,22 @@ class Idempotency:
 
 
 def for_submit(
-    key: str | None, submission: str, shaped: str, source: str, inputs: IO[bytes]
+    key: str | None, submission: str, shaped: str, source: str, inputs: str
 ) -> Idempotency | None:
-    """A submit's key, with the fingerprint of its form's fields and its inputs' bytes (a
-    client's retry sends the very same)."""
+    """A submit's key, with the fingerprint of its form's fields and its inputs' digest (a
+    client's retry sends the very same, with or without the archive)."""
     if key is None:
         return None
-    return Idempotency(key, fingerprint("submit", submission, shaped, source, _hash(inputs)))
+    return Idempotency(key, fingerprint("submit", submission, shaped, source, inputs))
 
 
 def for_sweep(
-    key: str | None, submission: str, shaped: str, sweep: str, source: str, inputs: IO[bytes]
+    key: str | None, submission: str, shaped: str, sweep: str, source: str, inputs: str
 ) -> Idempotency | None:
     """A sweep's key (see for_submit): its first run stands for the group it made."""
     if key is None:
         return None
-    return Idempotency(key, fingerprint("sweep", submission, shaped, sweep, source, _hash(inputs)))
+    return Idempotency(key, fingerprint("sweep", submission, shaped, sweep, source, inputs))
 
 
 def for_replay(
@@ -74,16 +74,6 @@ def fingerprint(*parts: str | bytes) -> str:
         data = part.encode() if isinstance(part, str) else part
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
-    return digest.hexdigest()
-
-
-def _hash(stream: IO[bytes]) -> str:
-    """sha256 of an uploaded file, read from its start and rewound for whoever reads it next."""
-    stream.seek(0)
-    digest = hashlib.sha256()
-    while chunk := stream.read(1 << 20):
-        digest.update(chunk)
-    stream.seek(0)
     return digest.hexdigest()
 
 

@@ -41,7 +41,7 @@ from orbit.model.task import CommonTaskFields, ShapedTask
 from orbit.store.submit_keys import KeyTaken
 
 if TYPE_CHECKING:
-    from orbit.core.execution.bundle import FrozenBundle
+    from orbit.core.execution.bundle import FrozenBundle, Memo
     from orbit.core.tasks import TaskRegistry
     from orbit.store.submit_keys import SubmitKey
 
@@ -139,27 +139,34 @@ class Submitting(ServicePart):
         inputs: Path,
         source: str,
         idempotency: Idempotency | None = None,
+        memo: Memo | None = None,
     ) -> RunRecord:
         """submit_task for a client of `orbit server`: the task was shaped and its inputs
         gathered where its files are (see gather_inputs); `inputs` holds them here. With
-        `idempotency`, a key this user sent before with the same request gets its run."""
+        `idempotency`, a key this user sent before with the same request gets its run;
+        `memo`: the hashes of the inputs' files, where the caller knows them already."""
         key = idempotency.of(self.actor) if idempotency else None
         earlier = made_by(self.store, key)
         if earlier is not None:
             return earlier
         mine = self._shape_sent(submission, shaped, inputs, source)
         prepared = self._prepare(submission, inputs, source, mine)
-        bundle = self._freeze_gathered(prepared, inputs, self.bundles_dir)
+        bundle = self._freeze_gathered(prepared, inputs, self.bundles_dir, memo)
         return self._create(submission, prepared, bundle, key)
 
     def plan_staged(
-        self, submission: TaskSubmission, shaped: ShapedWire, inputs: Path, source: str
+        self,
+        submission: TaskSubmission,
+        shaped: ShapedWire,
+        inputs: Path,
+        source: str,
+        memo: Memo | None = None,
     ) -> SubmitPlan:
         """plan_submission for what a client gathered (see submit_staged)."""
         mine = self._shape_sent(submission, shaped, inputs, source)
         prepared = self._prepare(submission, inputs, source, mine)
         return self._plan(
-            submission, prepared, lambda cache: self._freeze_gathered(prepared, inputs, cache)
+            submission, prepared, lambda cache: self._freeze_gathered(prepared, inputs, cache, memo)
         )
 
     def _shape_sent(
@@ -349,11 +356,14 @@ class Submitting(ServicePart):
             return freeze_bundle(prepared.job, shaped.staged, cache, add_inputs)
 
     @staticmethod
-    def _freeze_gathered(prepared: _Shaped, gathered: Path, cache: Path) -> FrozenBundle:
-        """Freeze inputs a client gathered (gather_inputs) as they are."""
-        from orbit.core.execution.bundle import freeze_bundle
+    def _freeze_gathered(
+        prepared: _Shaped, gathered: Path, cache: Path, memo: Memo | None = None
+    ) -> FrozenBundle:
+        """Freeze inputs a client gathered (gather_inputs) as they are, linked where the
+        filesystem allows; `memo`: the hashes of their files, known already."""
+        from orbit.core.execution.bundle import freeze_bundle, link_tree
 
         def add_inputs(inputs: Path) -> None:
-            shutil.copytree(gathered, inputs, symlinks=True, dirs_exist_ok=True)
+            link_tree(gathered, inputs)
 
-        return freeze_bundle(prepared.job, (), cache, add_inputs)
+        return freeze_bundle(prepared.job, (), cache, add_inputs, memo=memo)

@@ -10,7 +10,6 @@ their tasks log to artifacts/**/logging.jsonl."""
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +25,7 @@ from orbit.store.runs import NewRun
 from orbit.store.submit_keys import KeyTaken
 
 if TYPE_CHECKING:
-    from orbit.core.execution.bundle import FrozenBundle
+    from orbit.core.execution.bundle import FrozenBundle, Memo
     from orbit.model.records import RunRecord
 
 SHOWN = 3  # runs a group's view names best and worst
@@ -58,9 +57,11 @@ class Sweeping(Submitting):
         inputs: Path,
         source: str,
         idempotency: Idempotency | None = None,
+        memo: Memo | None = None,
     ) -> RunGroup:
         """submit_sweep for a client of `orbit server`: it gathered the inputs once, shaping
-        the sweep's first point (`shaped`); the server shapes every point itself over them."""
+        the sweep's first point (`shaped`); the server shapes every point itself over them.
+        `memo`: the hashes of the inputs' files, where the caller knows them already."""
         from orbit.core.control.reshape import shape_points
 
         key = idempotency.of(self.actor) if idempotency else None
@@ -80,7 +81,7 @@ class Sweeping(Submitting):
             self._prepare(point, inputs, source, mine)
             for point, mine in zip(points, each, strict=True)
         ]
-        bundles = self._freeze_points(prepared, inputs)
+        bundles = self._freeze_points(prepared, inputs, memo)
         experiment = self._experiment(submission.experiment_id)
         runs = [
             NewRun(
@@ -114,15 +115,17 @@ class Sweeping(Submitting):
                 self.parts.launching.launch(run, run.current, run.request, actor=self.actor)
         return self.store.groups.get_group(group_id)
 
-    def _freeze_points(self, prepared: list[_Shaped], inputs: Path) -> list[FrozenBundle]:
-        """Each point's bundle: the first holds a copy of the inputs, the others link its
-        files (the same bytes, stored once; every attempt runs on its own copy)."""
-        from orbit.core.execution.bundle import Memo, freeze_bundle
+    def _freeze_points(
+        self, prepared: list[_Shaped], inputs: Path, known: Memo | None
+    ) -> list[FrozenBundle]:
+        """Each point's bundle: the first holds the inputs, the others link its files (the
+        same bytes, stored once; every attempt runs on its own copy)."""
+        from orbit.core.execution.bundle import freeze_bundle, link_tree
 
-        memo: Memo = {}  # the shared files are read and hashed once, not once a point
+        memo = dict(known or {})  # the shared files are read and hashed once, not once a point
 
         def add_inputs(folder: Path) -> None:
-            shutil.copytree(inputs, folder, symlinks=True, dirs_exist_ok=True)
+            link_tree(inputs, folder)
 
         cache = self.bundles_dir
         first = freeze_bundle(prepared[0].job, (), cache, add_inputs, memo=memo)

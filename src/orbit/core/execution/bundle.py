@@ -87,28 +87,34 @@ class Entry:
 
 def frozen_entries(bundle_dir: Path) -> list[Entry]:
     """Every frozen path in canonical order (bytewise by path), folders included."""
-    entries: list[Entry] = []
+    return [entry for entry, _ in _walk_parts(bundle_dir)]
+
+
+def _walk_parts(bundle_dir: Path) -> list[tuple[Entry, str]]:
+    found: list[tuple[Entry, str]] = []
     root = os.fspath(bundle_dir)
-
-    def visit(rel: str, path: str, mode: int) -> None:
-        if stat.S_ISLNK(mode):
-            entries.append(Entry(rel, "l", link_target=os.readlink(path)))
-        elif stat.S_ISDIR(mode):
-            entries.append(Entry(rel, "d"))
-            with os.scandir(path) as it:
-                children = sorted(it, key=lambda e: os.fsencode(e.name))
-            for child in children:
-                visit(f"{rel}/{child.name}", child.path, child.stat(follow_symlinks=False).st_mode)
-        elif stat.S_ISREG(mode):
-            entries.append(Entry(rel, "f", executable=bool(mode & 0o111)))
-        else:
-            raise InvalidInput(f"{path}: special files cannot be part of a bundle")
-
     for part in FROZEN_PARTS:
         path = os.path.join(root, part)
         if part == "job.json" or os.path.exists(path):
-            visit(part, path, os.lstat(path).st_mode)
-    return entries
+            _walk(part, path, found)
+    return found
+
+
+def _walk(rel: str, path: str, found: list[tuple[Entry, str]]) -> None:
+    """`path` and everything under it, as entries named from `rel`, with where each is."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        found.append((Entry(rel, "l", link_target=os.readlink(path)), path))
+    elif stat.S_ISDIR(mode):
+        found.append((Entry(rel, "d"), path))
+        with os.scandir(path) as it:
+            children = sorted(it, key=lambda e: os.fsencode(e.name))
+        for child in children:
+            _walk(f"{rel}/{child.name}", child.path, found)
+    elif stat.S_ISREG(mode):
+        found.append((Entry(rel, "f", executable=bool(mode & 0o111)), path))
+    else:
+        raise InvalidInput(f"{path}: special files cannot be part of a bundle")
 
 
 def _hash_small(path: str) -> str | None:
@@ -150,14 +156,26 @@ def compute_digest(bundle_dir: Path, workers: int = 4, memo: Memo | None = None)
     few threads, since hashlib releases the GIL while it hashes a large buffer. `memo`: the
     hashes of files already read, by inode, taken from it and added to it.
     """
-    entries = frozen_entries(bundle_dir)
-    root = os.fspath(bundle_dir)
+    found = _walk_parts(bundle_dir)
+    return _digest(found, _hash_files(found, workers, memo))
+
+
+def inputs_digest(folder: Path, memo: Memo | None = None) -> tuple[str, dict[str, str]]:
+    """The digest of a bundle's inputs/ alone, as `folder` holds them (the same sha256 as
+    compute_digest's, over the entries under inputs/), and {relpath: sha256} of its files.
+    A client names the inputs it gathered by it; a server that holds them needs no upload."""
+    found: list[tuple[Entry, str]] = []
+    _walk("inputs", os.fspath(folder), found)
+    hashes = _hash_files(found, 4, memo)
+    return _digest(found, hashes), hashes
+
+
+def _hash_files(found: list[tuple[Entry, str]], workers: int, memo: Memo | None) -> dict[str, str]:
     hashes: dict[str, str] = {}
     large: dict[str, Future[str]] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:  # starts threads only on submit
-        for e in entries:
+        for e, path in found:
             if e.kind == "f":
-                path = os.path.join(root, e.relpath)
                 known = _known(path, memo)
                 digest = memo.get(known) if memo is not None and known is not None else None
                 if digest is None:
@@ -168,13 +186,17 @@ def compute_digest(bundle_dir: Path, workers: int = 4, memo: Memo | None = None)
                     hashes[e.relpath] = digest
         hashes.update((rel, future.result()) for rel, future in large.items())
     if memo is not None:
-        for e in entries:
+        for e, path in found:
             if e.kind == "f":
-                known = _known(os.path.join(root, e.relpath), memo)
+                known = _known(path, memo)
                 if known is not None:
                     memo[known] = hashes[e.relpath]
+    return hashes
+
+
+def _digest(found: list[tuple[Entry, str]], hashes: dict[str, str]) -> str:
     outer = hashlib.sha256()
-    for e in entries:
+    for e, _ in found:
         detail = (
             hashes[e.relpath] + (":x" if e.executable else ":-") if e.kind == "f" else e.link_target
         )
@@ -301,7 +323,7 @@ def freeze_bundle(
         (scratch / "job.json").write_text(canonical_json(job), encoding="utf-8")
         inputs = scratch / "inputs"
         if like is not None:
-            _link_tree(like.path / "inputs", inputs)
+            link_tree(like.path / "inputs", inputs)
         else:
             inputs.mkdir()
             stage_inputs(inputs, staged)
@@ -309,7 +331,7 @@ def freeze_bundle(
         if add_inputs is not None:
             add_inputs(inputs)
         if like is not None and job.launch_mode.kind != "docker":  # the same wrapper's files
-            _link_tree(like.path / "scripts", scratch / "scripts")
+            link_tree(like.path / "scripts", scratch / "scripts")
         else:
             write_scripts(scratch / "scripts", job)
         digest = compute_digest(scratch, memo=memo)
@@ -326,8 +348,10 @@ def freeze_bundle(
         raise
 
 
-def _link_tree(source: Path, dest: Path) -> None:
-    """`source`'s files hard-linked at `dest` where the filesystem allows (else copied)."""
+def link_tree(source: Path, dest: Path) -> None:
+    """`source`'s files hard-linked at `dest` (which may exist) where the filesystem allows,
+    else copied. Nothing writes a frozen file in place (a file restaged is unlinked first),
+    so the bundles and folders sharing them cannot change each other."""
 
     def link(src: str, dst: str) -> None:
         try:
@@ -335,7 +359,7 @@ def _link_tree(source: Path, dest: Path) -> None:
         except OSError:
             shutil.copy2(src, dst)
 
-    shutil.copytree(source, dest, symlinks=True, copy_function=link)
+    shutil.copytree(source, dest, symlinks=True, copy_function=link, dirs_exist_ok=True)
 
 
 def load_job(bundle_dir: Path) -> JobSpec:

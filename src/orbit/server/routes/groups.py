@@ -17,18 +17,19 @@ from orbit.model.groups import GroupPage, GroupView, RunGroup
 from orbit.model.sweeps import sweep_of
 from orbit.server.auth import Caller
 from orbit.server.config import ServerConfig
+from orbit.server.input_sets import InputSets
 from orbit.server.metrics import Metrics
 from orbit.server.routes.common import api_router, me, unstorable
 from orbit.server.routes.runs import (
     MAX_FIELD,
     IdempotencyKey,
     Inputs,
+    InputsDigest,
     Source,
     SubmitForm,
     may_run,
     parse_submission,
 )
-from orbit.server.uploads import unpack_inputs
 from orbit.server.waiting import on_slow_threads
 
 GROUP_REF = Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -40,6 +41,7 @@ def make_groups_router(
     service: CoreControlService, config: ServerConfig, metrics: Metrics
 ) -> APIRouter:
     router = api_router()
+    held = InputSets(service.bundles_dir.parent, service.bundles_dir, config.limits)
 
     def seen(who: Caller, group: RunGroup, ref: str) -> RunGroup:
         if group.experiment_id in who.hidden:
@@ -54,7 +56,8 @@ def make_groups_router(
         shaped: SubmitForm,
         sweep: SweepForm,
         source: Source,
-        inputs: Inputs,
+        inputs: Inputs = None,
+        inputs_digest: InputsDigest = None,
         key: IdempotencyKey = None,
     ) -> RunGroup:
         """One run per point of `sweep` (its values in the task's `{key}` placeholders), made
@@ -67,13 +70,20 @@ def make_groups_router(
         if found is not None:
             raise InvalidInput(f"{source}: sweep.{pydantic_location(found[0])}: {found[1]}")
         may_run(service, who, task)
-        again = for_sweep(key, submission, shaped, sweep, source, inputs.file)
-        with unpack_inputs(inputs.file, config.limits) as folder, who.acting() as svc:
+        upload = inputs.file if inputs is not None else None
+        with held.receive(who.user.id, inputs_digest, upload) as got, who.acting() as svc:
+            metrics.count_inputs(got)
+            again = for_sweep(key, submission, shaped, sweep, source, got.digest)
             try:
-                group = svc.submit_sweep_staged(task, points, wire, folder, source, again)
+                group = svc.submit_sweep_staged(
+                    task, points, wire, got.folder, source, again, got.memo
+                )
             except Exception:
                 metrics.submissions.labels("refused").inc()
                 raise
+            first = service.store.runs.list_runs(group_id=group.id, limit=1)
+            if first:  # every point's bundle holds the same inputs
+                held.remember(who.user.id, got, first[0].bundle_digest)
         metrics.submissions.labels("accepted").inc(group.size)
         return group
 

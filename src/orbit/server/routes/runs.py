@@ -29,9 +29,9 @@ from orbit.model.records import RunRecord
 from orbit.server import waiting
 from orbit.server.auth import Caller
 from orbit.server.config import ServerConfig
+from orbit.server.input_sets import InputSets
 from orbit.server.metrics import Metrics
 from orbit.server.routes.common import NUL, RUN_REF, Body, api_router, me, unstorable
-from orbit.server.uploads import unpack_inputs
 from orbit.server.waiting import on_slow_threads
 
 MAX_FIELD = 1024 * 1024  # a submission's JSON fields; the whole request: limits.upload_bytes
@@ -77,7 +77,21 @@ class Stopped(BaseModel):
 
 SubmitForm = Annotated[str, Form(min_length=2, max_length=MAX_FIELD)]
 Source = Annotated[str, Form(min_length=1, max_length=4096)]
-Inputs = Annotated[UploadFile, File(description="the gathered inputs, as tar.gz")]
+Inputs = Annotated[
+    UploadFile | None,
+    File(
+        description="the gathered inputs, as tar.gz; none where `inputs_digest` names inputs "
+        "this user sent before (409 InputsWanted where the server does not hold them)"
+    ),
+]
+InputsDigest = Annotated[
+    str | None,
+    Form(
+        pattern=r"^[0-9a-f]{64}$",
+        description="the digest of the gathered inputs (sha256, as a bundle's digest counts "
+        "inputs/): with the archive, what it must give; alone, inputs sent before",
+    ),
+]
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -136,6 +150,8 @@ def make_runs_router(
 ) -> APIRouter:
     router = api_router()
 
+    held = InputSets(service.bundles_dir.parent, service.bundles_dir, config.limits)
+
     def may_push(who: Caller, run: RunRecord) -> None:
         """A new attempt or run of `run`'s bundle goes where its recorded request says."""
         who.require_placement(run.template_id, run.request.placement.kind)
@@ -148,33 +164,45 @@ def make_runs_router(
         submission: SubmitForm,
         shaped: SubmitForm,
         source: Source,
-        inputs: Inputs,
+        inputs: Inputs = None,
+        inputs_digest: InputsDigest = None,
         key: IdempotencyKey = None,
     ) -> RunRecord:
-        """Freeze and start a run from a submission and the inputs its client gathered. The
-        server shapes the task_request again and refuses a `shaped` that differs."""
+        """Freeze and start a run from a submission and the inputs its client gathered (sent,
+        or named by `inputs_digest` where this user sent them before). The server shapes the
+        task_request again and refuses a `shaped` that differs."""
         task, wire = parse_submission(submission, shaped, source)
         may_run(service, who, task)
-        again = for_submit(key, submission, shaped, source, inputs.file)
-        with unpack_inputs(inputs.file, config.limits) as folder, who.acting() as svc:
+        upload = inputs.file if inputs is not None else None
+        with held.receive(who.user.id, inputs_digest, upload) as got, who.acting() as svc:
+            metrics.count_inputs(got)
+            again = for_submit(key, submission, shaped, source, got.digest)
             try:
-                run = svc.submit_staged(task, wire, folder, source, again)
+                run = svc.submit_staged(task, wire, got.folder, source, again, got.memo)
             except Exception:
                 metrics.submissions.labels("refused").inc()
                 raise
+            held.remember(who.user.id, got, run.bundle_digest)
         metrics.submissions.labels("accepted").inc()
         return run
 
     @router.post("/runs/plan", response_model=SubmitPlan, tags=["runs"])
     @on_slow_threads
     def plan(
-        who: me, submission: SubmitForm, shaped: SubmitForm, source: Source, inputs: Inputs
+        who: me,
+        submission: SubmitForm,
+        shaped: SubmitForm,
+        source: Source,
+        inputs: Inputs = None,
+        inputs_digest: InputsDigest = None,
     ) -> SubmitPlan:
         """What submitting would run and where (a dry run): nothing is written."""
         task, wire = parse_submission(submission, shaped, source)
         may_run(service, who, task)
-        with unpack_inputs(inputs.file, config.limits) as folder:
-            return service.plan_staged(task, wire, folder, source)
+        upload = inputs.file if inputs is not None else None
+        with held.receive(who.user.id, inputs_digest, upload) as got:
+            metrics.count_inputs(got)
+            return service.plan_staged(task, wire, got.folder, source, got.memo)
 
     # -- runs ------------------------------------------------------------------------------
     @router.get("/runs", response_model=RunPage, tags=["runs"])
