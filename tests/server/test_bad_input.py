@@ -210,7 +210,7 @@ def test_a_valid_upload_is_taken(limited: Server, http: httpx.Client, tmp_path: 
     assert answer.status_code == 201, answer.text
     assert (limited.home / "bundles" / answer.json()["bundle_digest"]).is_dir()
     assert list((tmp_path / "scratch").iterdir()) == []  # its scratch folder is gone
-    assert list(limited.home.glob(".inputs-*")) == []  # where it unpacked them, too
+    assert list((limited.home / "bundles").glob(".inputs-*")) == []  # where it unpacked them
 
 
 def test_tricks_in_the_tar_are_refused_by_name(

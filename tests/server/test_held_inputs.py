@@ -7,6 +7,7 @@ bytes as one made from it."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -64,6 +65,12 @@ def test_unchanged_inputs_are_named_not_sent_and_only_to_the_user_who_sent_them(
     assert group["size"] == 3
     assert counted(orbit_server) == (sent, reused + 3)
 
+    # held in the newest bundle of them: the first one's runs deleted, still nothing is sent
+    orbit(env, "runs", "delete", first["id"], again["id"])
+    assert not (bundles / first["bundle"]["digest"]).exists()
+    orbit_json(env, "submit", str(other))
+    assert counted(orbit_server) == (sent, reused + 4)
+
     # one file changed: sent again, whole
     (work / "train.py").write_text("print('step 2')\n")
     changed = orbit_json(env, "submit", str(spec), "--wait")
@@ -78,13 +85,20 @@ def test_unchanged_inputs_are_named_not_sent_and_only_to_the_user_who_sent_them(
     )
     orbit_json(ann, "submit", str(pool))
     sent_ann, reused_ann = counted(orbit_server)
-    assert sent_ann - sent_now > 300_000 and reused_ann == reused + 3
+    assert sent_ann - sent_now > 300_000 and reused_ann == reused + 4
     orbit_json(ann, "submit", str(pool))  # and theirs from now on
     assert counted(orbit_server) == (sent_ann, reused_ann + 1)
 
-    # the bundle that held them deleted: the next submit sends them again
+    # the bundle that held them deleted: gc forgets them, the next submit sends them again
     orbit(env, "runs", "delete", changed["id"])
     assert not (bundles / changed["bundle"]["digest"]).exists()
+    index = orbit_server.home / "inputs-index"
+    held = {e: json.loads(e.read_text())["bundle"] for e in index.glob("*/*.json")}
+    assert changed["bundle"]["digest"] in held.values()
+    orbit(env, "gc")
+    left = {e: json.loads(e.read_text())["bundle"] for e in index.glob("*/*.json")}
+    assert left == {e: b for e, b in held.items() if b != changed["bundle"]["digest"]}
+    assert all((bundles / b).is_dir() for b in left.values()) and len(left) >= 2
     orbit_json(env, "submit", str(spec), "--wait")
     assert counted(orbit_server)[0] - sent_ann > 300_000
-    assert list(orbit_server.home.glob(".inputs-*")) == []  # no scratch folder left behind
+    assert list(bundles.glob(".inputs-*")) == []  # no scratch folder left behind

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from orbit.client.meter import QUIET, Meter, MeteredFile
 from orbit.client.session import M, Session
-from orbit.model.errors import InputsWanted, NotFound
+from orbit.model.errors import InputsWanted, InvalidInput, NotFound
 from orbit.model.models import TaskSubmission
 
 if TYPE_CHECKING:
@@ -66,7 +66,10 @@ def upload(
         try:
             try:
                 response = _send(session, path, form, key, makes_run)
-            except InputsWanted:
+            except (InputsWanted, InvalidInput) as exc:
+                if isinstance(exc, InvalidInput) and not str(exc).startswith("inputs:"):
+                    raise  # else a server older than inputs_digest, which wants the archive
+
                 archive = Path(scratch) / "inputs.tar.gz"
                 with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
                     tar.add(inputs, arcname=".")

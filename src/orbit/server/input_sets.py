@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,24 +33,28 @@ from orbit.model.errors import InputsWanted, InvalidInput
 from orbit.server.config import Limits
 from orbit.server.uploads import unpack_inputs
 
-DIGEST = re.compile(r"^[0-9a-f]{64}$")
+DIGEST = re.compile(r"^[0-9a-f]{64}\Z")
+log = logging.getLogger("orbit.server")
 
 
 @dataclass
 class Received:
     """A submission's inputs here: where they are, their digest, their files' hashes by inode,
-    and whether they came without an upload."""
+    and the bundle they were linked from (None: they came as an upload)."""
 
     folder: Path
     digest: str
     memo: Memo = field(default_factory=dict)
-    reused: bool = False
+    held_in: str | None = None
     sent_bytes: int = 0
+
+    @property
+    def reused(self) -> bool:
+        return self.held_in is not None
 
 
 class InputSets:
-    def __init__(self, home: Path, bundles: Path, limits: Limits) -> None:
-        self.home = home
+    def __init__(self, bundles: Path, limits: Limits) -> None:
         self.bundles = bundles
         self.limits = limits
 
@@ -62,6 +67,7 @@ class InputSets:
         `upload`: the archive it sent, if it sent one."""
         if claimed is not None and not DIGEST.match(claimed):
             raise InvalidInput("inputs_digest: expected 64 lowercase hex digits (a sha256)")
+        self.bundles.mkdir(parents=True, exist_ok=True)
         if upload is None:
             if claimed is None:
                 raise InvalidInput(
@@ -74,8 +80,7 @@ class InputSets:
                     )
                 yield held
             return
-        self.home.mkdir(parents=True, exist_ok=True)
-        with unpack_inputs(upload, self.limits, self.home) as folder:
+        with unpack_inputs(upload, self.limits, self.bundles) as folder:
             memo: Memo = {}
             digest, _ = inputs_digest(folder, memo)
             if claimed is not None and claimed != digest:
@@ -94,50 +99,68 @@ class InputSets:
             entry.unlink(missing_ok=True)
             yield None
             return
-        scratch = Path(tempfile.mkdtemp(prefix=".inputs-", dir=self.home))
+        self._within_limits(found[1])  # as they would be, sent again today
+        scratch = Path(tempfile.mkdtemp(prefix=".inputs-", dir=self.bundles))
         try:
             folder = scratch / "inputs"
-            link_tree(source, folder)
-            memo = _memo(folder, found[1])
-            again, _ = inputs_digest(folder, memo)
-            if again != digest:  # the bundle was changed or cut short: send it again
+            try:
+                link_tree(source, folder)
+                memo = _memo(folder, found[1])
+                again, _ = inputs_digest(folder, memo)
+            except OSError:  # the bundle removed meanwhile (gc, runs delete): send them
+                again = ""
+            if again != digest:  # or changed, or cut short
                 entry.unlink(missing_ok=True)
                 yield None
                 return
-            yield Received(folder, digest, memo, reused=True)
+            yield Received(folder, digest, memo, held_in=found[0])
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def _within_limits(self, files: dict[str, list[object]]) -> None:
+        size = sum(k[3] for k in files.values() if len(k) == 5 and isinstance(k[3], int))
+        if len(files) > self.limits.inputs_files:
+            raise InvalidInput(
+                f"inputs: more than {self.limits.inputs_files:,} files (limits.inputs_files)"
+            )
+        if size > self.limits.inputs_bytes:
+            raise InvalidInput(
+                f"inputs: more than {self.limits.inputs_bytes:,} bytes unpacked "
+                "(limits.inputs_bytes)"
+            )
+
     def remember(self, user_id: str, received: Received, bundle_digest: str) -> None:
         """After a submission that froze `received` into `bundle_digest`: held for this user
-        from now on, where that bundle's inputs/ are exactly what the client sent (a plugin's
-        own file restaged by the server differs, and such inputs are not held)."""
-        if received.reused:
+        from now on, in that bundle (the newest: an older one may be deleted first), where
+        its inputs/ are exactly what the client sent (a plugin's own file restaged by the
+        server differs, and such inputs are not held). Never fails the submission it
+        follows: at worst the next one sends its inputs again."""
+        if received.held_in == bundle_digest:
             return
         inputs = self.bundles / bundle_digest / "inputs"
         try:
             digest, hashes = inputs_digest(inputs, received.memo)
-        except (OSError, InvalidInput):
-            return
-        if digest != received.digest:
-            return
-        files = {}
-        for rel, sha in hashes.items():
-            st = os.stat(inputs.parent / rel)
-            files[rel] = [sha, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
-        entry = self._entry(user_id, digest)
-        entry.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        text = json.dumps({"bundle": bundle_digest, "files": files}, sort_keys=True)
-        tmp = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.tmp")  # one per request
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(entry)
-        finally:
-            tmp.unlink(missing_ok=True)
+            if digest != received.digest:
+                return
+            files = {}
+            for rel, sha in hashes.items():
+                st = os.stat(inputs.parent / rel)
+                files[rel] = [sha, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+            entry = self._entry(user_id, digest)
+            entry.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            text = json.dumps({"bundle": bundle_digest, "files": files}, sort_keys=True)
+            tmp = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}.tmp")  # one per request
+            try:
+                tmp.write_text(text, encoding="utf-8")
+                tmp.replace(entry)
+            finally:
+                tmp.unlink(missing_ok=True)
+        except (OSError, InvalidInput) as exc:
+            log.warning("inputs %s not held for the next submit: %s", received.digest[:12], exc)
 
     def _entry(self, user_id: str, digest: str) -> Path:
         who = hashlib.sha256(user_id.encode()).hexdigest()[:32]
-        return Places(self.home).inputs_index / who / f"{digest}.json"
+        return Places(self.bundles.parent).inputs_index / who / f"{digest}.json"
 
 
 def _read(entry: Path) -> tuple[str, dict[str, list[object]]] | None:

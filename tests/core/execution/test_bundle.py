@@ -625,3 +625,47 @@ def test_extraction_keeps_links_that_stay_inside(tmp_path: Path) -> None:
     assert os.readlink(out / "inputs" / "soft.txt") == "real.txt"
     assert stat.S_ISDIR((out / "runtime").stat().st_mode)
     assert stat.S_ISDIR((out / "artifacts").stat().st_mode)
+
+
+# --- freezing inputs already on this disk (what a client sent) --------------------------------
+
+
+@FAST
+@given(tree=TREE, with_link=st.booleans())
+def test_a_linked_freeze_is_the_freeze_of_the_same_job_and_inputs(
+    tree: Tree, with_link: bool
+) -> None:
+    """What the server freezes from inputs it holds (bundle_link.freeze_linked: the digest
+    counted before anything is written, the wrapper linked from one folder) is what
+    freeze_bundle makes of the same job and files: the same digest, the same folder, and
+    inputs_digest names its inputs/ as the bundle's digest counts them."""
+    from orbit.core.execution.bundle import inputs_digest
+    from orbit.core.execution.bundle_link import freeze_linked
+
+    with scratch() as tmp:
+        inputs = write_tree(Path(tmp) / "gathered" / "inputs", tree, random.Random(7))
+        if with_link:
+            os.symlink(next(iter(tree)), inputs / "link.txt")
+        (inputs / "wd").mkdir(exist_ok=True)  # as a client gathers them: the workdir too
+        made = freeze_bundle(job(workdir="wd"), (), Path(tmp) / "a", lambda i: copy_in(inputs, i))
+        memo: dict[tuple[int, int, int, int], str] = {}
+        named, _ = inputs_digest(inputs, memo)
+        linked = freeze_linked(job(workdir="wd"), inputs, Path(tmp) / "b", memo)
+        assert linked.digest == made.digest == compute_digest(linked.path)
+        assert tree_of(linked.path) == tree_of(made.path)
+        assert inputs_digest(made.path / "inputs")[0] == named != made.digest
+        # again: the bundle cached is the answer, nothing is written
+        before = sorted(p.name for p in (Path(tmp) / "b").iterdir())
+        assert freeze_linked(job(workdir="wd"), inputs, Path(tmp) / "b", {}) == linked
+        assert sorted(p.name for p in (Path(tmp) / "b").iterdir()) == before
+        # another job over the same files shares their inodes and the wrapper's
+        other = freeze_linked(job(workdir="wd", env={"SEED": "8"}), inputs, Path(tmp) / "b", {})
+        assert other.digest != linked.digest
+        for rel in ("scripts/orbit_wrapper.py", f"inputs/{next(iter(tree))}"):
+            assert os.stat(other.path / rel).st_ino == os.stat(linked.path / rel).st_ino
+
+
+def copy_in(source: Path, inputs: Path) -> None:
+    import shutil
+
+    shutil.copytree(source, inputs, symlinks=True, dirs_exist_ok=True)

@@ -13,7 +13,7 @@ its files go, so a pass cut short is finished by the next. A dry run says what w
 
 from __future__ import annotations
 
-import json
+import re
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -30,6 +30,7 @@ from orbit.store.sql import Row, read_time
 
 ORPHAN_GRACE_S = 3600.0
 FREED = "storage.removed"  # the audit action of removals that are not a whole run's
+HELD_BUNDLE = re.compile(rb'^\{"bundle": "([0-9a-f]{64})"')  # a held inputs entry's start
 
 
 class GcPass:
@@ -154,15 +155,20 @@ class GcPass:
             self.forget_inputs()
 
     def forget_inputs(self) -> None:
-        """The held inputs (orbit.server.input_sets) whose bundle is gone: the next submit of
-        them uploads them again. Entries are the server's bookkeeping: not removals."""
+        """The held inputs (orbit.server.input_sets) whose bundle is gone, and their entries'
+        scratch a crash left: the next submit of them uploads them again. Entries are the
+        server's bookkeeping, not removals."""
         for entry in self.places.inputs_index.glob("*/*.json"):
             try:
-                bundle = json.loads(entry.read_text(encoding="utf-8")).get("bundle")
-            except (OSError, ValueError, AttributeError):
-                bundle = None
-            if not isinstance(bundle, str) or not (self.places.bundles / bundle).is_dir():
+                with entry.open("rb") as f:  # '{"bundle": "DIGEST", "files": ...}'
+                    found = HELD_BUNDLE.match(f.read(128))
+            except OSError:
+                continue
+            if found is None or not (self.places.bundles / found[1].decode()).is_dir():
                 entry.unlink(missing_ok=True)
+        for tmp in self.places.inputs_index.glob("*/.*.tmp"):
+            if self._old(tmp):
+                tmp.unlink(missing_ok=True)
 
     def drop_orphans(self) -> None:
         removals = []
@@ -178,12 +184,8 @@ class GcPass:
             ]
             if not self.dry_run:
                 disk.sweep_trash(parent)
-        scratch = [
-            f
-            for pattern in (".collect-*", ".inputs-*")  # a collect's, a submit's inputs
-            for f in self.places.home.glob(pattern)
-            if self._old(f)
-        ]
+        scratch = [f for f in self.places.home.glob(".collect-*") if self._old(f)]
+        scratch += [f for f in self.places.bundles.glob(".inputs-*") if self._old(f)]
         removals += [self._whole(f, "orphan", "unreferenced") for f in scratch]
         self._done(removals, FREED)
 

@@ -28,6 +28,7 @@ from orbit.model.models import Strict, Text
 from orbit.model.task import IMPORT_NAME, ShapedTask, StagedPath, TaskPlugin
 
 if TYPE_CHECKING:
+    from orbit.core.execution.bundle import Memo
     from orbit.core.tasks import TaskRegistry
     from orbit.model.models import TaskSubmission
 
@@ -150,10 +151,17 @@ def _absolute(path: Path) -> str:
 
 
 def shape_sent(
-    tasks: TaskRegistry, submission: TaskSubmission, wire: ShapedWire, inputs: Path, source: str
+    tasks: TaskRegistry,
+    submission: TaskSubmission,
+    wire: ShapedWire,
+    inputs: Path,
+    source: str,
+    memo: Memo | None = None,
 ) -> ShapedTask:
     """The task shaped here from the submitted task_request, over the inputs the client sent;
-    refused where the client's shaping (`wire`) says otherwise. Its own files restaged."""
+    refused where the client's shaping (`wire`) says otherwise. Its own files restaged, and
+    the client's files they replace forgotten by `memo` (hashes by inode, which a new file
+    may take again)."""
     from orbit.core.tasks.client_files import ClientPath, client_base
 
     staged = [(s.source, s.dest) for s in wire.staged]
@@ -163,7 +171,7 @@ def shape_sent(
         _check_same(shaped, wire, submission.task_type, source)
         plugin = tasks.plugin(submission.task_type)
         own = [s for s in shaped.staged if not isinstance(s.source, ClientPath)]
-    _restage(inputs, [s for s in own if _ships_with(plugin, s.source)])
+    _restage(inputs, [s for s in own if _ships_with(plugin, s.source)], memo)
     return dataclasses.replace(shaped, staged=())
 
 
@@ -173,13 +181,14 @@ def shape_points(
     wire: ShapedWire,
     inputs: Path,
     source: str,
+    memo: Memo | None = None,
 ) -> list[ShapedTask]:
     """shape_sent for a sweep's submissions, one per point, over the one set of inputs the
     client gathered shaping the first (`wire`, checked against that one). A point that would
     stage other files than the first is refused: a sweep fills arguments, not files."""
     from orbit.core.tasks.client_files import client_base
 
-    first = shape_sent(tasks, points[0], wire, inputs, source)
+    first = shape_sent(tasks, points[0], wire, inputs, source, memo)
     staged = [(s.source, s.dest) for s in wire.staged]
     links = [(link.path, link.target) for link in wire.links]
     dests = sorted(s.dest for s in wire.staged)
@@ -244,12 +253,13 @@ def _package_of(module_name: str) -> Path | None:
     return root.parent if hasattr(module, "__path__") else root
 
 
-def _restage(inputs: Path, own: list[StagedPath]) -> None:
+def _restage(inputs: Path, own: list[StagedPath], memo: Memo | None) -> None:
     """Put the server's copies of the plugin's own files where the client put its copies."""
-    from orbit.core.execution.bundle import stage_inputs
+    from orbit.core.execution.bundle import forget, stage_inputs
 
     for item in own:
         dest = inputs / item.dest
+        forget(memo, dest)
         if dest.is_dir() and not dest.is_symlink():
             shutil.rmtree(dest)
         elif dest.is_symlink() or dest.exists():

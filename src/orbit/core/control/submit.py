@@ -149,7 +149,7 @@ class Submitting(ServicePart):
         earlier = made_by(self.store, key)
         if earlier is not None:
             return earlier
-        mine = self._shape_sent(submission, shaped, inputs, source)
+        mine = self._shape_sent(submission, shaped, inputs, source, memo)
         prepared = self._prepare(submission, inputs, source, mine)
         bundle = self._freeze_gathered(prepared, inputs, self.bundles_dir, memo)
         return self._create(submission, prepared, bundle, key)
@@ -163,18 +163,23 @@ class Submitting(ServicePart):
         memo: Memo | None = None,
     ) -> SubmitPlan:
         """plan_submission for what a client gathered (see submit_staged)."""
-        mine = self._shape_sent(submission, shaped, inputs, source)
+        mine = self._shape_sent(submission, shaped, inputs, source, memo)
         prepared = self._prepare(submission, inputs, source, mine)
         return self._plan(
             submission, prepared, lambda cache: self._freeze_gathered(prepared, inputs, cache, memo)
         )
 
     def _shape_sent(
-        self, submission: TaskSubmission, shaped: ShapedWire, inputs: Path, source: str
+        self,
+        submission: TaskSubmission,
+        shaped: ShapedWire,
+        inputs: Path,
+        source: str,
+        memo: Memo | None,
     ) -> ShapedTask:
         from orbit.core.control.reshape import shape_sent
 
-        return shape_sent(self.tasks, submission, shaped, inputs, source)
+        return shape_sent(self.tasks, submission, shaped, inputs, source, memo)
 
     def _create(
         self,
@@ -361,9 +366,6 @@ class Submitting(ServicePart):
     ) -> FrozenBundle:
         """Freeze inputs a client gathered (gather_inputs) as they are, linked where the
         filesystem allows; `memo`: the hashes of their files, known already."""
-        from orbit.core.execution.bundle import freeze_bundle, link_tree
+        from orbit.core.execution.bundle_link import freeze_linked
 
-        def add_inputs(inputs: Path) -> None:
-            link_tree(gathered, inputs)
-
-        return freeze_bundle(prepared.job, (), cache, add_inputs, memo=memo)
+        return freeze_linked(prepared.job, gathered, cache, dict(memo or {}))

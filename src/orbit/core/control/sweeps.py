@@ -76,7 +76,7 @@ class Sweeping(Submitting):
                 f"{MAX_LINKED:,} (each point's bundle holds every file): stage less (data "
                 "belongs where the task reads it) or sweep fewer points"
             )
-        each = shape_points(self.tasks, points, shaped, inputs, source)
+        each = shape_points(self.tasks, points, shaped, inputs, source, memo)
         prepared = [
             self._prepare(point, inputs, source, mine)
             for point, mine in zip(points, each, strict=True)
@@ -118,19 +118,12 @@ class Sweeping(Submitting):
     def _freeze_points(
         self, prepared: list[_Shaped], inputs: Path, known: Memo | None
     ) -> list[FrozenBundle]:
-        """Each point's bundle: the first holds the inputs, the others link its files (the
-        same bytes, stored once; every attempt runs on its own copy)."""
-        from orbit.core.execution.bundle import freeze_bundle, link_tree
+        """Each point's bundle, linking the same files (the same bytes, stored once; every
+        attempt runs on its own copy), which are read and hashed once, not once a point."""
+        from orbit.core.execution.bundle_link import freeze_linked
 
-        memo = dict(known or {})  # the shared files are read and hashed once, not once a point
-
-        def add_inputs(folder: Path) -> None:
-            link_tree(inputs, folder)
-
-        cache = self.bundles_dir
-        first = freeze_bundle(prepared[0].job, (), cache, add_inputs, memo=memo)
-        rest = [freeze_bundle(p.job, (), cache, like=first, memo=memo) for p in prepared[1:]]
-        return [first, *rest]
+        memo = dict(known or {})
+        return [freeze_linked(p.job, inputs, self.bundles_dir, memo) for p in prepared]
 
     # -- reading -----------------------------------------------------------------------------
     def list_groups(

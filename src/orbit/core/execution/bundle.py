@@ -96,11 +96,11 @@ def _walk_parts(bundle_dir: Path) -> list[tuple[Entry, str]]:
     for part in FROZEN_PARTS:
         path = os.path.join(root, part)
         if part == "job.json" or os.path.exists(path):
-            _walk(part, path, found)
+            walk_tree(part, path, found)
     return found
 
 
-def _walk(rel: str, path: str, found: list[tuple[Entry, str]]) -> None:
+def walk_tree(rel: str, path: str, found: list[tuple[Entry, str]]) -> None:
     """`path` and everything under it, as entries named from `rel`, with where each is."""
     mode = os.lstat(path).st_mode
     if stat.S_ISLNK(mode):
@@ -110,7 +110,7 @@ def _walk(rel: str, path: str, found: list[tuple[Entry, str]]) -> None:
         with os.scandir(path) as it:
             children = sorted(it, key=lambda e: os.fsencode(e.name))
         for child in children:
-            _walk(f"{rel}/{child.name}", child.path, found)
+            walk_tree(f"{rel}/{child.name}", child.path, found)
     elif stat.S_ISREG(mode):
         found.append((Entry(rel, "f", executable=bool(mode & 0o111)), path))
     else:
@@ -157,7 +157,7 @@ def compute_digest(bundle_dir: Path, workers: int = 4, memo: Memo | None = None)
     hashes of files already read, by inode, taken from it and added to it.
     """
     found = _walk_parts(bundle_dir)
-    return _digest(found, _hash_files(found, workers, memo))
+    return digest_of(found, hash_entries(found, workers, memo))
 
 
 def inputs_digest(folder: Path, memo: Memo | None = None) -> tuple[str, dict[str, str]]:
@@ -165,12 +165,12 @@ def inputs_digest(folder: Path, memo: Memo | None = None) -> tuple[str, dict[str
     compute_digest's, over the entries under inputs/), and {relpath: sha256} of its files.
     A client names the inputs it gathered by it; a server that holds them needs no upload."""
     found: list[tuple[Entry, str]] = []
-    _walk("inputs", os.fspath(folder), found)
-    hashes = _hash_files(found, 4, memo)
-    return _digest(found, hashes), hashes
+    walk_tree("inputs", os.fspath(folder), found)
+    hashes = hash_entries(found, 4, memo)
+    return digest_of(found, hashes), hashes
 
 
-def _hash_files(found: list[tuple[Entry, str]], workers: int, memo: Memo | None) -> dict[str, str]:
+def hash_entries(found: list[tuple[Entry, str]], workers: int, memo: Memo | None) -> dict[str, str]:
     hashes: dict[str, str] = {}
     large: dict[str, Future[str]] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:  # starts threads only on submit
@@ -194,7 +194,7 @@ def _hash_files(found: list[tuple[Entry, str]], workers: int, memo: Memo | None)
     return hashes
 
 
-def _digest(found: list[tuple[Entry, str]], hashes: dict[str, str]) -> str:
+def digest_of(found: list[tuple[Entry, str]], hashes: dict[str, str]) -> str:
     outer = hashlib.sha256()
     for e, _ in found:
         detail = (
@@ -203,6 +203,18 @@ def _digest(found: list[tuple[Entry, str]], hashes: dict[str, str]) -> str:
         outer.update(b"\0".join((e.kind.encode(), os.fsencode(e.relpath), os.fsencode(detail))))
         outer.update(b"\n")
     return outer.hexdigest()
+
+
+def forget(memo: Memo | None, path: Path) -> None:
+    """`path`'s files out of `memo`, before they are removed: a file made later may take
+    the same inode (and a client chose the mtime of what it sent)."""
+    if memo is None or not path.exists() or path.is_symlink():
+        return
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in files:
+        known = _known(os.fspath(file), memo)
+        if known is not None:
+            memo.pop(known, None)
 
 
 def _known(path: str, memo: Memo | None) -> tuple[int, int, int, int] | None:
@@ -304,17 +316,14 @@ def freeze_bundle(
     staged: Iterable[StagedPath],
     cache_root: Path,
     add_inputs: Callable[[Path], None] | None = None,
-    like: FrozenBundle | None = None,
     memo: Memo | None = None,
 ) -> FrozenBundle:
     """Build the bundle in a scratch folder, digest it, and move it into the per-digest cache.
 
     `add_inputs(inputs_dir)` may place more (pinned sources, provenance) before the digest.
     The same job and inputs give the same digest and so the same cached folder. On any error
-    the scratch folder is removed: nothing half-written is left behind. `like`: a bundle whose
-    inputs and wrapper this one shares (a sweep's other points): its files are linked, not
-    copied, and only job.json (and a docker launch's scripts) are this bundle's own; with a
-    `memo` shared between them, the linked files are hashed once (see compute_digest).
+    the scratch folder is removed: nothing half-written is left behind. `memo`: hashes known
+    by inode (see compute_digest). Inputs already on this disk: bundle_link.freeze_linked.
     """
     cache_root.mkdir(parents=True, exist_ok=True)
     scratch = cache_root / f".tmp-{uuid.uuid4().hex}"
@@ -322,18 +331,12 @@ def freeze_bundle(
         scratch.mkdir()
         (scratch / "job.json").write_text(canonical_json(job), encoding="utf-8")
         inputs = scratch / "inputs"
-        if like is not None:
-            link_tree(like.path / "inputs", inputs)
-        else:
-            inputs.mkdir()
-            stage_inputs(inputs, staged)
-            (inputs / job.workdir).mkdir(parents=True, exist_ok=True)
+        inputs.mkdir()
+        stage_inputs(inputs, staged)
+        (inputs / job.workdir).mkdir(parents=True, exist_ok=True)
         if add_inputs is not None:
             add_inputs(inputs)
-        if like is not None and job.launch_mode.kind != "docker":  # the same wrapper's files
-            link_tree(like.path / "scripts", scratch / "scripts")
-        else:
-            write_scripts(scratch / "scripts", job)
+        write_scripts(scratch / "scripts", job)
         digest = compute_digest(scratch, memo=memo)
         final = cache_root / digest
         try:

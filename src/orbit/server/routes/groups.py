@@ -12,7 +12,7 @@ from pydantic import Field
 
 from orbit.core.control.idempotency import for_sweep
 from orbit.core.control.service import CoreControlService
-from orbit.model.errors import InvalidInput, NotFound, pydantic_location
+from orbit.model.errors import InvalidInput, NotFound, StoreError, pydantic_location
 from orbit.model.groups import GroupPage, GroupView, RunGroup
 from orbit.model.sweeps import sweep_of
 from orbit.server.auth import Caller
@@ -41,7 +41,7 @@ def make_groups_router(
     service: CoreControlService, config: ServerConfig, metrics: Metrics
 ) -> APIRouter:
     router = api_router()
-    held = InputSets(service.bundles_dir.parent, service.bundles_dir, config.limits)
+    held = InputSets(service.bundles_dir, config.limits)
 
     def seen(who: Caller, group: RunGroup, ref: str) -> RunGroup:
         if group.experiment_id in who.hidden:
@@ -81,8 +81,11 @@ def make_groups_router(
             except Exception:
                 metrics.submissions.labels("refused").inc()
                 raise
-            first = service.store.runs.list_runs(group_id=group.id, limit=1)
-            if first:  # every point's bundle holds the same inputs
+            try:  # every point's bundle holds the same inputs
+                first = svc.store.runs.list_runs(group_id=group.id, limit=1)
+            except StoreError:  # the group is made: its answer must not fail for this
+                first = []
+            if first:
                 held.remember(who.user.id, got, first[0].bundle_digest)
         metrics.submissions.labels("accepted").inc(group.size)
         return group

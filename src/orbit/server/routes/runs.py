@@ -150,7 +150,7 @@ def make_runs_router(
 ) -> APIRouter:
     router = api_router()
 
-    held = InputSets(service.bundles_dir.parent, service.bundles_dir, config.limits)
+    held = InputSets(service.bundles_dir, config.limits)
 
     def may_push(who: Caller, run: RunRecord) -> None:
         """A new attempt or run of `run`'s bundle goes where its recorded request says."""
