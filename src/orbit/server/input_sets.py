@@ -5,7 +5,7 @@ InputsWanted (409) and the client sends the archive, whose unpacked files must g
 it named (else it is refused, and nothing is kept).
 
 What the server holds is an index per user, written only from bytes that user sent and the
-server hashed itself: digest -> a bundle whose inputs/ are those files, with each file's hash
+server hashed itself: digest -> the newest bundle whose inputs/ are those files, each file's hash
 and the inode it was hashed at. A hit links that bundle's files (never copies or reads them: a
 file whose inode, size or mtime changed is hashed again, and a tree that no longer gives the
 digest is a miss). Another user's digest is a miss like one never sent: nobody reaches bytes

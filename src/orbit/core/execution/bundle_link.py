@@ -78,6 +78,8 @@ def _wrapper_folder(cache_root: Path, memo: Memo) -> Path:
     with _lock:
         known = _scripts.get(cache_root)
         if known is None or not known[0].is_dir():
+            for gone in [root for root, (folder, _) in _scripts.items() if not folder.is_dir()]:
+                del _scripts[gone]  # a dry run's scratch cache, say
             known = _write_wrapper(cache_root)
             _scripts[cache_root] = known
     memo.update(known[1])
