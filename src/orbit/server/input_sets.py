@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import IO
 
 from orbit.core.control.copies import Places
-from orbit.core.execution.bundle import Memo, inputs_digest, link_tree
+from orbit.core.execution.bundle import Memo, inputs_digest
+from orbit.core.execution.bundle_link import link_tree
 from orbit.model.errors import InputsWanted, InvalidInput
 from orbit.server.config import Limits
-from orbit.server.uploads import unpack_inputs
+from orbit.server.uploads import unpack_inputs, within_limits
 
 DIGEST = re.compile(r"^[0-9a-f]{64}\Z")
 log = logging.getLogger("orbit.server")
@@ -99,7 +100,9 @@ class InputSets:
             entry.unlink(missing_ok=True)
             yield None
             return
-        self._within_limits(found[1])  # as they would be, sent again today
+        files = found[1].values()  # within the limits as they would be, sent again today
+        size = sum(k[3] for k in files if len(k) == 5 and isinstance(k[3], int))
+        within_limits(len(files), size, self.limits)
         scratch = Path(tempfile.mkdtemp(prefix=".inputs-", dir=self.bundles))
         try:
             folder = scratch / "inputs"
@@ -116,18 +119,6 @@ class InputSets:
             yield Received(folder, digest, memo, held_in=found[0])
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-
-    def _within_limits(self, files: dict[str, list[object]]) -> None:
-        size = sum(k[3] for k in files.values() if len(k) == 5 and isinstance(k[3], int))
-        if len(files) > self.limits.inputs_files:
-            raise InvalidInput(
-                f"inputs: more than {self.limits.inputs_files:,} files (limits.inputs_files)"
-            )
-        if size > self.limits.inputs_bytes:
-            raise InvalidInput(
-                f"inputs: more than {self.limits.inputs_bytes:,} bytes unpacked "
-                "(limits.inputs_bytes)"
-            )
 
     def remember(self, user_id: str, received: Received, bundle_digest: str) -> None:
         """After a submission that froze `received` into `bundle_digest`: held for this user

@@ -43,15 +43,7 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
                 check_member(member, links, files, "inputs")  # see orbit.model.tarsafe
                 members.append(member)
                 size += max(member.size, 0)
-                if len(members) > limits.inputs_files:
-                    raise InvalidInput(
-                        f"inputs: more than {limits.inputs_files:,} files (limits.inputs_files)"
-                    )
-                if size > limits.inputs_bytes:
-                    raise InvalidInput(
-                        f"inputs: more than {limits.inputs_bytes:,} bytes unpacked "
-                        "(limits.inputs_bytes)"
-                    )
+                within_limits(len(members), size, limits)
             for member in members:
                 try:
                     extract_member(tar, member, folder)
@@ -62,6 +54,17 @@ def _unpack(stream: IO[bytes], folder: Path, limits: Limits) -> None:
             raise  # a full disk is the server's: not the archive's fault
         why = " ".join(str(exc).split())  # tarfile's own can run over several lines
         raise InvalidInput(f"inputs: not a readable tar archive ({why})") from None
+
+
+def within_limits(files: int, size: int, limits: Limits) -> None:
+    """Refused, naming the limit, where inputs of `files` files and `size` bytes unpacked are
+    more than a client may send (an upload's, or inputs held from one)."""
+    if files > limits.inputs_files:
+        raise InvalidInput(f"inputs: more than {limits.inputs_files:,} files (limits.inputs_files)")
+    if size > limits.inputs_bytes:
+        raise InvalidInput(
+            f"inputs: more than {limits.inputs_bytes:,} bytes unpacked (limits.inputs_bytes)"
+        )
 
 
 def _why(exc: Exception) -> str:

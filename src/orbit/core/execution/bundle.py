@@ -11,7 +11,6 @@ travels in: bundle_archive.py).
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
 import json
@@ -350,34 +349,6 @@ def freeze_bundle(
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-
-
-def link_tree(source: Path, dest: Path) -> None:
-    """`source`'s files hard-linked at `dest` (which may exist) where the filesystem allows,
-    else copied; its links made again as links. Nothing writes a frozen file in place (a
-    file restaged is unlinked first), so the bundles and folders sharing them cannot change
-    each other."""
-    os.makedirs(dest, exist_ok=True)
-    _link_folder(os.fspath(source), os.fspath(dest))
-
-
-def _link_folder(source: str, dest: str) -> None:
-    with os.scandir(source) as it:
-        for entry in it:
-            out = os.path.join(dest, entry.name)
-            if entry.is_symlink():
-                os.symlink(os.readlink(entry.path), out)
-            elif entry.is_dir():
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(out)
-                _link_folder(entry.path, out)
-            else:
-                try:
-                    os.link(entry.path, out)
-                except FileExistsError:
-                    raise  # never written over: it may be another bundle's file
-                except OSError:  # another disk, too many links: a copy
-                    shutil.copy2(entry.path, out, follow_symlinks=False)
 
 
 def load_job(bundle_dir: Path) -> JobSpec:

@@ -7,6 +7,7 @@ place. The digest and the folder are exactly freeze_bundle's for the same job an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -22,7 +23,6 @@ from orbit.core.execution.bundle import (
     digest_of,
     freeze_bundle,
     hash_entries,
-    link_tree,
     walk_tree,
     write_scripts,
 )
@@ -106,3 +106,31 @@ def _write_wrapper(cache_root: Path) -> tuple[Path, Memo]:
         return folder, memo
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def link_tree(source: Path, dest: Path) -> None:
+    """`source`'s files hard-linked at `dest` (which may exist) where the filesystem allows,
+    else copied; its links made again as links. Nothing writes a frozen file in place (a
+    file restaged is unlinked first), so the bundles and folders sharing them cannot change
+    each other."""
+    os.makedirs(dest, exist_ok=True)
+    _link_folder(os.fspath(source), os.fspath(dest))
+
+
+def _link_folder(source: str, dest: str) -> None:
+    with os.scandir(source) as it:
+        for entry in it:
+            out = os.path.join(dest, entry.name)
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry.path), out)
+            elif entry.is_dir():
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(out)
+                _link_folder(entry.path, out)
+            else:
+                try:
+                    os.link(entry.path, out)
+                except FileExistsError:
+                    raise  # never written over: it may be another bundle's file
+                except OSError:  # another disk, too many links: a copy
+                    shutil.copy2(entry.path, out, follow_symlinks=False)
